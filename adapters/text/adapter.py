@@ -1,0 +1,110 @@
+"""The text adapter: what the core's CLI, config loader and bench need to drive text models."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from diffaccel.errors import ConfigError
+from diffaccel.validators import in_range, one_of, positive
+
+from .pipeline import SAMPLERS, TextDiffusionPipeline, TextOutput
+
+#: Standard deviation of the logit perturbation whose effect is the agreement noise floor.
+NOISE_FLOOR_STD = 1e-4
+
+
+@attrs.frozen(kw_only=True)
+class TextOptions:
+    """Keys of ``[model]`` that only the text adapter reads."""
+
+    length: int = attrs.field(default=128, validator=positive)
+    """Tokens per sample, prompt included."""
+    sampler: str | None = attrs.field(default=None, validator=one_of(SAMPLERS))
+    """masked, ddim, ddpm or hybrid (default: masked for masked models, hybrid for continuous)."""
+    temperature: float = attrs.field(default=1.0, validator=in_range(0.0, None))
+    """Sampling temperature; 0 takes the argmax."""
+    block_size: int | None = attrs.field(default=None, validator=positive)
+    """Masked sampler: semi-autoregressive blocks of this many positions (default: one block)."""
+    prompts: list[str] = attrs.Factory(list)
+    """Prompt per batch row (repeated if shorter than the batch); empty: unconditional."""
+
+
+class TextAdapter:
+    name = "text"
+    Options = TextOptions
+
+    @staticmethod
+    def accepts(pipe: Any) -> bool:
+        return isinstance(pipe, TextDiffusionPipeline)
+
+    @staticmethod
+    def attach(pipe: TextDiffusionPipeline, accelerator) -> None:
+        pipe.accelerator = accelerator
+
+    @staticmethod
+    def detach(pipe: TextDiffusionPipeline) -> None:
+        pipe.accelerator = None
+
+    @staticmethod
+    def info(pipe: TextDiffusionPipeline) -> dict[str, Any]:
+        den = pipe.denoiser
+        return {"adapter": "text", "vocab_size": den.vocab_size, "n_layers": den.n_layers, "kind": den.kind,
+                "max_len": den.max_len, "time_conditioned": den.time_conditioned,
+                "layers": [f"block.{i}" for i in range(den.n_layers)]}
+
+    @staticmethod
+    def load(config) -> TextDiffusionPipeline:
+        from .loading import load_pipeline
+
+        pipe = load_pipeline(config.model.checkpoint).to(config.model.device)
+        opts, where = config.options, f"{config.source}: [model]"
+        if opts.length > pipe.denoiser.max_len:
+            raise ConfigError(f"{where}: key 'length': {opts.length} exceeds the model's {pipe.denoiser.max_len} positions")
+        if opts.sampler is not None and (opts.sampler == "masked") != (pipe.kind == "masked"):
+            allowed = "masked" if pipe.kind == "masked" else "ddim, ddpm, hybrid"
+            raise ConfigError(f"{where}: key 'sampler': '{opts.sampler}' does not fit the {pipe.kind} model '{config.model.checkpoint}'; allowed: {allowed}")
+        return pipe
+
+    @staticmethod
+    def run(pipe: TextDiffusionPipeline, config, seed: int, progress: bool = True, **extra) -> TextOutput:
+        m, o = config.model, config.options
+        prompts = None
+        if o.prompts:
+            prompts = [o.prompts[i % len(o.prompts)] for i in range(m.batch)]
+        return pipe(prompts, length=o.length, steps=m.steps or o.length, seed=seed, batch=m.batch,
+                    sampler=o.sampler, temperature=o.temperature, block_size=o.block_size, progress=progress, **extra)
+
+    @staticmethod
+    def reference_run(pipe, config, seed: int) -> TextOutput:
+        """The unaccelerated run with logits perturbed by ~1e-4: its agreement is the noise floor."""
+        return TextAdapter.run(pipe, config, seed, progress=False, logit_noise=NOISE_FLOOR_STD)
+
+    @staticmethod
+    def write(outputs: list[TextOutput], out: str | None) -> str:
+        text = "\n\n".join(f"--- sample {i} ---\n{t}" for i, o in enumerate(outputs) for t in [*o.texts])
+        if out is None:
+            sys.stdout.write(text + "\n")
+            return "stdout"
+        path = Path(out)
+        tmp = path.with_name(path.name + ".partial")
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text + "\n", encoding="utf-8")
+        tmp.replace(path)  # never leave a half-written file under the final name
+        return str(path)
+
+    @staticmethod
+    def quality(baseline: list[TextOutput], outputs: list[TextOutput], references: list[TextOutput] | None = None) -> dict[str, float]:
+        """Quality of ``outputs`` against the unaccelerated ``baseline`` of the same seeds."""
+        from .metrics import agreement, text_quality
+
+        texts = [t for o in outputs for t in o.texts]
+        q = text_quality(texts)
+        q["agreement"] = sum(agreement(b.tokens, o.tokens, b.prompt_lengths) for b, o in zip(baseline, outputs)) / len(outputs)
+        if references:
+            q["agreement_noise_floor"] = sum(
+                agreement(b.tokens, r.tokens, b.prompt_lengths) for b, r in zip(baseline, references)) / len(references)
+        return q

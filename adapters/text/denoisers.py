@@ -1,0 +1,114 @@
+"""One interface over the text denoisers the adapter can drive.
+
+A denoiser exposes the pieces of its forward pass so the pipeline can run them one layer at a
+time, on a subset of positions, with keys and values of the other positions cached:
+``condition`` -> ``embed`` -> ``block(i, ...)`` for each layer -> ``logits``.
+
+* ``ReferenceDenoiser``: the project's ``TextDiffusionLM`` (masked or continuous).
+* ``BertDenoiser``: any transformers BERT-family ``AutoModelForMaskedLM`` used as a masked
+  denoiser (MDLM-style, not time-conditioned).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .model import KVCache, TextDiffusionLM, _gather_rows
+
+
+class ReferenceDenoiser:
+    def __init__(self, model: TextDiffusionLM):
+        self.model = model
+        cfg = model.config
+        self.kind = cfg.kind
+        self.n_layers = cfg.n_layers
+        self.vocab_size = cfg.vocab_size
+        self.mask_id = cfg.mask_id
+        self.max_len = cfg.max_len
+        self.time_conditioned = model.uses_time
+        self.num_timesteps = cfg.num_timesteps
+        self.special_ids: set[int] = {cfg.mask_id, cfg.pad_id}
+
+    def condition(self, t, batch: int, cond=None):
+        return self.model.condition(t, batch, cond)
+
+    def embed(self, x, idx=None):
+        return self.model.embed(x, idx)
+
+    def block(self, i: int, h, c, kv: KVCache, idx=None):
+        return self.model.blocks[i](h, c, kv, idx)
+
+    def logits(self, h):
+        return self.model.logits(h)
+
+    def token_latents(self):
+        return self.model.token_latents()
+
+    @property
+    def alphas_cumprod(self):
+        return self.model.alphas_cumprod
+
+
+class BertDenoiser:
+    """A BERT-family masked LM, run layer by layer with a per-layer key/value cache."""
+
+    kind = "masked"
+    time_conditioned = False
+
+    def __init__(self, model, mask_id: int, special_ids: set[int]):
+        base = model.base_model
+        layers = getattr(getattr(base, "encoder", None), "layer", None)
+        if layers is None or not hasattr(layers[0], "attention") or not hasattr(layers[0].attention, "self"):
+            raise TypeError(f"{type(model).__name__} is not a BERT-family masked LM (no encoder.layer[i].attention.self)")
+        self.model = model.eval()
+        self.base = base
+        self.layers = layers
+        self.n_layers = len(layers)
+        self.vocab_size = model.config.vocab_size
+        self.mask_id = mask_id
+        self.max_len = model.config.max_position_embeddings
+        self.special_ids = special_ids
+        # RoBERTa-style position ids start after the padding index
+        self.pos_offset = (base.embeddings.padding_idx + 1) if hasattr(base.embeddings, "padding_idx") else 0
+        self.num_timesteps = 1000
+        self.head = getattr(model, "cls", None) or getattr(model, "lm_head", None)
+        if self.head is None:
+            raise TypeError(f"{type(model).__name__} has no masked-LM head (cls or lm_head)")
+
+    def condition(self, t, batch: int, cond=None):
+        return None
+
+    def embed(self, x, idx=None):
+        if idx is None:
+            idx = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
+        else:
+            x = torch.gather(x, 1, idx)
+        return self.base.embeddings(input_ids=x, position_ids=idx + self.pos_offset, token_type_ids=torch.zeros_like(x))
+
+    def block(self, i: int, h, c, kv: KVCache, idx=None):
+        layer = self.layers[i]
+        att = layer.attention.self
+        B, M, _ = h.shape
+        heads, dh = att.num_attention_heads, att.attention_head_size
+        q = att.query(h).view(B, M, heads, dh).transpose(1, 2)
+        k = att.key(h).view(B, M, heads, dh).transpose(1, 2)
+        v = att.value(h).view(B, M, heads, dh).transpose(1, 2)
+        if idx is None:
+            kv.k, kv.v = k, v
+        else:
+            gidx = idx[:, None, :, None].expand(-1, heads, -1, dh)
+            kv.k = kv.k.scatter(2, gidx, k)
+            kv.v = kv.v.scatter(2, gidx, v)
+        ctx = F.scaled_dot_product_attention(q, kv.k, kv.v, scale=1.0 / math.sqrt(dh))
+        ctx = ctx.transpose(1, 2).reshape(B, M, heads * dh)
+        attn_out = layer.attention.output(ctx, h)
+        return layer.output(layer.intermediate(attn_out), attn_out)
+
+    def logits(self, h):
+        return self.head(h)
+
+
+__all__ = ["ReferenceDenoiser", "BertDenoiser", "_gather_rows"]

@@ -1,0 +1,268 @@
+"""The reference text diffusion LM: a compact transformer denoiser in the spirit of Diffusion-LM.
+
+One architecture serves both default models:
+
+* ``kind="masked"``: input tokens with an absorbing ``[MASK]``; not time-conditioned by default
+  (as MDLM), which lets a strategy reuse a whole forward pass exactly when nothing changed.
+* ``kind="continuous"``: input is a noisy point in a normalised token-embedding space (CDCD /
+  Diffusion-LM); time-conditioned; trained with cross-entropy on the clean tokens.
+
+Every block is modulated by a condition vector (time embedding, optional external condition,
+and a learned bias): scale, shift and gate per block, so the condition acts at every step.
+Blocks can run on a subset of positions while the rest serve keys and values from a cache:
+that is what makes per-position strategies cost less (see ``Block.forward``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import attrs
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+SCHEDULES = ("linear", "cosine", "scaled-linear")
+
+
+@attrs.frozen(kw_only=True)
+class TextDiffusionConfig:
+    vocab_size: int
+    """Number of tokens, special tokens included."""
+    kind: str = attrs.field(default="masked", validator=attrs.validators.in_(("masked", "continuous")))
+    """``masked`` (absorbing state) or ``continuous`` (embedding space)."""
+    max_len: int = 128
+    """Longest sequence, in tokens (learned positions)."""
+    dim: int = 256
+    """Width of the transformer."""
+    n_layers: int = 4
+    """Number of transformer blocks."""
+    n_heads: int = 4
+    """Attention heads per block."""
+    mlp_ratio: int = 4
+    """Width of the MLP, as a multiple of ``dim``."""
+    time_conditioned: bool = False
+    """Feed the time step into the condition vector (always on for continuous models)."""
+    cond_dim: int = 0
+    """Size of an external condition vector (0: none)."""
+    embed_dim: int = 64
+    """Continuous models: size of the normalised token-embedding space that is noised."""
+    logit_clip: float = 10.0
+    """Output logits are softly bounded to (-logit_clip, logit_clip)."""
+    schedule: str = attrs.field(default="cosine", validator=attrs.validators.in_(SCHEDULES))
+    """Noise schedule: linear, cosine or scaled-linear."""
+    num_timesteps: int = 1000
+    """Continuous models: number of discrete training time steps."""
+    mask_id: int = 2
+    """Id of ``[MASK]``."""
+    pad_id: int = 0
+    """Id of ``[PAD]``."""
+
+    def to_json(self) -> str:
+        return json.dumps(attrs.asdict(self), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> "TextDiffusionConfig":
+        return cls(**json.loads(text))
+
+
+# ---- noise schedules ----------------------------------------------------------------------
+
+def mask_rate(schedule: str, t: torch.Tensor) -> torch.Tensor:
+    """Masked diffusion: fraction of tokens masked at continuous time t in [0, 1]."""
+    if schedule == "linear":
+        return t
+    if schedule == "cosine":
+        return 1.0 - torch.cos(0.5 * math.pi * t)
+    if schedule == "scaled-linear":
+        return t.pow(2)
+    raise ValueError(f"unknown schedule {schedule!r}; allowed: {', '.join(SCHEDULES)}")
+
+
+def alphas_cumprod(schedule: str, num_timesteps: int) -> torch.Tensor:
+    """Continuous diffusion: cumulative product of alphas, shape (T,), decreasing from ~1."""
+    T = num_timesteps
+    if schedule == "linear":
+        betas = torch.linspace(1e-4, 0.02, T, dtype=torch.float64)
+    elif schedule == "scaled-linear":
+        betas = torch.linspace(0.00085**0.5, 0.012**0.5, T, dtype=torch.float64) ** 2
+    elif schedule == "cosine":
+        s = 0.008
+        x = torch.linspace(0, T, T + 1, dtype=torch.float64)
+        ac = torch.cos(((x / T) + s) / (1 + s) * math.pi * 0.5) ** 2
+        betas = (1 - ac[1:] / ac[:-1]).clamp(max=0.999)
+    else:
+        raise ValueError(f"unknown schedule {schedule!r}; allowed: {', '.join(SCHEDULES)}")
+    return torch.cumprod(1.0 - betas, dim=0).float()
+
+
+def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
+    half = dim // 2
+    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, device=t.device, dtype=torch.float32) / half)
+    args = t.float()[:, None] * freqs[None]
+    return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+
+
+# ---- the network --------------------------------------------------------------------------
+
+class KVCache:
+    """Keys and values of one layer for every position, refreshed where the layer last ran."""
+
+    __slots__ = ("k", "v")
+
+    def __init__(self):
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+
+def _gather_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """x (B, N, D), idx (B, M) -> (B, M, D)."""
+    return torch.gather(x, 1, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+
+
+def rope_tables(max_len: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    ang = torch.arange(max_len, dtype=torch.float32)[:, None] * inv[None]
+    return torch.cos(ang), torch.sin(ang)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding; x (B, H, M, dh), cos/sin (B or 1, 1, M, dh/2)."""
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int, mlp_ratio: int, max_len: int = 128):
+        super().__init__()
+        self.heads = heads
+        cos, sin = rope_tables(max_len, dim // heads)
+        # rotary positions give attention a local bias from the first step (learned absolute
+        # positions alone left small models on the unigram plateau for hundreds of steps)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.ln1 = nn.LayerNorm(dim, elementwise_affine=False)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.ln2 = nn.LayerNorm(dim, elementwise_affine=False)
+        self.fc1 = nn.Linear(dim, mlp_ratio * dim)
+        self.fc2 = nn.Linear(mlp_ratio * dim, dim)
+        # condition gating: shift, scale, gate for attention and MLP, zero-initialised
+        self.mod = nn.Linear(dim, 6 * dim)
+        nn.init.zeros_(self.mod.weight)
+        nn.init.zeros_(self.mod.bias)
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor, kv: KVCache | None = None, idx: torch.Tensor | None = None):
+        """Run the block on ``x``.
+
+        ``x`` is (B, M, D): all positions (``idx`` None, M = N) or the positions ``idx`` (B, M).
+        With ``idx``, queries come from those positions only; their fresh keys and values are
+        written into ``kv`` and attention reads every position from ``kv``, so the cost scales
+        with M. Without ``idx``, ``kv`` (when given) is refilled for all positions.
+        """
+        B, M, D = x.shape
+        h = self.heads
+        sh1, sc1, g1, sh2, sc2, g2 = self.mod(F.silu(c)).unsqueeze(1).chunk(6, dim=-1)
+        q, k, v = self.qkv(self.ln1(x) * (1 + sc1) + sh1).view(B, M, 3, h, D // h).permute(2, 0, 3, 1, 4)
+        if idx is None:
+            cos, sin = self.rope_cos[:M][None, None], self.rope_sin[:M][None, None]
+        else:
+            cos, sin = self.rope_cos[idx][:, None], self.rope_sin[idx][:, None]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if idx is None:
+            if kv is not None:
+                kv.k, kv.v = k, v
+            keys, values = k, v
+        else:
+            gidx = idx[:, None, :, None].expand(-1, h, -1, D // h)
+            kv.k = kv.k.scatter(2, gidx, k)
+            kv.v = kv.v.scatter(2, gidx, v)
+            keys, values = kv.k, kv.v
+        a = F.scaled_dot_product_attention(q, keys, values)
+        x = x + g1 * self.proj(a.transpose(1, 2).reshape(B, M, D))
+        x = x + g2 * self.fc2(F.gelu(self.fc1(self.ln2(x) * (1 + sc2) + sh2)))
+        return x
+
+
+class TextDiffusionLM(nn.Module):
+    def __init__(self, config: TextDiffusionConfig):
+        super().__init__()
+        self.config = cfg = config
+        D = cfg.dim
+        if cfg.kind == "masked":
+            self.tok_emb = nn.Embedding(cfg.vocab_size, D)
+            nn.init.normal_(self.tok_emb.weight, std=0.02)  # same scale as positions, as in GPT-2
+        else:
+            self.latent_emb = nn.Parameter(torch.randn(cfg.vocab_size, cfg.embed_dim))
+            self.in_proj = nn.Linear(cfg.embed_dim, D)
+            self.register_buffer("alphas_cumprod", alphas_cumprod(cfg.schedule, cfg.num_timesteps), persistent=False)
+        self.pos_emb = nn.Parameter(torch.randn(cfg.max_len, D) * 0.02)
+        self.cond_bias = nn.Parameter(torch.zeros(D))
+        self.uses_time = cfg.time_conditioned or cfg.kind == "continuous"
+        if self.uses_time:
+            self.time_mlp = nn.Sequential(nn.Linear(D, D), nn.SiLU(), nn.Linear(D, D))
+        if cfg.cond_dim:
+            self.cond_proj = nn.Linear(cfg.cond_dim, D)
+        self.blocks = nn.ModuleList([Block(D, cfg.n_heads, cfg.mlp_ratio, cfg.max_len) for _ in range(cfg.n_layers)])
+        self.ln_f = nn.LayerNorm(D)
+        self.head = nn.Linear(D, cfg.vocab_size)
+
+    # -- pieces the adapter drives one by one --
+    def token_latents(self) -> torch.Tensor:
+        """Continuous models: the normalised embedding of every token, (V, E), scaled to unit variance."""
+        return F.normalize(self.latent_emb, dim=-1) * math.sqrt(self.config.embed_dim)
+
+    def embed(self, x: torch.Tensor, idx: torch.Tensor | None = None) -> torch.Tensor:
+        """Input embedding of tokens (B, N) or latents (B, N, E); with ``idx``, of those positions only."""
+        if idx is not None:
+            x = torch.gather(x, 1, idx) if x.dim() == 2 else _gather_rows(x, idx)
+            pos = self.pos_emb[idx]
+        else:
+            pos = self.pos_emb[: x.shape[1]].unsqueeze(0)
+        h = self.tok_emb(x) if self.config.kind == "masked" else self.in_proj(x)
+        return h + pos
+
+    def condition(self, t: torch.Tensor | None, batch: int, cond: torch.Tensor | None = None) -> torch.Tensor:
+        """Condition vector (B, D): learned bias + time embedding + projected external condition."""
+        c = self.cond_bias.expand(batch, -1)
+        if self.uses_time:
+            if t is None:
+                raise ValueError("this model is time-conditioned: pass the time step")
+            t = t.expand(batch) if t.dim() == 0 or t.numel() == 1 else t
+            c = c + self.time_mlp(timestep_embedding(t.reshape(batch), self.config.dim))
+        if cond is not None and self.config.cond_dim:
+            c = c + self.cond_proj(cond)
+        return c
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        clip = self.config.logit_clip
+        return clip * torch.tanh(self.head(self.ln_f(h)) / clip)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor | None = None, cond: torch.Tensor | None = None) -> torch.Tensor:
+        """Full forward pass: logits (B, N, V)."""
+        c = self.condition(t, x.shape[0], cond)
+        h = self.embed(x)
+        for block in self.blocks:
+            h = block(h, c)
+        return self.logits(h)
+
+    # -- persistence --
+    def save(self, directory: str | Path) -> None:
+        from safetensors.torch import save_file
+
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "config.json").write_text(self.config.to_json())
+        save_file({k: v.detach().contiguous() for k, v in self.state_dict().items()}, str(d / "model.safetensors"))
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "TextDiffusionLM":
+        from safetensors.torch import load_file
+
+        d = Path(directory)
+        model = cls(TextDiffusionConfig.from_json((d / "config.json").read_text()))
+        state = load_file(str(d / "model.safetensors"))
+        model.load_state_dict({k: v.float() for k, v in state.items()})
+        return model.eval()

@@ -1,0 +1,366 @@
+"""``TextDiffusionPipeline``: the sampling loops of text diffusion LMs, with diffaccel's hooks.
+
+Samplers:
+
+* ``masked``: absorbing-state diffusion as in MDLM / LLaDA. Each step predicts every masked
+  position, draws a token per position (``temperature`` 0 takes the argmax), and commits the
+  most confident ones (low-confidence remasking): a fixed number per step, spread evenly over
+  the steps, optionally in semi-autoregressive blocks of ``block_size`` positions.
+* ``ddim``, ``ddpm``, ``hybrid``: continuous diffusion in the model's normalised embedding
+  space; the model predicts clean tokens, whose expected embedding is the clean estimate.
+  ``hybrid`` runs DDIM for the first third of the steps, DDPM for the middle third, DDIM last.
+
+The denoiser runs layer by layer through ``TextLayer`` handles. A step may compute a subset of
+positions (``StepPlan.positions``) and a strategy may compute a layer on fewer still; the other
+positions keep their last outputs, and serve keys and values from a per-layer cache, so the cost
+of a step falls with the positions computed.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from diffaccel.state import Layer, RunState
+
+from .model import KVCache, _gather_rows
+
+SAMPLERS = ("masked", "ddim", "ddpm", "hybrid")
+
+
+def mask_to_index(mask: torch.Tensor) -> torch.Tensor:
+    """(B, N) bool -> (B, M) long positions to compute, M = most True in a row.
+
+    Rows with fewer True positions are padded with some of their other positions (computing a
+    position more is harmless; leaving one out would not be).
+    """
+    m = int(mask.sum(1).max())
+    return torch.argsort((~mask).to(torch.int8), dim=1, stable=True)[:, : max(m, 1)]
+
+
+class _RunContext:
+    """Per-generation caches: per-layer keys/values and outputs, last logits and top-1."""
+
+    def __init__(self, den, run: RunState):
+        self.den = den
+        self.run = run
+        self.kv = [KVCache() for _ in range(den.n_layers)]
+        self.out: list[torch.Tensor | None] = [None] * den.n_layers
+        self.h0: torch.Tensor | None = None
+        self.c = None
+        self.step_idx: torch.Tensor | None = None
+        self.logits: torch.Tensor | None = None
+        self.layers = [TextLayer(i, self) for i in range(den.n_layers)]
+
+
+class TextLayer(Layer):
+    """One transformer block; ``compute`` may run on a subset of positions."""
+
+    supports_positions = True
+
+    def __init__(self, index: int, ctx: _RunContext):
+        super().__init__(f"block.{index}", index, "transformer-block")
+        self.ctx = ctx
+
+    @property
+    def cached_output(self) -> torch.Tensor | None:
+        """The layer's output at every position as of its last computation."""
+        return self.ctx.out[self.index]
+
+    def compute(self, hidden: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Run the block; ``positions`` (B, M) long narrows it further than the step's plan."""
+        ctx, i = self.ctx, self.index
+        idx = positions if positions is not None else ctx.step_idx
+        counters = ctx.run.counters
+        counters.layers_computed += 1
+        if idx is None:
+            out = ctx.den.block(i, hidden, ctx.c, ctx.kv[i])
+            counters.positions_computed += hidden.shape[0] * hidden.shape[1]
+        else:
+            y = ctx.den.block(i, _gather_rows(hidden, idx), ctx.c, ctx.kv[i], idx)
+            out = ctx.out[i].scatter(1, idx.unsqueeze(-1).expand(-1, -1, y.shape[-1]), y)
+            counters.positions_computed += idx.numel()
+        ctx.out[i] = out
+        return out
+
+
+@attrs.define
+class TextStepOutput:
+    """What ``diffaccel_post_step`` receives from the text adapter."""
+
+    tokens: torch.Tensor
+    """Current sequence (B, N); masked positions hold the mask id (masked sampler) or the
+    current argmax (continuous samplers)."""
+    top1: torch.Tensor
+    """Most probable token per position (B, N)."""
+    top1_prob: torch.Tensor
+    """Its probability (B, N)."""
+    logits: torch.Tensor
+    """Last logits per position (B, N, V); positions not computed this step keep older ones."""
+    computed: torch.Tensor | None
+    """Positions computed this step (B, M) long, or None for all."""
+    masked: torch.Tensor | None = None
+    """Masked sampler: positions still masked after this step (B, N) bool."""
+    fixed: torch.Tensor | None = None
+    """Positions held fixed by the prompt or a condition (B, N) bool."""
+
+    def probs(self) -> torch.Tensor:
+        """Full probabilities (B, N, V), computed on request."""
+        return self.logits.float().softmax(-1)
+
+
+@attrs.define
+class TextFinal:
+    """What ``diffaccel_finalize`` receives: set ``tokens`` to choose the result."""
+
+    logits: torch.Tensor
+    draft: torch.Tensor
+    """The sampler's sequence; masked positions (if any remain) still hold the mask id."""
+    fixed: torch.Tensor
+    mask_id: int
+    tokens: torch.Tensor | None = None
+
+    def apply_default(self) -> None:
+        if self.tokens is None:
+            fill = self.logits.argmax(-1)
+            self.tokens = torch.where(self.draft == self.mask_id, fill, self.draft)
+
+
+@attrs.define
+class TextOutput:
+    texts: list[str]
+    tokens: torch.Tensor
+    """(B, N) generated ids, prompt included."""
+    prompt_lengths: list[int]
+    report: dict[str, Any]
+    """Counters and what each strategy reported (``RunState.report()``)."""
+
+
+class _NoAccelerator:
+    """The untouched path: no hooks at all."""
+
+    active = False
+
+    def start_run(self, run): pass
+    def pre_step(self, run): return None
+    def layer_output(self, run, layer, hidden): return layer.compute(hidden)
+    def denoiser_output(self, run, output): return output
+    def post_step(self, run, output): pass
+    def end_run(self, run): pass
+
+    def finalize(self, run, final):
+        final.apply_default()
+
+
+class TextDiffusionPipeline:
+    """Generate text with a diffusion LM. ``pipe(prompt, length=128, steps=128, seed=0)``."""
+
+    def __init__(self, denoiser, tokenizer, name: str = "text"):
+        self.denoiser = denoiser
+        self.tokenizer = tokenizer
+        self.name = name
+        self.accelerator = None
+        self.device = torch.device("cpu")
+
+    def to(self, device) -> "TextDiffusionPipeline":
+        self.device = torch.device(device)
+        self.denoiser.model.to(self.device)
+        return self
+
+    @property
+    def kind(self) -> str:
+        return self.denoiser.kind
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | Path) -> "TextDiffusionPipeline":
+        from .loading import load_pipeline
+
+        return load_pipeline(str(name_or_path))
+
+    # -- one denoiser evaluation ---------------------------------------------------------------
+    def _denoise(self, ctx: _RunContext, accel, x_in: torch.Tensor, t: torch.Tensor | None) -> None:
+        run, den = ctx.run, ctx.den
+        B, N = x_in.shape[:2]
+        ctx.c = den.condition(t, B)
+        run.positions_per_layer = B * N
+        plan = run.plan
+        if ctx.logits is None or plan is None or plan.positions is None:
+            ctx.step_idx = None
+            h = ctx.h0 = den.embed(x_in)
+            for layer in ctx.layers:
+                h = accel.layer_output(run, layer, h)
+            ctx.logits = den.logits(h)
+            return
+        idx = ctx.step_idx = mask_to_index(plan.positions.to(self.device))
+        e = den.embed(x_in, idx)
+        h = ctx.h0 = ctx.h0.scatter(1, idx.unsqueeze(-1).expand(-1, -1, e.shape[-1]), e)
+        for layer in ctx.layers:
+            h = accel.layer_output(run, layer, h)
+        lg = den.logits(_gather_rows(h, idx))
+        ctx.logits = ctx.logits.scatter(1, idx.unsqueeze(-1).expand(-1, -1, lg.shape[-1]), lg)
+
+    def _step_model(self, ctx, accel, x_in, t) -> torch.Tensor:
+        run = ctx.run
+        accel.pre_step(run)
+        if run.plan is not None and run.plan.reuse_step and ctx.logits is not None:
+            run.counters.steps_reused += 1
+            ctx.step_idx = torch.empty(x_in.shape[0], 0, dtype=torch.long, device=self.device)
+        else:
+            self._denoise(ctx, accel, x_in, t)
+        logits = ctx.logits
+        if self._logit_noise:
+            logits = logits + self._logit_noise * torch.randn(logits.shape, generator=self._noise_gen).to(logits)
+        return accel.denoiser_output(run, logits)
+
+    # -- public call -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def __call__(
+        self,
+        prompt: str | list[str] | None = None,
+        *,
+        length: int = 128,
+        steps: int | None = None,
+        seed: int = 0,
+        batch: int = 1,
+        sampler: str | None = None,
+        temperature: float = 1.0,
+        block_size: int | None = None,
+        progress: bool = True,
+        logit_noise: float = 0.0,
+    ) -> TextOutput:
+        """Generate ``batch`` sequences of ``length`` tokens (prompt included).
+
+        Row ``i`` uses seed ``seed + i``, so a row is the same whether generated alone or in a
+        batch. ``logit_noise`` perturbs the logits by that standard deviation (noise-floor runs).
+        """
+        den, tok = self.denoiser, self.tokenizer
+        sampler = sampler or ("masked" if den.kind == "masked" else "hybrid")
+        if sampler not in SAMPLERS:
+            raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
+        if (sampler == "masked") != (den.kind == "masked"):
+            raise ValueError(f"sampler {sampler!r} does not fit a {den.kind} model")
+        if length > den.max_len:
+            raise ValueError(f"length {length} exceeds the model's {den.max_len} positions")
+        steps = steps or length
+        prompts = [prompt] * batch if prompt is None or isinstance(prompt, str) else list(prompt)
+        if len(prompts) != batch:
+            batch = len(prompts)
+        prompt_ids = [tok.encode(p) if p else [] for p in prompts]
+        if any(len(p) >= length for p in prompt_ids):
+            raise ValueError(f"a prompt fills all {length} positions; use a longer length")
+        gens = [torch.Generator().manual_seed(seed + r) for r in range(batch)]
+        self._logit_noise = logit_noise
+        self._noise_gen = torch.Generator().manual_seed(10_000_019 + seed)
+        accel = self.accelerator or _NoAccelerator()
+        run = RunState(adapter="text", num_steps=steps, batch_size=batch)
+        run.info.update(seeds=[seed + r for r in range(batch)], length=length, vocab_size=den.vocab_size, kind=den.kind, sampler=sampler,
+                        time_conditioned=den.time_conditioned, n_layers=den.n_layers)
+        ctx = _RunContext(den, run)
+        fixed = torch.zeros(batch, length, dtype=torch.bool, device=self.device)
+        base = torch.full((batch, length), den.mask_id, dtype=torch.long, device=self.device)
+        for r, ids in enumerate(prompt_ids):
+            base[r, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            fixed[r, : len(ids)] = True
+        accel.start_run(run)
+        try:
+            bar = tqdm(total=steps, desc=f"{self.name} ({sampler})", unit="step", disable=not progress, leave=False)
+            if sampler == "masked":
+                draft = self._masked(ctx, accel, base, fixed, steps, temperature, block_size, gens, bar)
+            else:
+                draft = self._continuous(ctx, accel, base, fixed, steps, sampler, temperature, gens, bar)
+            bar.close()
+            final = TextFinal(logits=ctx.logits, draft=draft, fixed=fixed, mask_id=den.mask_id)
+            accel.finalize(run, final)
+            tokens = torch.where(fixed, base, final.tokens)
+        finally:
+            accel.end_run(run)
+        return TextOutput(
+            texts=[tok.decode(row.tolist()) for row in tokens.cpu()],
+            tokens=tokens.cpu(),
+            prompt_lengths=[len(p) for p in prompt_ids],
+            report=run.report(),
+        )
+
+    def _post(self, ctx, accel, tokens, logits, masked, fixed):
+        run = ctx.run
+        if not accel.active:
+            return
+        p = logits.float().softmax(-1)
+        top1_prob, top1 = p.max(-1)
+        accel.post_step(run, TextStepOutput(tokens=tokens, top1=top1, top1_prob=top1_prob, logits=logits,
+                                            computed=ctx.step_idx, masked=masked, fixed=fixed))
+
+    # -- masked (absorbing) sampler -------------------------------------------------------------
+    def _masked(self, ctx, accel, x, fixed, steps, temperature, block_size, gens, bar):
+        run = ctx.run
+        B, N = x.shape
+        block_size = block_size or N
+        blocks = [(s, min(s + block_size, N)) for s in range(0, N, block_size)]
+        per_block = [steps // len(blocks) + (1 if b < steps % len(blocks) else 0) for b in range(len(blocks))]
+        step = 0
+        for (lo, hi), n_steps in zip(blocks, per_block):
+            for j in range(n_steps):
+                run.step = step
+                masked = x == ctx.den.mask_id
+                run.timestep = float(masked.float().mean())  # the current mask rate
+                t = torch.tensor(run.timestep * 1000.0, device=self.device) if ctx.den.time_conditioned else None
+                logits = self._step_model(ctx, accel, x, t)
+                in_block = torch.zeros_like(masked)
+                in_block[:, lo:hi] = True
+                for r in range(B):
+                    cand = (masked[r] & in_block[r]).nonzero().squeeze(1)
+                    if cand.numel() == 0:
+                        continue
+                    k = math.ceil(cand.numel() / (n_steps - j))
+                    lg = logits[r, cand].float()
+                    lg[:, list(ctx.den.special_ids)] = -math.inf
+                    if temperature <= 0:
+                        conf, choice = lg.softmax(-1).max(-1)
+                    else:
+                        p = (lg / temperature).softmax(-1)
+                        choice = torch.multinomial(p, 1, generator=gens[r]).squeeze(1)
+                        conf = p.gather(1, choice[:, None]).squeeze(1)
+                    top = torch.topk(conf, k).indices
+                    x[r, cand[top]] = choice[top]
+                self._post(ctx, accel, x, logits, x == ctx.den.mask_id, fixed)
+                step += 1
+                bar.update(1)
+        return x
+
+    # -- continuous (embedding-space) samplers --------------------------------------------------
+    def _continuous(self, ctx, accel, base, fixed, steps, sampler, temperature, gens, bar):
+        run, den = ctx.run, ctx.den
+        B, N = base.shape
+        E = den.token_latents()  # (V, E)
+        ab_all = den.alphas_cumprod.to(self.device)
+        T = ab_all.shape[0]
+        ts = torch.linspace(T - 1, 0, steps).round().long().tolist()
+        z = torch.stack([torch.randn(N, E.shape[1], generator=g) for g in gens]).to(self.device)
+        prefix_noise = torch.stack([torch.randn(N, E.shape[1], generator=g) for g in gens]).to(self.device)
+        prefix_latent = E[base.clamp(min=0)]
+        for s, t in enumerate(ts):
+            run.step, run.timestep = s, t
+            ab = ab_all[t]
+            # prompt positions follow the forward process of their known tokens
+            z = torch.where(fixed[..., None], ab.sqrt() * prefix_latent + (1 - ab).sqrt() * prefix_noise, z)
+            logits = self._step_model(ctx, accel, z, torch.tensor(float(t), device=self.device))
+            p = (logits.float() / max(temperature, 1e-6)).softmax(-1)
+            x0 = p @ E
+            ab_prev = ab_all[ts[s + 1]] if s + 1 < len(ts) else torch.tensor(1.0, device=self.device)
+            eps = (z - ab.sqrt() * x0) / (1 - ab).clamp(min=1e-8).sqrt()
+            mode = sampler if sampler != "hybrid" else ("ddpm" if steps // 3 <= s < 2 * steps // 3 else "ddim")
+            if mode == "ddim" or s + 1 == len(ts):
+                z = ab_prev.sqrt() * x0 + (1 - ab_prev).sqrt() * eps
+            else:
+                sigma = ((1 - ab_prev) / (1 - ab) * (1 - ab / ab_prev)).clamp(min=0).sqrt()
+                noise = torch.stack([torch.randn(N, E.shape[1], generator=g) for g in gens]).to(self.device)
+                z = ab_prev.sqrt() * x0 + (1 - ab_prev - sigma**2).clamp(min=0).sqrt() * eps + sigma * noise
+            self._post(ctx, accel, logits.argmax(-1), logits, None, fixed)
+            bar.update(1)
+        return logits.argmax(-1)

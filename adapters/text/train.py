@@ -1,0 +1,209 @@
+"""Training command for the reference text diffusion LM (``diffaccel train text``).
+
+Reproduces the shipped default models from WordNet glosses (Debian's ``wordnet-base``):
+the tokenizer is trained first (or reused), the corpus is packed into sequences that
+start at a line, and the model is fitted for a fixed number of steps with AdamW and a
+cosine learning rate. Checkpoints are safetensors; ``curves.png`` shows the loss and the
+mean entropy of the predicted token distribution per noise level.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import attrs
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from .corpus import read_wordnet, write_lines
+from .model import TextDiffusionConfig, TextDiffusionLM, mask_rate
+from .tokenizer import TextTokenizer, train_tokenizer
+
+
+@attrs.frozen(kw_only=True)
+class TrainConfig:
+    kind: str = "masked"
+    """masked or continuous."""
+    out: str = "runs/text-masked"
+    """Output folder: model.safetensors, config.json, tokenizer.json, curves.png, train.json."""
+    steps: int = 1400
+    """Optimiser steps."""
+    batch: int = 32
+    """Sequences per step."""
+    seq_len: int = 128
+    """Tokens per training sequence."""
+    lr: float = 3e-3
+    """Peak learning rate."""
+    dim: int = 192
+    layers: int = 4
+    heads: int = 4
+    vocab: int = 4096
+    schedule: str = "cosine"
+    freq_weight: float = 0.0
+    """Frequency weighting exponent: token weights ~ count^-alpha (0: plain cross-entropy)."""
+    tokenizer: str | None = None
+    """Reuse this tokenizer.json instead of training one."""
+    seed: int = 0
+    threads: int = 2
+    max_minutes: float = 0.0
+    """Stop early after this many minutes (0: no limit)."""
+    checkpoint_every: int = 200
+
+
+def pack(ids_per_line: list[list[int]], sep_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenate lines with [SEP] after each; return the stream and the line start offsets."""
+    lengths = np.array([len(x) + 1 for x in ids_per_line])
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    stream = np.fromiter((t for line in ids_per_line for t in (*line, sep_id)), dtype=np.int64, count=int(lengths.sum()))
+    return stream, starts
+
+
+def sample_batch(stream, starts, batch, seq_len, rng: np.random.Generator) -> torch.Tensor:
+    valid = starts[starts < len(stream) - seq_len]
+    s = rng.choice(valid, size=batch)
+    return torch.from_numpy(np.stack([stream[i : i + seq_len] for i in s]))
+
+
+def token_weights(stream: np.ndarray, vocab: int, alpha: float) -> torch.Tensor:
+    counts = np.bincount(stream, minlength=vocab).astype(np.float64) + 1.0
+    w = counts ** (-alpha)
+    w = w / (w * counts).sum() * counts.sum()  # mean weight over corpus tokens is 1
+    return torch.tensor(w, dtype=torch.float32)
+
+
+def diffusion_loss(model: TextDiffusionLM, x0: torch.Tensor, weights: torch.Tensor | None, gen: torch.Generator):
+    """Return (loss, final hidden states, noise level per row in [0, 1], mask of positions scored)."""
+    cfg = model.config
+    B, N = x0.shape
+    if cfg.kind == "masked":
+        t = torch.rand(B, generator=gen).clamp(min=1e-3)
+        scored = torch.rand(B, N, generator=gen) < mask_rate(cfg.schedule, t)[:, None]
+        xt = torch.where(scored, torch.full_like(x0, cfg.mask_id), x0)
+        time_in = t * 1000 if model.uses_time else None
+    else:
+        ti = torch.randint(0, cfg.num_timesteps, (B,), generator=gen)
+        ab = model.alphas_cumprod[ti][:, None, None]
+        z0 = model.token_latents()[x0]
+        xt = ab.sqrt() * z0 + (1 - ab).sqrt() * torch.randn(z0.shape, generator=gen)
+        # every position is a target; half of them, drawn at random, is an unbiased and cheaper estimate
+        scored = torch.rand(B, N, generator=gen) < 0.5
+        t, time_in = ti.float() / cfg.num_timesteps, ti.float()
+    # the output head runs on the scored positions alone: it dominates the cost at this size
+    c = model.condition(time_in, B)
+    h = model.embed(xt)
+    for block in model.blocks:
+        h = block(h, c)
+    ce = F.cross_entropy(model.logits(h[scored]), x0[scored], reduction="none")
+    if weights is not None:
+        ce = ce * weights[x0[scored]]
+    loss = ce.mean() if ce.numel() else h.sum() * 0
+    return loss, h, t, scored
+
+
+@torch.no_grad()
+def entropy_by_noise(model, batches, weights, gen, bins: int = 10) -> list[float]:
+    """Mean entropy of the predicted distribution on scored positions, per noise-level bin."""
+    sums, counts = np.zeros(bins), np.zeros(bins)
+    for x0 in batches:
+        _, h, t, scored = diffusion_loss(model, x0, None, gen)
+        logits = model.logits(h)
+        p = logits.float().log_softmax(-1)
+        ent = -(p.exp() * p).sum(-1)
+        per_row = (ent * scored).sum(1) / scored.sum(1).clamp(min=1)
+        for b, e in zip((t * bins).long().clamp(max=bins - 1).tolist(), per_row.tolist()):
+            sums[b] += e
+            counts[b] += 1
+    return (sums / np.maximum(counts, 1)).tolist()
+
+
+def plot_curves(path: Path, losses: list[float], entropy_history: list[tuple[int, list[float]]], kind: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    k = max(1, len(losses) // 100)
+    smooth = np.convolve(losses, np.ones(k) / k, mode="valid")
+    a.plot(losses, alpha=0.3, label="loss")
+    a.plot(np.arange(len(smooth)) + k - 1, smooth, label=f"mean of {k}")
+    a.set(xlabel="step", ylabel="cross-entropy", title=f"{kind} model: training loss")
+    a.legend()
+    for step, ent in entropy_history:
+        b.plot((np.arange(len(ent)) + 0.5) / len(ent), ent, marker="o", label=f"step {step}")
+    b.set(xlabel="noise level (mask rate time / t/T)", ylabel="mean entropy (nats)", title="token-confidence entropy per noise level")
+    b.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def train(cfg: TrainConfig, lines: list[str] | None = None) -> Path:
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if lines is None:
+        lines, heldout = read_wordnet()
+        write_lines(out / "heldout.txt.gz", heldout)
+    random.Random(cfg.seed).shuffle(lines)
+    if cfg.tokenizer:
+        tok = TextTokenizer.from_file(cfg.tokenizer)
+    else:
+        tok = TextTokenizer(train_tokenizer(lines, cfg.vocab))
+    tok.save(out / "tokenizer.json")
+    stream, starts = pack(tok.encode_lines(lines), tok.sep_id)
+    weights = token_weights(stream, tok.vocab_size, cfg.freq_weight) if cfg.freq_weight > 0 else None
+    mcfg = TextDiffusionConfig(
+        vocab_size=tok.vocab_size, kind=cfg.kind, max_len=cfg.seq_len, dim=cfg.dim, n_layers=cfg.layers,
+        n_heads=cfg.heads, schedule=cfg.schedule, mask_id=tok.mask_id, pad_id=tok.pad_id,
+        time_conditioned=cfg.kind == "continuous",
+    )
+    model = TextDiffusionLM(mcfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.98))
+    warmup = max(1, cfg.steps // 20)
+    started = time.time()
+
+    def progress(step: int) -> float:
+        # with a time budget, the cosine decay follows whichever runs out first: steps or minutes
+        by_time = (time.time() - started) / (cfg.max_minutes * 60) if cfg.max_minutes else 0.0
+        return min(1.0, max(step / cfg.steps, by_time))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * progress(s)))
+    )
+    rng = np.random.default_rng(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    eval_batches = [sample_batch(stream, starts, 32, cfg.seq_len, np.random.default_rng(10_000 + i)) for i in range(2)]
+    losses: list[float] = []
+    entropy_history: list[tuple[int, list[float]]] = []
+    bar = tqdm(range(cfg.steps), desc=f"train {cfg.kind}", unit="step")
+    for step in bar:
+        model.train()
+        loss, *_ = diffusion_loss(model, sample_batch(stream, starts, cfg.batch, cfg.seq_len, rng), weights, gen)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+        last = step == cfg.steps - 1 or progress(step) >= 1.0
+        if (step + 1) % cfg.checkpoint_every == 0 or last:
+            model.eval()
+            entropy_history.append((step + 1, entropy_by_noise(model, eval_batches, None, torch.Generator().manual_seed(1))))
+            model.save(out)
+            plot_curves(out / "curves.png", losses, entropy_history, cfg.kind)
+        if last:
+            break
+    (out / "train.json").write_text(
+        json.dumps({"config": attrs.asdict(cfg), "steps_done": len(losses), "minutes": (time.time() - started) / 60,
+                    "final_loss_mean_50": float(np.mean(losses[-50:]))}, indent=2)
+    )
+    return out

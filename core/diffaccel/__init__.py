@@ -1,0 +1,37 @@
+"""diffaccel: compose swappable accelerator strategies for diffusion sampling.
+
+    import diffaccel
+
+    cfg = diffaccel.load_config("configs/text-default.toml")
+    pipe = diffaccel.load_pipeline(cfg)
+    with diffaccel.apply(pipe, cfg):
+        out = pipe(seed=0)
+
+Plugins implement the hooks in ``diffaccel.hookspecs`` with ``@diffaccel.hookimpl`` and register
+strategies through ``diffaccel_register(register)``.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .accelerator import Accelerator, apply, build_strategies
+from .config import ModelConfig, RunConfig, load_config, parse_config
+from .errors import ConfigError, ConfigValueError, DiffaccelError, ModelLoadError, PluginError
+from .plugins import Registry, Strategy, hookimpl
+from .state import Counters, Layer, RunState, StepPlan
+
+
+def load_pipeline(config):
+    """Load the model a config (or its path) names, through its adapter."""
+    from .adapters_registry import get_adapter
+
+    cfg = config if isinstance(config, RunConfig) else load_config(config)
+    return get_adapter(cfg.model.adapter).load(cfg)
+
+
+__all__ = [
+    "Accelerator", "ConfigError", "ConfigValueError", "Counters", "DiffaccelError", "Layer", "ModelConfig",
+    "ModelLoadError", "PluginError", "Registry", "RunConfig", "RunState", "StepPlan", "Strategy", "__version__",
+    "apply", "build_strategies", "hookimpl", "load_config", "load_pipeline", "parse_config",
+]

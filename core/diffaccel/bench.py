@@ -1,0 +1,129 @@
+"""``diffaccel bench``: configs sharing one ``[model]``, against that model with no strategy.
+
+All entries run on the same seeds, interleaved (for each repeat and seed, every entry runs once,
+in an order that rotates), so machine noise hits them alike. Speedup is the baseline's total
+wall time over the entry's; quality compares each entry's outputs with the baseline's for the
+same seeds, with the adapter's metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from .accelerator import apply, build_strategies
+from .adapters_registry import get_adapter
+from .config import RunConfig, load_config
+from .errors import ConfigError
+from .plugins import Registry
+
+
+def entry_name(config: RunConfig) -> str:
+    return Path(config.source).stem
+
+
+def load_bench_configs(paths: list[str], registry: Registry) -> list[RunConfig]:
+    configs = [load_config(p, registry) for p in paths]
+    first = configs[0]
+    for c in configs[1:]:
+        if (c.model, c.options) != (first.model, first.options):
+            raise ConfigError(f"{c.source}: [model] differs from {first.source}'s; bench compares configs that share one [model]")
+    names = [entry_name(c) for c in configs]
+    dup = next((n for n in names if names.count(n) > 1 or n == "baseline"), None)
+    if dup:
+        raise ConfigError(f"bench: two entries would be named '{dup}'; give the config files distinct names (not 'baseline')")
+    return configs
+
+
+def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: str | None = None,
+              noise_floor: bool = True, progress: bool = True, registry: Registry | None = None,
+              plot_dir: str | None = None) -> dict[str, Any]:
+    registry = registry or Registry()
+    configs = load_bench_configs(paths, registry)
+    base = configs[0]
+    adapter = get_adapter(base.model.adapter)
+    pipe = adapter.load(base)
+    info = adapter.info(pipe)
+    entries: list[tuple[str, list[Any]]] = [("baseline", [])]
+    entries += [(entry_name(c), build_strategies(c, registry, info)) for c in configs if c.strategies]
+    seed_list = [base.model.seed + k * base.model.batch for k in range(seeds)]
+
+    adapter.run(pipe, base, seed_list[0], progress=False)  # warm-up, untimed
+    times: dict[str, list[float]] = {name: [] for name, _ in entries}
+    outputs: dict[str, list[Any]] = {name: [] for name, _ in entries}
+    total = repeats * len(seed_list) * len(entries)
+    bar = tqdm(total=total, desc="bench", unit="run", disable=not progress)
+    k = 0
+    for rep in range(repeats):
+        for seed in seed_list:
+            order = entries[k % len(entries):] + entries[: k % len(entries)]
+            k += 1
+            for name, strategies in order:
+                with apply(pipe, strategies=strategies):
+                    t0 = time.perf_counter()
+                    out = adapter.run(pipe, base, seed, progress=False)
+                    times[name].append(time.perf_counter() - t0)
+                if rep == 0:
+                    outputs[name].append(out)
+                bar.update(1)
+    bar.close()
+    references = None
+    if noise_floor and hasattr(adapter, "reference_run"):
+        references = [adapter.reference_run(pipe, base, s) for s in seed_list]
+
+    # outputs[name][i] is the run of seed_list[i] for every entry
+    result: dict[str, Any] = {"model": {"adapter": base.model.adapter, "checkpoint": base.model.checkpoint,
+                                        "steps": base.model.steps, "batch": base.model.batch},
+                              "seeds": seed_list, "repeats": repeats, "entries": []}
+    base_time = sum(times["baseline"])
+    for name, strategies in entries:
+        reports = [o.report for o in outputs[name]]
+        entry = {
+            "name": name,
+            "speedup": base_time / sum(times[name]),
+            "quality": adapter.quality(outputs["baseline"], outputs[name], references),
+            "fraction_computed": sum(r["counters"]["fraction_computed"] for r in reports) / len(reports),
+            "strategies": [s.name for s in strategies],
+            "reports": reports,
+        }
+        result["entries"].append(entry)
+        if plot_dir:
+            for s in strategies:
+                if hasattr(s, "bench_plot"):
+                    Path(plot_dir).mkdir(parents=True, exist_ok=True)
+                    s.bench_plot(reports, Path(plot_dir) / f"{name}-{s.name}.png")
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(json_path).with_name(Path(json_path).name + ".partial")
+        tmp.write_text(json.dumps(result, indent=2, default=float))
+        tmp.replace(json_path)
+    return result
+
+
+def format_table(result: dict[str, Any]) -> str:
+    keys: list[str] = []
+    for e in result["entries"]:
+        keys += [k for k in e["quality"] if k not in keys]
+    head = ["entry", "speedup", "computed", *keys]
+    rows = [head]
+    for e in result["entries"]:
+        rows.append([e["name"], f"{e['speedup']:.2f}x", f"{e['fraction_computed']:.0%}",
+                     *[_fmt(e["quality"].get(k)) for k in keys]])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+    m = result["model"]
+    lines.insert(0, f"{m['adapter']} model {m['checkpoint']}, seeds {result['seeds']}, {result['repeats']} repeat(s), interleaved")
+    lines.insert(2, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3f}" if abs(v) < 100 else f"{v:.1f}"
+    return str(v)

@@ -1,0 +1,213 @@
+"""The ``diffaccel`` command line. Every user mistake is one line on stderr and exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+
+from .errors import DiffaccelError
+
+EXAMPLES = {
+    "generate": """
+        examples:
+          diffaccel generate configs/text-default.toml
+          diffaccel generate configs/text-default.toml --seed 3 --out sample.txt
+        The config's [model] table picks the model; its [[strategy]] tables, in order, the
+        strategies. A run summary (layers computed and skipped) goes to stderr.""",
+    "bench": """
+        examples:
+          diffaccel bench configs/text-default.toml
+          diffaccel bench configs/text-swd.toml configs/text-swd-time-anchor.toml --seeds 4 --json out/bench.json
+        All configs must share one [model] table. The baseline is that model with no strategy;
+        every entry runs on the same seeds, interleaved. Speedup = baseline wall time / entry
+        wall time. Quality columns compare each entry with the baseline of the same seed.""",
+    "overhead": """
+        example:
+          diffaccel overhead configs/text-default.toml
+        Times the untouched sampler against the same sampler routed through diffaccel's hooks with
+        every installed plugin loaded but no strategy active, interleaved, and prints the cost.""",
+    "partial": """
+        example:
+          diffaccel partial configs/text-default.toml
+        Times one denoiser step computing 100%, 50% and 25% of the positions (the others served
+        from the per-layer key/value cache), interleaved, and prints the ratios.""",
+    "plugins": """
+        example:
+          diffaccel plugins
+          DIFFACCEL_BLOCK_PLUGINS=swd diffaccel plugins
+        Lists each strategy installed through the 'diffaccel' entry-point group.""",
+    "check": """
+        example:
+          diffaccel check configs/*.toml
+        Validates configs without loading any model; prints 'ok' per file.""",
+    "train": """
+        examples:
+          diffaccel train text --kind masked --out runs/text-masked
+          diffaccel train text --kind continuous --tokenizer runs/text-masked/tokenizer.json --out runs/text-continuous
+        Trains the reference text diffusion LM on WordNet glosses (apt-get install wordnet-base).""",
+    "fluency": """
+        example:
+          diffaccel fluency configs/text-default.toml --seeds 4
+        Prints the n-gram perplexity and distinct-n of the model's samples beside real held-out
+        text, random tokens and a unigram sampler (the figures in the README).""",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    p = argparse.ArgumentParser(
+        prog="diffaccel",
+        description="Sample diffusion models faster by composing accelerator strategies from a TOML config.",
+        epilog="Run 'diffaccel COMMAND --help' for a command's options and an example.",
+    )
+    p.add_argument("--version", action="version", version=f"diffaccel {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def cmd(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, description=help, epilog=textwrap.dedent(EXAMPLES[name]),
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    g = cmd("generate", "run a config and write its outputs")
+    g.add_argument("config", help="TOML config file")
+    g.add_argument("--out", help="output file (text: default stdout)")
+    g.add_argument("--seed", type=int, help="override [model] seed")
+    g.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+    b = cmd("bench", "compare configs with the baseline: speedup and quality side by side")
+    b.add_argument("configs", nargs="+", help="TOML configs sharing one [model]")
+    b.add_argument("--seeds", type=int, default=3, help="seeds (batches) per entry (default 3)")
+    b.add_argument("--repeats", type=int, default=1, help="timed passes over all seeds (default 1)")
+    b.add_argument("--json", dest="json_path", help="write the results as JSON")
+    b.add_argument("--plots", dest="plot_dir", help="folder for the strategies' plots")
+    b.add_argument("--no-noise-floor", action="store_true", help="skip the perturbed reference runs")
+    b.add_argument("--no-progress", action="store_true")
+
+    o = cmd("overhead", "measure the hook machinery's cost with no strategy active")
+    o.add_argument("config")
+    o.add_argument("--repeats", type=int, default=10, help="interleaved pairs of runs (default 10)")
+
+    pa = cmd("partial", "benchmark partial computation: a step at 100%%, 50%%, 25%% of positions")
+    pa.add_argument("config")
+    pa.add_argument("--repeats", type=int, default=30)
+
+    pl = cmd("plugins", "list installed strategies")
+    pl.add_argument("--json", action="store_true", help="machine-readable output")
+
+    c = cmd("check", "validate configs")
+    c.add_argument("configs", nargs="+")
+
+    t = cmd("train", "train a default model")
+    t.add_argument("what", choices=["text"], help="which model family")
+    t.add_argument("--kind", choices=["masked", "continuous"], default="masked")
+    t.add_argument("--out", required=True, help="output folder")
+    t.add_argument("--steps", type=int, default=1400)
+    t.add_argument("--max-minutes", type=float, default=0.0, help="stop after this many minutes (0: no limit)")
+    t.add_argument("--tokenizer", help="reuse this tokenizer.json")
+    t.add_argument("--freq-weight", type=float, default=0.0, help="rare-token loss weighting exponent")
+    t.add_argument("--schedule", choices=["linear", "cosine", "scaled-linear"], default="cosine")
+    t.add_argument("--seed", type=int, default=0)
+
+    f = cmd("fluency", "fluency of a model's samples beside reference texts")
+    f.add_argument("config")
+    f.add_argument("--seeds", type=int, default=4)
+    return p
+
+
+def _generate(args) -> int:
+    import attrs
+
+    from .accelerator import apply, build_strategies
+    from .adapters_registry import get_adapter
+    from .config import load_config
+    from .plugins import Registry
+
+    registry = Registry()
+    cfg = load_config(args.config, registry)
+    if args.seed is not None:
+        cfg = attrs.evolve(cfg, model=attrs.evolve(cfg.model, seed=args.seed))
+    adapter = get_adapter(cfg.model.adapter)
+    pipe = adapter.load(cfg)
+    strategies = build_strategies(cfg, registry, adapter.info(pipe))
+    with apply(pipe, strategies=strategies):
+        out = adapter.run(pipe, cfg, cfg.model.seed, progress=not args.no_progress)
+    where = adapter.write([out], args.out)
+    c = out.report["counters"]
+    print(f"diffaccel: {cfg.model.checkpoint}, {out.report['steps_run']} steps, strategies: "
+          f"{', '.join(s.name for s in strategies) or 'none'}; layers computed {c['layers_computed']}, "
+          f"skipped {c['layers_skipped']}, positions computed {c['fraction_computed']:.0%}; output: {where}", file=sys.stderr)
+    return 0
+
+
+def _bench(args) -> int:
+    from .bench import format_table, run_bench
+
+    result = run_bench(args.configs, seeds=args.seeds, repeats=args.repeats, json_path=args.json_path,
+                       noise_floor=not args.no_noise_floor, progress=not args.no_progress, plot_dir=args.plot_dir)
+    print(format_table(result))
+    if args.json_path:
+        print(f"wrote {args.json_path}")
+    return 0
+
+
+def _plugins(args) -> int:
+    from .plugins import Registry
+
+    rows = Registry().describe()
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
+        return 0
+    if not rows:
+        print("no strategies installed (pip install a plugin, e.g. pip install -e plugins/<name>)")
+        return 0
+    for r in rows:
+        print(f"{r['name']}  ({r['distribution']} {r['version']}, plugin '{r['plugin']}')  adapters: {', '.join(r['adapters'])}")
+        if r["description"]:
+            print(f"    {r['description']}")
+        for f in r["fields"]:
+            doc = f"  # {f['doc']}" if f["doc"] else ""
+            print(f"    {f['name']} = {f['default']!r}{doc}")
+    return 0
+
+
+def _check(args) -> int:
+    from .config import load_config
+    from .plugins import Registry
+
+    registry = Registry()
+    for path in args.configs:
+        cfg = load_config(path, registry)
+        print(f"{path}: ok ({cfg.model.adapter}, strategies: {', '.join(e.name for e in cfg.strategies) or 'none'})")
+    return 0
+
+
+def _train(args) -> int:
+    from diffaccel.adapters.text.train import TrainConfig, train
+
+    out = train(TrainConfig(kind=args.kind, out=args.out, steps=args.steps, max_minutes=args.max_minutes,
+                            tokenizer=args.tokenizer, freq_weight=args.freq_weight, schedule=args.schedule, seed=args.seed))
+    print(f"wrote {out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    handlers = {"generate": _generate, "bench": _bench, "plugins": _plugins, "check": _check, "train": _train}
+    try:
+        if args.command in handlers:
+            return handlers[args.command](args)
+        from . import tools
+
+        return getattr(tools, args.command)(args)
+    except DiffaccelError as exc:
+        print(f"diffaccel: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("diffaccel: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

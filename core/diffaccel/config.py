@@ -1,0 +1,220 @@
+"""TOML configs: a ``[model]`` table and an ordered ``[[strategy]]`` array of tables.
+
+Decoded into frozen attrs classes. Every mistake raises ``ConfigError`` with one line naming the
+file, the table and the key, what was wrong and what is allowed.
+
+    [model]
+    adapter = "text"          # text | unet
+    checkpoint = "default"    # a shipped model name, a local path or a hub id
+    steps = 128
+    seed = 0
+
+    [[strategy]]
+    use = "swd"               # strategy name, see `diffaccel plugins`
+    tau = 0.9
+"""
+
+from __future__ import annotations
+
+import tomllib
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from .errors import ConfigError, ConfigValueError
+from .validators import non_empty, one_of, positive
+
+from .adapters_registry import ADAPTERS
+
+ADAPTER_NAMES = tuple(ADAPTERS)
+
+
+@attrs.frozen(kw_only=True)
+class ModelConfig:
+    """Keys of ``[model]`` common to every adapter; adapter-specific keys live in its options class."""
+
+    adapter: str = attrs.field(validator=one_of(ADAPTER_NAMES))
+    """Which adapter drives sampling: ``text`` (diffusion LMs) or ``unet`` (Stable Diffusion UNets)."""
+    checkpoint: str = attrs.field(default="default", validator=non_empty)
+    """A model shipped with diffaccel (see the adapter), a local folder, or a hub id."""
+    steps: int | None = attrs.field(default=None, validator=positive)
+    """Denoising steps (default: the adapter's)."""
+    seed: int = 0
+    """Seed of the first batch row; row i uses seed + i."""
+    batch: int = attrs.field(default=1, validator=positive)
+    """Samples generated together."""
+    device: str = attrs.field(default="cpu", validator=non_empty)
+    """torch device, e.g. ``cpu`` or ``cuda``."""
+
+
+@attrs.frozen(kw_only=True)
+class StrategyEntry:
+    """One ``[[strategy]]`` table, decoded."""
+
+    name: str
+    index: int
+    """1-based position in the file, as in messages (``[[strategy]] #2``)."""
+    config: Any
+
+
+@attrs.frozen(kw_only=True)
+class RunConfig:
+    model: ModelConfig
+    options: Any
+    """The adapter's options (adapter-specific ``[model]`` keys), decoded."""
+    strategies: tuple[StrategyEntry, ...] = ()
+    source: str = "<config>"
+
+    def without_strategies(self) -> "RunConfig":
+        return attrs.evolve(self, strategies=())
+
+
+# ---- decoding ------------------------------------------------------------------------------
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in (types.UnionType, typing.Union):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return " or ".join(_type_name(a) for a in args)
+    if origin in (list, tuple):
+        (arg, *_) = typing.get_args(tp) or (Any,)
+        plural = {int: "integers", float: "numbers", bool: "booleans", str: "strings"}
+        return f"a list of {plural.get(arg, 'values')}"
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _check_type(value: Any, tp: Any) -> tuple[bool, Any]:
+    """Return (ok, converted value). Ints are accepted where floats are expected."""
+    if tp is Any:
+        return True, value
+    origin = typing.get_origin(tp)
+    if origin in (types.UnionType, typing.Union):
+        for arg in typing.get_args(tp):
+            if arg is type(None):
+                if value is None:
+                    return True, None
+                continue
+            ok, conv = _check_type(value, arg)
+            if ok:
+                return True, conv
+        return False, value
+    if origin in (list, tuple):
+        if not isinstance(value, list):
+            return False, value
+        arg = (typing.get_args(tp) or (Any,))[0]
+        out = []
+        for item in value:
+            ok, conv = _check_type(item, arg)
+            if not ok:
+                return False, value
+            out.append(conv)
+        return True, tuple(out) if origin is tuple else out
+    if tp is bool:
+        return isinstance(value, bool), value
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if tp is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return ok, float(value) if ok else value
+    if tp is str:
+        return isinstance(value, str), value
+    return True, value
+
+
+def structure(cls: type, table: dict[str, Any], where: str, *, extra_ok: tuple[str, ...] = ()) -> Any:
+    """Build ``cls`` from a TOML table; ``where`` prefixes every message (``file: [table]``)."""
+    attrs.resolve_types(cls)
+    fields = {f.name: f for f in attrs.fields(cls) if f.init}
+    unknown = [k for k in table if k not in fields and k not in extra_ok]
+    if unknown:
+        allowed = ", ".join(sorted([*fields, *extra_ok])) or "(none)"
+        raise ConfigError(f"{where}: unknown key '{unknown[0]}'; allowed keys: {allowed}")
+    kwargs = {}
+    for name, f in fields.items():
+        if name not in table:
+            if f.default is attrs.NOTHING:
+                raise ConfigError(f"{where}: missing key '{name}'")
+            continue
+        ok, value = _check_type(table[name], f.type)
+        if not ok:
+            raise ConfigError(f"{where}: key '{name}': expected {_type_name(f.type)}, got {table[name]!r}")
+        kwargs[name] = value
+    try:
+        return cls(**kwargs)
+    except ConfigValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{p}: no such config file")
+    try:
+        return tomllib.loads(p.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: invalid TOML: {exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{p}: not a UTF-8 text file") from None
+
+
+def load_config(path: str | Path, registry=None) -> RunConfig:
+    """Read and validate a config file. Raises ``ConfigError`` with a one-line message."""
+    return parse_config(read_toml(path), source=str(path), registry=registry)
+
+
+def parse_config(data: dict[str, Any], source: str = "<config>", registry=None) -> RunConfig:
+    from .adapters_registry import adapter_options
+    from .plugins import Registry
+
+    unknown = [k for k in data if k not in ("model", "strategy")]
+    if unknown:
+        raise ConfigError(f"{source}: unknown table [{unknown[0]}]; allowed: [model] and [[strategy]]")
+    if "model" not in data:
+        raise ConfigError(f"{source}: missing table [model] (with at least adapter = \"text\" or \"unet\")")
+    if not isinstance(data["model"], dict):
+        raise ConfigError(f"{source}: 'model' must be a table, written [model]")
+    model_table = dict(data["model"])
+    where = f"{source}: [model]"
+    adapter = model_table.get("adapter")
+    if adapter not in ADAPTER_NAMES:
+        shown = "missing" if adapter is None else repr(adapter)
+        raise ConfigError(f"{where}: key 'adapter': {shown}; allowed: {', '.join(map(repr, ADAPTER_NAMES))}")
+    options_cls = adapter_options(adapter)
+    option_keys = tuple(f.name for f in attrs.fields(options_cls))
+    common = {k: v for k, v in model_table.items() if k not in option_keys}
+    model = structure(ModelConfig, common, where, extra_ok=option_keys)
+    options = structure(options_cls, {k: v for k, v in model_table.items() if k in option_keys}, where)
+
+    raw = data.get("strategy", [])
+    if not isinstance(raw, list) or not all(isinstance(t, dict) for t in raw):
+        raise ConfigError(f"{source}: 'strategy' must be an array of tables, written [[strategy]]")
+    registry = registry if registry is not None else (Registry() if raw else None)
+    entries: list[StrategyEntry] = []
+    seen: set[str] = set()
+    for i, table in enumerate(raw, start=1):
+        where = f"{source}: [[strategy]] #{i}"
+        installed = ", ".join(sorted(registry.strategies)) or "none installed"
+        name = table.get("use")
+        if name is None:
+            raise ConfigError(f"{where}: missing key 'use' (the strategy name); installed: {installed}")
+        if not isinstance(name, str):
+            raise ConfigError(f"{where}: key 'use': expected a string, got {name!r}; installed: {installed}")
+        spec = registry.get(name)
+        if spec is None:
+            raise ConfigError(f"{where}: unknown strategy '{name}'; installed: {installed}")
+        where = f"{source}: [[strategy]] #{i} ({name})"
+        if adapter not in spec.adapters:
+            raise ConfigError(
+                f"{where}: strategy '{name}' does not support adapter '{adapter}'; it supports: {', '.join(spec.adapters)}"
+            )
+        if name in seen:
+            raise ConfigError(f"{where}: strategy '{name}' is listed twice; list each strategy once")
+        seen.add(name)
+        params = {k: v for k, v in table.items() if k != "use"}
+        entries.append(StrategyEntry(name=name, index=i, config=structure(spec.config, params, where)))
+    return RunConfig(model=model, options=options, strategies=tuple(entries), source=source)

@@ -1,0 +1,156 @@
+"""Plugin discovery and the strategy registry.
+
+Plugins are modules named by entry points in the ``diffaccel`` group. Each implements
+``diffaccel_register(register)`` and hands ``Strategy`` objects to ``register``; the core never
+guesses what a module offers.
+
+Environment variables:
+
+* ``DIFFACCEL_PLUGINS``: comma-separated entry-point names to load; all others are blocked.
+  Set it empty to load none.
+* ``DIFFACCEL_BLOCK_PLUGINS``: comma-separated entry-point names never to load.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import pluggy
+
+from . import hookspecs
+from .errors import PluginError
+
+GROUP = "diffaccel"
+hookimpl = pluggy.HookimplMarker("diffaccel")
+
+
+@attrs.frozen(kw_only=True)
+class Strategy:
+    """What a plugin registers: a strategy name as written in configs and how to build it."""
+
+    name: str
+    """Name used in ``[[strategy]] use = "..."``."""
+    config: type
+    """Frozen, keyword-only attrs class of the strategy's parameters."""
+    factory: Callable[[Any], Any]
+    """Called with a config instance; returns the object whose hookimpls run."""
+    adapters: tuple[str, ...] = attrs.field(converter=tuple)
+    """Adapters it supports, e.g. ``("text",)`` or ``("text", "unet")``."""
+    description: str = ""
+    """One line for ``diffaccel plugins``."""
+    plugin: str = ""
+    """Entry-point name of the plugin that registered it (set by the registry)."""
+
+
+def new_plugin_manager() -> pluggy.PluginManager:
+    pm = pluggy.PluginManager(GROUP)
+    pm.add_hookspecs(hookspecs)
+    return pm
+
+
+def _names(env: str) -> set[str] | None:
+    value = os.environ.get(env)
+    if value is None:
+        return None
+    return {n.strip() for n in value.split(",") if n.strip()}
+
+
+class Registry:
+    """Loaded plugins and the strategies they registered."""
+
+    def __init__(self, load_entrypoints: bool = True):
+        self.pm = new_plugin_manager()
+        self.strategies: dict[str, Strategy] = {}
+        self._dists: dict[str, tuple[str, str]] = {}
+        if load_entrypoints:
+            self._load_entrypoints()
+
+    def _load_entrypoints(self) -> None:
+        allowed, blocked = _names("DIFFACCEL_PLUGINS"), _names("DIFFACCEL_BLOCK_PLUGINS") or set()
+        for ep in md.entry_points(group=GROUP):
+            if ep.name in blocked or (allowed is not None and ep.name not in allowed):
+                self.pm.set_blocked(ep.name)
+                continue
+            if self.pm.get_plugin(ep.name) is not None:
+                continue  # the same distribution seen twice on sys.path
+            try:
+                plugin = ep.load()
+                self.pm.register(plugin, name=ep.name)
+            except Exception as exc:  # a broken third-party plugin must not look like our bug
+                dist = ep.dist.metadata["name"] if ep.dist else "?"
+                raise PluginError(
+                    f"plugin '{ep.name}' (distribution {dist}) failed to load: {type(exc).__name__}: {exc}; "
+                    f"block it with DIFFACCEL_BLOCK_PLUGINS={ep.name}"
+                ) from None
+            if ep.dist is not None:
+                self._dists[ep.name] = (ep.dist.metadata["name"], ep.dist.version)
+            self._collect(ep.name, plugin)
+
+    def register_plugin(self, plugin: Any, name: str) -> None:
+        """Register a plugin object directly (tests, notebooks); same path as an entry point."""
+        self.pm.register(plugin, name=name)
+        self._collect(name, plugin)
+
+    def _collect(self, plugin_name: str, plugin: Any) -> None:
+        impl = getattr(plugin, "diffaccel_register", None)
+        if impl is None:
+            return
+
+        def register(strategy: Strategy) -> None:
+            if not isinstance(strategy, Strategy):
+                raise PluginError(f"plugin '{plugin_name}' registered {strategy!r}, not a diffaccel.Strategy")
+            if not attrs.has(strategy.config):
+                raise PluginError(f"plugin '{plugin_name}': strategy '{strategy.name}' config is not an attrs class")
+            known = self.strategies.get(strategy.name)
+            if known is not None and known.plugin != plugin_name:
+                raise PluginError(
+                    f"strategy '{strategy.name}' is registered by two plugins: '{known.plugin}' and '{plugin_name}'"
+                    f"; block one with DIFFACCEL_BLOCK_PLUGINS"
+                )
+            self.strategies[strategy.name] = attrs.evolve(strategy, plugin=plugin_name)
+
+        impl(register=register)
+
+    def get(self, name: str) -> Strategy | None:
+        return self.strategies.get(name)
+
+    def distribution(self, plugin_name: str) -> tuple[str, str]:
+        """(distribution name, version) of the plugin, or ('-', '-') for one registered by hand."""
+        return self._dists.get(plugin_name, ("-", "-"))
+
+    def describe(self) -> list[dict[str, Any]]:
+        """One entry per strategy: name, distribution, version, adapters, fields with defaults."""
+        rows = []
+        for s in sorted(self.strategies.values(), key=lambda s: s.name):
+            dist, version = self.distribution(s.plugin)
+            fields = []
+            for f in attrs.fields(s.config):
+                default = None if f.default is attrs.NOTHING else f.default
+                if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
+                    default = default.factory()
+                fields.append({"name": f.name, "default": default, "doc": field_doc(s.config, f.name)})
+            rows.append({"name": s.name, "plugin": s.plugin, "distribution": dist, "version": version,
+                         "adapters": list(s.adapters), "description": s.description, "fields": fields})
+        return rows
+
+
+def field_doc(cls: type, name: str) -> str:
+    """The docstring written under an attrs field (``x: int = 1`` then ``\"\"\"doc\"\"\"``)."""
+    import ast
+    import inspect
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError, SyntaxError):
+        return ""
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    for node, nxt in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name
+                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
+            return " ".join(nxt.value.value.split())
+    return ""

@@ -1,0 +1,129 @@
+"""Measurement commands: ``overhead``, ``partial``, ``fluency``. All comparisons are interleaved."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+
+
+from .accelerator import Accelerator
+from .adapters_registry import get_adapter
+from .config import load_config
+from .errors import ConfigError
+from .plugins import Registry
+
+
+def _load(path: str, registry: Registry | None = None):
+    cfg = load_config(path, registry or Registry())
+    adapter = get_adapter(cfg.model.adapter)
+    return cfg, adapter, adapter.load(cfg)
+
+
+def overhead(args) -> int:
+    """Untouched sampler vs. hooks with every plugin loaded and no strategy active."""
+    registry = Registry()  # loads every installed plugin
+    cfg, adapter, pipe = _load(args.config, registry)
+    cfg = cfg.without_strategies()
+    empty = Accelerator([], adapter.name)
+    adapter.run(pipe, cfg, cfg.model.seed, progress=False)  # warm-up
+    plain, hooked = [], []
+    for i in range(args.repeats):
+        runs = [(plain, None), (hooked, empty)]
+        for times, accel in (runs if i % 2 == 0 else runs[::-1]):
+            if accel is None:
+                adapter.detach(pipe)
+            else:
+                adapter.attach(pipe, accel)
+            t0 = time.perf_counter()
+            out = adapter.run(pipe, cfg, cfg.model.seed, progress=False)
+            times.append(time.perf_counter() - t0)
+            adapter.detach(pipe)
+    steps = out.report["steps_run"]
+    ratio = sum(hooked) / sum(plain)
+    pair = statistics.median(h / p for h, p in zip(hooked, plain))
+    print(f"{cfg.model.checkpoint}: {steps} steps per run, {args.repeats} interleaved pairs, "
+          f"{len(registry.strategies)} strategies loaded ({', '.join(sorted(registry.strategies)) or 'none'}), none active")
+    print(f"hook overhead per sampling step: {100 * (ratio - 1):+.2f}% (total time ratio), "
+          f"{100 * (pair - 1):+.2f}% (median of pair ratios)")
+    return 0
+
+
+def partial(args) -> int:
+    """Time one denoiser step computing 100%, 50% and 25% of the positions."""
+    import torch
+
+    from diffaccel.adapters.text.pipeline import _NoAccelerator, _RunContext
+    from diffaccel.state import RunState, StepPlan
+
+    cfg, adapter, pipe = _load(args.config)
+    if cfg.model.adapter != "text":
+        raise ConfigError(f"{cfg.source}: [model] key 'adapter': partial computation is benchmarked on text models")
+    den, B, N = pipe.denoiser, cfg.model.batch, cfg.options.length
+    gen = torch.Generator().manual_seed(0)
+    if den.kind == "masked":
+        x = torch.randint(4, den.vocab_size, (B, N), generator=gen)
+        t = None
+    else:
+        x = torch.randn(B, N, den.token_latents().shape[1], generator=gen)
+        t = torch.tensor(500.0)
+    run = RunState(adapter="text", num_steps=1, batch_size=B)
+    ctx = _RunContext(den, run)
+    accel = _NoAccelerator()
+    fractions = (1.0, 0.5, 0.25)
+    masks = {}
+    for f in fractions:
+        m = torch.zeros(B, N, dtype=torch.bool)
+        m[:, torch.randperm(N, generator=gen)[: max(1, int(N * f))]] = True
+        masks[f] = m
+    times: dict[float, list[float]] = {f: [] for f in fractions}
+    with torch.no_grad():
+        pipe._denoise(ctx, accel, x, t)  # fill the caches
+        for i in range(args.repeats):
+            for f in fractions[i % 3:] + fractions[: i % 3]:
+                run.plan = None if f == 1.0 else StepPlan(positions=masks[f])
+                t0 = time.perf_counter()
+                pipe._denoise(ctx, accel, x, t)
+                times[f].append(time.perf_counter() - t0)
+    full = statistics.median(times[1.0])
+    print(f"{cfg.model.checkpoint}: one denoiser step, batch {B}, {N} positions, median of {args.repeats} interleaved runs")
+    print("positions computed   time vs 100%   speedup")
+    for f in fractions:
+        med = statistics.median(times[f])
+        print(f"{f:>17.0%}   {med / full:>12.2f}   {full / med:>6.2f}x")
+    return 0
+
+
+def fluency(args) -> int:
+    """Fluency of the model's samples beside held-out text, random tokens and unigram text."""
+    import torch
+
+    from diffaccel.adapters.text import metrics
+
+    cfg, adapter, pipe = _load(args.config)
+    if cfg.model.adapter != "text":
+        raise ConfigError(f"{cfg.source}: [model] key 'adapter': fluency is measured on text models")
+    cfg = cfg.without_strategies()
+    texts = []
+    for k in range(args.seeds):
+        texts += adapter.run(pipe, cfg, cfg.model.seed + k * cfg.model.batch, progress=False).texts
+    n_words = sum(len(metrics.words(t)) for t in texts)
+    tok = pipe.tokenizer
+    gen = torch.Generator().manual_seed(0)
+    random_texts = [tok.decode(torch.randint(4, tok.vocab_size, (cfg.options.length,), generator=gen).tolist())
+                    for _ in range(len(texts))]
+    rows = [
+        ("model samples", texts),
+        ("held-out text", metrics.reference_lines()[:400]),
+        ("unigram sampler", [metrics.unigram_sample(max(1, n_words // len(texts)), s) for s in range(len(texts))]),
+        ("random tokens", random_texts),
+    ]
+    print(f"{cfg.model.checkpoint}: trigram Kneser-Ney perplexity (fitted on held-out WordNet text), {len(texts)} samples")
+    print(f"{'text':<16} {'perplexity':>11} {'distinct-1':>11} {'distinct-2':>11}")
+    for name, t in rows:
+        q = metrics.text_quality(t)
+        print(f"{name:<16} {q['perplexity']:>11.1f} {q['distinct_1']:>11.3f} {q['distinct_2']:>11.3f}")
+    return 0
+
+
+

@@ -1,0 +1,278 @@
+"""Text adapter: samplers, schedules, clipping, batch consistency, partial computation, BERT models."""
+
+import math
+
+import pytest
+import torch
+
+import diffaccel
+from diffaccel import StepPlan, hookimpl
+from diffaccel.adapters.text.model import (SCHEDULES, TextDiffusionConfig, TextDiffusionLM, alphas_cumprod,
+                                           mask_rate)
+from diffaccel.adapters.text.pipeline import mask_to_index
+from diffaccel.errors import ModelLoadError
+from diffaccel.testing import run_with, tiny_text_pipeline
+
+
+@pytest.mark.parametrize("sampler", ["ddim", "ddpm", "hybrid"])
+def test_continuous_samplers_run_and_differ(sampler):
+    pipe = tiny_text_pipeline("continuous")
+    out = pipe(length=16, steps=9, seed=0, sampler=sampler, progress=False)
+    assert out.tokens.shape == (1, 16)
+    assert out.report["steps_run"] == 9
+
+
+def test_hybrid_is_ddim_ddpm_ddim():
+    pipe = tiny_text_pipeline("continuous")
+    outs = {s: pipe(length=16, steps=9, seed=0, sampler=s, progress=False).tokens for s in ("ddim", "ddpm", "hybrid")}
+    # DDIM is deterministic given the start noise; DDPM draws fresh noise, so they should differ somewhere
+    assert not torch.equal(outs["ddim"], outs["ddpm"])
+
+
+def test_masked_sampler_commits_every_position():
+    pipe = tiny_text_pipeline("masked")
+    out = pipe(length=20, steps=7, seed=0, progress=False)
+    assert not (out.tokens == pipe.denoiser.mask_id).any()
+
+
+def test_masked_sampler_one_commit_per_step():
+    committed = []
+
+    class Watch:
+        name = "watch"
+
+        @hookimpl
+        def diffaccel_post_step(self, run, output):
+            committed.append(int((~output.masked).sum()))
+
+    pipe = tiny_text_pipeline("masked")
+    run_with(pipe, [Watch()], length=12, steps=12)
+    assert committed == list(range(1, 13))
+
+
+def test_semi_autoregressive_blocks_fill_left_to_right():
+    order = []
+
+    class Watch:
+        name = "watch"
+
+        @hookimpl
+        def diffaccel_post_step(self, run, output):
+            order.append(output.masked[0].clone())
+
+    pipe = tiny_text_pipeline("masked")
+    run_with(pipe, [Watch()], length=16, steps=8, block_size=8)
+    after_first_block = order[3]
+    assert not after_first_block[:8].any() and after_first_block[8:].all()
+
+
+def test_prompt_positions_are_kept():
+    pipe = tiny_text_pipeline("masked")
+    out = pipe("abc", length=12, steps=4, seed=0, progress=False)
+    assert out.tokens[0, :3].tolist() == pipe.tokenizer.encode("abc")
+    assert out.prompt_lengths == [3]
+    cont = tiny_text_pipeline("continuous")
+    out = cont("abc", length=12, steps=4, seed=0, progress=False)
+    assert out.tokens[0, :3].tolist() == cont.tokenizer.encode("abc")
+
+
+@pytest.mark.parametrize("kind", ["masked", "continuous"])
+def test_batch_rows_equal_single_runs(kind):
+    pipe = tiny_text_pipeline(kind)
+    batch = pipe(length=16, steps=6, seed=10, batch=3, progress=False)
+    for r in range(3):
+        single = pipe(length=16, steps=6, seed=10 + r, batch=1, progress=False)
+        assert torch.equal(single.tokens[0], batch.tokens[r]), f"row {r}"
+
+
+def test_logits_are_clipped():
+    model = TextDiffusionLM(TextDiffusionConfig(vocab_size=50, dim=16, n_layers=1, n_heads=2, max_len=8, logit_clip=3.0))
+    with torch.no_grad():
+        model.head.weight.mul_(1000)
+        logits = model(torch.randint(0, 50, (2, 8)))
+    assert logits.abs().max() <= 3.0
+    assert logits.abs().max() > 2.5  # the bound is reached, not just never approached
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_schedules_are_monotonic(schedule):
+    t = torch.linspace(0, 1, 11)
+    rate = mask_rate(schedule, t)
+    assert rate[0] == 0 and math.isclose(float(rate[-1]), 1.0, rel_tol=1e-6)
+    assert (rate[1:] >= rate[:-1]).all()
+    ab = alphas_cumprod(schedule, 1000)
+    assert (ab[1:] < ab[:-1]).all() and ab[0] > 0.99 and ab[-1] < 0.1
+
+
+def test_unknown_schedule_is_rejected():
+    with pytest.raises(ValueError, match="allowed: linear, cosine, scaled-linear"):
+        mask_rate("sigmoid", torch.zeros(1))
+
+
+def test_mask_to_index_pads_with_real_positions():
+    mask = torch.tensor([[True, False, True, False], [False, False, False, True]])
+    idx = mask_to_index(mask)
+    assert idx.shape == (2, 2)
+    assert set(idx[0].tolist()) == {0, 2} and 3 in idx[1].tolist()
+
+
+def test_partial_step_matches_full_on_computed_positions():
+    """Positions computed in a partial step see the same keys/values as in a full step."""
+    from diffaccel.adapters.text.pipeline import _NoAccelerator, _RunContext
+    from diffaccel.state import RunState
+
+    pipe = tiny_text_pipeline("masked")
+    den = pipe.denoiser
+    x = torch.randint(4, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    run = RunState(adapter="text", num_steps=1, batch_size=2)
+    with torch.no_grad():
+        ctx = _RunContext(den, run)
+        pipe._denoise(ctx, _NoAccelerator(), x, None)
+        full = ctx.logits.clone()
+        # change the inputs at some positions and recompute only those
+        x2 = x.clone()
+        x2[:, 3] = 5
+        x2[:, 9] = 6
+        mask = torch.zeros(2, 16, dtype=torch.bool)
+        mask[:, [3, 9]] = True
+        run.plan = StepPlan(positions=mask)
+        pipe._denoise(ctx, _NoAccelerator(), x2, None)
+        partial = ctx.logits
+        ctx2 = _RunContext(den, RunState(adapter="text", num_steps=1, batch_size=2))
+        pipe._denoise(ctx2, _NoAccelerator(), x2, None)
+    # untouched positions keep their old logits; one layer deep the computed ones are exact
+    assert torch.equal(partial[:, 0], full[:, 0])
+    assert not torch.allclose(partial[:, 3], full[:, 3])
+
+
+def test_partial_step_is_exact_for_a_single_layer():
+    from diffaccel.adapters.text.pipeline import _NoAccelerator, _RunContext
+    from diffaccel.state import RunState
+
+    pipe = tiny_text_pipeline("masked", n_layers=1)
+    x = torch.randint(4, 64, (1, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        run = RunState(adapter="text", num_steps=1, batch_size=1)
+        ctx = _RunContext(pipe.denoiser, run)
+        pipe._denoise(ctx, _NoAccelerator(), x, None)
+        x2 = x.clone()
+        x2[0, 5] = 7
+        mask = torch.zeros(1, 16, dtype=torch.bool)
+        mask[0, 5] = True
+        run.plan = StepPlan(positions=mask)
+        pipe._denoise(ctx, _NoAccelerator(), x2, None)
+        ref = _RunContext(pipe.denoiser, RunState(adapter="text", num_steps=1, batch_size=1))
+        pipe._denoise(ref, _NoAccelerator(), x2, None)
+    # with one layer, position 5's output depends only on fresh K/V of itself and cached (unchanged) others
+    torch.testing.assert_close(ctx.logits[0, 5], ref.logits[0, 5], rtol=1e-5, atol=1e-5)
+
+
+# ---- BERT-family masked LMs -------------------------------------------------------------------
+
+def _tiny_bert(tmp_path, family="bert"):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import BertConfig, BertForMaskedLM, PreTrainedTokenizerFast, RobertaConfig, RobertaForMaskedLM
+
+    vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijklmnopqrstuvwxyz"])}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+                                     sep_token="[SEP]", mask_token="[MASK]")
+    torch.manual_seed(0)
+    if family == "bert":
+        model = BertForMaskedLM(BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                           intermediate_size=64, max_position_embeddings=64))
+    else:
+        model = RobertaForMaskedLM(RobertaConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                                 intermediate_size=64, max_position_embeddings=70, pad_token_id=0))
+    path = tmp_path / family
+    model.save_pretrained(path)
+    hf_tok.save_pretrained(path)
+    return path, model.eval()
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_bert_family_layerwise_forward_matches_transformers(tmp_path, family):
+    from diffaccel.adapters.text.loading import load_pipeline
+    from diffaccel.adapters.text.pipeline import _NoAccelerator, _RunContext
+    from diffaccel.state import RunState
+
+    path, model = _tiny_bert(tmp_path, family)
+    pipe = load_pipeline(str(path))
+    x = torch.randint(5, 31, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ctx = _RunContext(pipe.denoiser, RunState(adapter="text", num_steps=1, batch_size=2))
+        pipe._denoise(ctx, _NoAccelerator(), x, None)
+        ref = model(input_ids=x, token_type_ids=torch.zeros_like(x)).logits if family == "bert" else model(input_ids=x).logits
+    torch.testing.assert_close(ctx.logits, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_bert_pipeline_generates_with_hooks_and_partial_positions(tmp_path):
+    from diffaccel.adapters.text.loading import load_pipeline
+
+    path, _ = _tiny_bert(tmp_path)
+    pipe = load_pipeline(str(path))
+
+    class Half:
+        name = "half"
+
+        @hookimpl
+        def diffaccel_pre_step(self, run):
+            if run.step:
+                m = torch.zeros(run.batch_size, run.info["length"], dtype=torch.bool)
+                m[:, 1::2] = True
+                return StepPlan(positions=m)
+
+    out = run_with(pipe, [Half()], length=10, steps=5, batch=2)
+    assert out.tokens.shape == (2, 10) and not (out.tokens == pipe.denoiser.mask_id).any()
+    assert out.report["counters"]["fraction_computed"] < 1.0
+    plain = pipe(length=10, steps=5, batch=2, progress=False)
+    again = pipe(length=10, steps=5, batch=2, progress=False)
+    assert torch.equal(plain.tokens, again.tokens)
+
+
+def test_missing_model_is_one_clear_error(tmp_path):
+    from diffaccel.adapters.text.loading import load_pipeline
+
+    with pytest.raises(ModelLoadError) as info:
+        load_pipeline("nobody/no-such-model-xyz")
+    msg = str(info.value)
+    assert "\n" not in msg and "nobody/no-such-model-xyz" in msg and "wordnet-masked" in msg
+    with pytest.raises(ModelLoadError, match="not a model folder"):
+        load_pipeline(str(tmp_path))
+
+
+def test_not_a_masked_lm_is_rejected(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from diffaccel.adapters.text.loading import load_pipeline
+
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50)).save_pretrained(tmp_path / "gpt2")
+    with pytest.raises(ModelLoadError, match="gpt2"):
+        load_pipeline(str(tmp_path / "gpt2"))
+
+
+def test_cli_missing_checkpoint_exits_2(tmp_path, capsys):
+    from diffaccel.cli import main
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[model]\nadapter = "text"\ncheckpoint = "nobody/no-such-model-xyz"\n')
+    assert main(["generate", str(cfg), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("diffaccel: error: checkpoint 'nobody/no-such-model-xyz'") and err.count("\n") == 1
+
+
+def test_save_and_load_reference_model(tmp_path):
+    from diffaccel.adapters.text.loading import load_pipeline
+    from diffaccel.adapters.text.tokenizer import TextTokenizer, train_tokenizer
+
+    tok = TextTokenizer(train_tokenizer(["a small dog barks", "a big cat sleeps"] * 20, vocab_size=60))
+    model = TextDiffusionLM(TextDiffusionConfig(vocab_size=tok.vocab_size, dim=16, n_layers=1, n_heads=2, max_len=16,
+                                                mask_id=tok.mask_id))
+    model.save(tmp_path / "m")
+    tok.save(tmp_path / "m" / "tokenizer.json")
+    pipe = load_pipeline(str(tmp_path / "m"))
+    for a, b in zip(model.state_dict().values(), pipe.denoiser.model.state_dict().values()):
+        assert torch.equal(a, b)
+    assert isinstance(pipe(length=8, steps=2, progress=False).texts[0], str)
+    assert diffaccel.__version__
