@@ -34,3 +34,20 @@ def test_frequency_weights_favour_rare_tokens():
 
     w = token_weights(np.array([4, 4, 4, 4, 5]), vocab=6, alpha=0.5)
     assert w[5] > w[4]
+
+
+def test_frozen_embeddings_from_a_bert(tmp_path):
+    import torch
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *sorted({w for line in LINES for w in line.replace(":", "").split()})]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    BertTokenizerFast(vocab_file=str(tmp_path / "vocab.txt")).save_pretrained(tmp_path / "bert")
+    BertModel(BertConfig(vocab_size=len(vocab), hidden_size=24, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=32)).save_pretrained(tmp_path / "bert")
+    out = train(TrainConfig(kind="masked", out=str(tmp_path / "m"), steps=3, batch=4, seq_len=32, dim=16, layers=1,
+                            heads=2, vocab=80, threads=1, init_embeddings=str(tmp_path / "bert")), lines=list(LINES))
+    pipe = load_pipeline(str(out))
+    table = pipe.denoiser.model.tok_emb[0].weight
+    assert table.shape[1] == 24 and not table.requires_grad
+    assert torch.count_nonzero(table.abs().sum(1)) > 10  # most of our tokens found BERT pieces

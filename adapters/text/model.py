@@ -49,6 +49,9 @@ class TextDiffusionConfig:
     """Size of an external condition vector (0: none)."""
     embed_dim: int = 64
     """Continuous models: size of the normalised token-embedding space that is noised."""
+    frozen_embed_dim: int = 0
+    """Masked models: width of a frozen token-embedding table (from a pretrained BERT), projected
+    to ``dim`` by a learned linear map; 0 learns the embeddings from scratch."""
     logit_clip: float = 10.0
     """Output logits are softly bounded to (-logit_clip, logit_clip)."""
     schedule: str = attrs.field(default="cosine", validator=attrs.validators.in_(SCHEDULES))
@@ -192,8 +195,12 @@ class TextDiffusionLM(nn.Module):
         self.config = cfg = config
         D = cfg.dim
         if cfg.kind == "masked":
-            self.tok_emb = nn.Embedding(cfg.vocab_size, D)
-            nn.init.normal_(self.tok_emb.weight, std=0.02)  # same scale as positions, as in GPT-2
+            if cfg.frozen_embed_dim:
+                self.tok_emb = nn.Sequential(nn.Embedding(cfg.vocab_size, cfg.frozen_embed_dim), nn.Linear(cfg.frozen_embed_dim, D))
+                self.tok_emb[0].weight.requires_grad_(False)
+            else:
+                self.tok_emb = nn.Embedding(cfg.vocab_size, D)
+                nn.init.normal_(self.tok_emb.weight, std=0.02)  # same scale as positions, as in GPT-2
         else:
             self.latent_emb = nn.Parameter(torch.randn(cfg.vocab_size, cfg.embed_dim))
             self.in_proj = nn.Linear(cfg.embed_dim, D)

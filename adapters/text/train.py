@@ -54,6 +54,8 @@ class TrainConfig:
     max_minutes: float = 0.0
     """Stop early after this many minutes (0: no limit)."""
     checkpoint_every: int = 200
+    init_embeddings: str | None = None
+    """Masked models: a BERT folder or hub id whose word embeddings initialise a frozen table."""
 
 
 def pack(ids_per_line: list[list[int]], sep_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -165,8 +167,17 @@ def train(cfg: TrainConfig, lines: list[str] | None = None) -> Path:
         n_heads=cfg.heads, schedule=cfg.schedule, mask_id=tok.mask_id, pad_id=tok.pad_id,
         time_conditioned=cfg.kind == "continuous",
     )
+    table = None
+    if cfg.init_embeddings:
+        if cfg.kind != "masked":
+            raise ValueError("init_embeddings applies to masked models")
+        table = bert_embedding_table(tok, cfg.init_embeddings)
+        mcfg = attrs.evolve(mcfg, frozen_embed_dim=table.shape[1])
     model = TextDiffusionLM(mcfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.98))
+    if table is not None:
+        with torch.no_grad():
+            model.tok_emb[0].weight.copy_(table)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.98))
     warmup = max(1, cfg.steps // 20)
     started = time.time()
 
@@ -207,3 +218,22 @@ def train(cfg: TrainConfig, lines: list[str] | None = None) -> Path:
                     "final_loss_mean_50": float(np.mean(losses[-50:]))}, indent=2)
     )
     return out
+
+
+def bert_embedding_table(tok: TextTokenizer, bert_path: str) -> torch.Tensor:
+    """(V, H) embeddings for our tokens from a pretrained BERT: each token's text is split by the
+    BERT's own tokenizer and its word-piece embeddings are averaged (special tokens keep zeros)."""
+    from transformers import AutoModel, AutoTokenizer
+
+    bert_tok = AutoTokenizer.from_pretrained(bert_path)
+    emb = AutoModel.from_pretrained(bert_path).get_input_embeddings().weight.detach()
+    table = torch.zeros(tok.vocab_size, emb.shape[1])
+    for i in range(tok.vocab_size):
+        if i in tok.special_ids:
+            continue
+        piece = tok.tok.id_to_token(i).replace("\u2581", " ").strip()
+        ids = bert_tok.encode(piece, add_special_tokens=False) if piece else []
+        if ids:
+            table[i] = emb[ids].mean(0)
+    # rescale to the std of our own initialisation so the projection starts in a sane range
+    return table / table.std().clamp(min=1e-6) * 0.02

@@ -109,6 +109,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--freq-weight", type=float, default=0.0, help="rare-token loss weighting exponent")
     t.add_argument("--schedule", choices=["linear", "cosine", "scaled-linear"], default="cosine")
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--init-embeddings", metavar="BERT", help="masked: initialise frozen token embeddings from this BERT")
 
     f = cmd("fluency", "fluency of a model's samples beside reference texts")
     f.add_argument("config")
@@ -187,7 +188,8 @@ def _train(args) -> int:
     from diffaccel.adapters.text.train import TrainConfig, train
 
     out = train(TrainConfig(kind=args.kind, out=args.out, steps=args.steps, max_minutes=args.max_minutes,
-                            tokenizer=args.tokenizer, freq_weight=args.freq_weight, schedule=args.schedule, seed=args.seed))
+                            tokenizer=args.tokenizer, freq_weight=args.freq_weight, schedule=args.schedule, seed=args.seed,
+                            init_embeddings=args.init_embeddings))
     print(f"wrote {out}")
     return 0
 
