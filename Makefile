@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 
 $(VENV)/.installed: pyproject.toml $(addsuffix /pyproject.toml,$(PLUGIN_DIRS))
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip "setuptools>=68" wheel
+	$(BIN)/pip install -q --upgrade pip "setuptools>=77" wheel
 	# torch==2.13.0 is the CPU wheel on this disk; a bare "torch" pulls a multi-GB CUDA build
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q --no-build-isolation -e ".[test]"
