@@ -117,10 +117,12 @@ def entropy_by_noise(model, batches, weights, gen, bins: int = 10) -> list[float
         logits = model.logits(h)
         p = logits.float().log_softmax(-1)
         ent = -(p.exp() * p).sum(-1)
-        per_row = (ent * scored).sum(1) / scored.sum(1).clamp(min=1)
-        for b, e in zip((t * bins).long().clamp(max=bins - 1).tolist(), per_row.tolist()):
-            sums[b] += e
-            counts[b] += 1
+        n = scored.sum(1)
+        per_row = (ent * scored).sum(1) / n.clamp(min=1)
+        for b, e, k in zip((t * bins).long().clamp(max=bins - 1).tolist(), per_row.tolist(), n.tolist()):
+            if k:  # a row with nothing masked says nothing about confidence
+                sums[b] += e
+                counts[b] += 1
     return (sums / np.maximum(counts, 1)).tolist()
 
 
