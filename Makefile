@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PLUGIN_DIRS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml))
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup demo test test-core test-plugin bench-overhead bench-partial fluency clean
+.PHONY: setup demo test test-core test-plugin bench-overhead bench-partial fluency train-text clean
 
 $(VENV)/.installed: pyproject.toml $(addsuffix /pyproject.toml,$(PLUGIN_DIRS))
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -15,6 +15,8 @@ $(VENV)/.installed: pyproject.toml $(addsuffix /pyproject.toml,$(PLUGIN_DIRS))
 	# torch==2.13.0 is the CPU wheel on this disk; a bare "torch" pulls a multi-GB CUDA build
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q --no-build-isolation -e ".[test]"
+	# DeepCache (the peer bench compares against) declares an unpinned torch: --no-deps keeps the CPU wheel
+	$(BIN)/pip install -q --no-deps "deepcache==0.1.1"
 	for p in $(PLUGIN_DIRS); do $(BIN)/pip install -q --no-deps --no-build-isolation -e $$p || exit 1; done
 	touch $@
 
@@ -42,6 +44,12 @@ bench-partial: setup
 
 fluency: setup
 	$(BIN)/diffaccel fluency configs/text-default.toml
+
+# retrain the shipped text models (about 30 minutes on 2 cores; needs apt-get install wordnet-base)
+train-text: setup
+	$(BIN)/diffaccel train text --kind masked --out runs/text-masked --steps 1400
+	$(BIN)/diffaccel train text --kind continuous --out runs/text-continuous --steps 1400 --tokenizer runs/text-masked/tokenizer.json
+	$(BIN)/python -c "from diffaccel.adapters.text.train import export_fp16 as e; e('runs/text-masked', 'adapters/text/assets/wordnet-masked'); e('runs/text-continuous', 'adapters/text/assets/wordnet-continuous')"
 
 clean:
 	rm -rf $(VENV) build *.egg-info core/*.egg-info plugins/*/*.egg-info

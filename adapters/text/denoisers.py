@@ -100,8 +100,8 @@ class BertDenoiser:
             kv.k, kv.v = k, v
         else:
             gidx = idx[:, None, :, None].expand(-1, heads, -1, dh)
-            kv.k = kv.k.scatter(2, gidx, k)
-            kv.v = kv.v.scatter(2, gidx, v)
+            kv.k.scatter_(2, gidx, k)
+            kv.v.scatter_(2, gidx, v)
         ctx = F.scaled_dot_product_attention(q, kv.k, kv.v, scale=1.0 / math.sqrt(dh))
         ctx = ctx.transpose(1, 2).reshape(B, M, heads * dh)
         attn_out = layer.attention.output(ctx, h)

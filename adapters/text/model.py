@@ -180,8 +180,8 @@ class Block(nn.Module):
             keys, values = k, v
         else:
             gidx = idx[:, None, :, None].expand(-1, h, -1, D // h)
-            kv.k = kv.k.scatter(2, gidx, k)
-            kv.v = kv.v.scatter(2, gidx, v)
+            kv.k.scatter_(2, gidx, k)
+            kv.v.scatter_(2, gidx, v)
             keys, values = kv.k, kv.v
         a = F.scaled_dot_product_attention(q, keys, values)
         x = x + g1 * self.proj(a.transpose(1, 2).reshape(B, M, D))

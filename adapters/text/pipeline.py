@@ -84,7 +84,8 @@ class TextLayer(Layer):
             counters.positions_computed += hidden.shape[0] * hidden.shape[1]
         else:
             y = ctx.den.block(i, _gather_rows(hidden, idx), ctx.c, ctx.kv[i], idx)
-            out = ctx.out[i].scatter(1, idx.unsqueeze(-1).expand(-1, -1, y.shape[-1]), y)
+            # in place: copying the whole cache every layer would eat the saving at small models
+            out = ctx.out[i].scatter_(1, idx.unsqueeze(-1).expand(-1, -1, y.shape[-1]), y)
             counters.positions_computed += idx.numel()
         ctx.out[i] = out
         return out
@@ -102,7 +103,8 @@ class TextStepOutput:
     top1_prob: torch.Tensor
     """Its probability (B, N)."""
     logits: torch.Tensor
-    """Last logits per position (B, N, V); positions not computed this step keep older ones."""
+    """Last logits per position (B, N, V); positions not computed this step keep older ones.
+    Valid during the call: the adapter updates its cache in place, so clone what you keep."""
     computed: torch.Tensor | None
     """Positions computed this step (B, M) long, or None for all."""
     masked: torch.Tensor | None = None
@@ -199,11 +201,11 @@ class TextDiffusionPipeline:
             return
         idx = ctx.step_idx = mask_to_index(plan.positions.to(self.device))
         e = den.embed(x_in, idx)
-        h = ctx.h0 = ctx.h0.scatter(1, idx.unsqueeze(-1).expand(-1, -1, e.shape[-1]), e)
+        h = ctx.h0.scatter_(1, idx.unsqueeze(-1).expand(-1, -1, e.shape[-1]), e)
         for layer in ctx.layers:
             h = accel.layer_output(run, layer, h)
         lg = den.logits(_gather_rows(h, idx))
-        ctx.logits = ctx.logits.scatter(1, idx.unsqueeze(-1).expand(-1, -1, lg.shape[-1]), lg)
+        ctx.logits.scatter_(1, idx.unsqueeze(-1).expand(-1, -1, lg.shape[-1]), lg)
 
     def _step_model(self, ctx, accel, x_in, t) -> torch.Tensor:
         run = ctx.run

@@ -239,3 +239,19 @@ def bert_embedding_table(tok: TextTokenizer, bert_path: str) -> torch.Tensor:
             table[i] = emb[ids].mean(0)
     # rescale to the std of our own initialisation so the projection starts in a sane range
     return table / table.std().clamp(min=1e-6) * 0.02
+
+
+def export_fp16(src: str | Path, dst: str | Path) -> Path:
+    """Copy a trained checkpoint for shipping: weights in float16 safetensors (loaded back as float32)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    src, dst = Path(src), Path(dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    state = load_file(str(src / "model.safetensors"))
+    save_file({k: v.half().contiguous() for k, v in state.items()}, str(dst / "model.safetensors"))
+    for name in ("config.json", "tokenizer.json", "train.json", "curves.png"):
+        if (src / name).is_file():
+            shutil.copy(src / name, dst / name)
+    return dst
