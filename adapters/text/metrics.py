@@ -133,13 +133,18 @@ def text_quality(texts: list[str]) -> dict[str, float]:
     return {"perplexity": perplexity(texts), "distinct_1": distinct_n(texts, 1), "distinct_2": distinct_n(texts, 2)}
 
 
-def unigram_sample(n_words: int, seed: int) -> str:
-    """Text drawn word by word from the held-out unigram distribution (a fluency reference)."""
-    counts = defaultdict(int)
+@lru_cache(maxsize=1)
+def _unigram_table() -> tuple[list[str], torch.Tensor]:
+    counts: dict[str, int] = defaultdict(int)
     for sent in sentences(heldout_lines()):
         for w in sent:
             counts[w] += 1
     vocab = list(counts)
-    weights = torch.tensor([counts[w] for w in vocab], dtype=torch.float64)
+    return vocab, torch.tensor([counts[w] for w in vocab], dtype=torch.float64)
+
+
+def unigram_sample(n_words: int, seed: int) -> str:
+    """Text drawn word by word from the held-out unigram distribution (a fluency reference)."""
+    vocab, weights = _unigram_table()
     idx = torch.multinomial(weights, n_words, replacement=True, generator=torch.Generator().manual_seed(seed))
     return " ".join(vocab[i] for i in idx.tolist())

@@ -261,7 +261,7 @@ class TextDiffusionPipeline:
         self._noise_gen = torch.Generator().manual_seed(10_000_019 + seed)
         accel = self.accelerator or _NoAccelerator()
         run = RunState(adapter="text", num_steps=steps, batch_size=batch)
-        run.info.update(seeds=[seed + r for r in range(batch)], length=length, vocab_size=den.vocab_size, kind=den.kind, sampler=sampler,
+        run.info.update(seeds=[seed + r for r in range(batch)], temperature=temperature, length=length, vocab_size=den.vocab_size, kind=den.kind, sampler=sampler,
                         time_conditioned=den.time_conditioned, n_layers=den.n_layers)
         ctx = _RunContext(den, run)
         fixed = torch.zeros(batch, length, dtype=torch.bool, device=self.device)

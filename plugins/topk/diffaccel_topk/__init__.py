@@ -1,0 +1,24 @@
+"""diffaccel strategy ``topk``: top-k sampling and top-k logit truncation for text diffusion.
+
+    [[strategy]]
+    use = "topk"
+    k = 5            # draw each token from its 5 most probable
+    k_keep = 128     # hold 128 logits per position across steps instead of the vocabulary
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from diffaccel import Strategy, hookimpl
+
+from .strategy import TopK, TopKConfig, draw_topk, self_similarity
+
+
+@hookimpl
+def diffaccel_register(register):
+    register(Strategy(name="topk", config=TopKConfig, factory=TopK, adapters=("text",),
+                      description="top-k sampling (seeded, per batch row) and top-k logit truncation"))
+
+
+__all__ = ["TopK", "TopKConfig", "__version__", "diffaccel_register", "draw_topk", "self_similarity"]
