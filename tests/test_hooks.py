@@ -294,3 +294,10 @@ def test_denoiser_output_replacement_reaches_the_sampler(kind):
     pipe = tiny_text_pipeline(kind)
     out = run_with(pipe, [Force()], steps=4, length=8, temperature=0.0 if kind == "masked" else 1.0)
     assert (out.tokens == 7).all()
+
+
+def test_dispatch_cost_is_measured_and_small():
+    from diffaccel.tools import _dispatch_cost_us
+
+    cost = _dispatch_cost_us(Accelerator([], "text"), n_layers=4, calls=2000)
+    assert 0 < cost < 500  # microseconds per step; a sampling step of the default model takes tens of ms
