@@ -23,10 +23,24 @@ def test_continuous_samplers_run_and_differ(sampler):
 
 
 def test_hybrid_is_ddim_ddpm_ddim():
+    """Hybrid follows DDIM exactly for the first third of the steps, then draws DDPM noise."""
+    seen = {}
+
+    class Watch:
+        name = "watch"
+
+        @hookimpl
+        def diffaccel_post_step(self, run, output):
+            seen.setdefault(run.info["sampler"], []).append(output.logits.clone())
+
     pipe = tiny_text_pipeline("continuous")
-    outs = {s: pipe(length=16, steps=9, seed=0, sampler=s, progress=False).tokens for s in ("ddim", "ddpm", "hybrid")}
-    # DDIM is deterministic given the start noise; DDPM draws fresh noise, so they should differ somewhere
-    assert not torch.equal(outs["ddim"], outs["ddpm"])
+    for sampler in ("ddim", "ddpm", "hybrid"):
+        run_with(pipe, [Watch()], length=16, steps=9, seed=0, sampler=sampler)
+    ddim, ddpm, hybrid = seen["ddim"], seen["ddpm"], seen["hybrid"]
+    for s in range(4):  # steps 0..3 see the latents of steps before the first DDPM update (step 3)
+        assert torch.equal(hybrid[s], ddim[s])
+    assert not torch.equal(hybrid[5], ddim[5])
+    assert not torch.equal(ddpm[2], ddim[2])
 
 
 def test_masked_sampler_commits_every_position():

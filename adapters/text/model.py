@@ -49,6 +49,9 @@ class TextDiffusionConfig:
     """Size of an external condition vector (0: none)."""
     embed_dim: int = 64
     """Continuous models: size of the normalised token-embedding space that is noised."""
+    latent_norm: float | None = None
+    """Continuous models: norm of every token's latent (default sqrt(embed_dim), unit variance per
+    dimension). Smaller puts more of the schedule where noise hides the token."""
     frozen_embed_dim: int = 0
     """Masked models: width of a frozen token-embedding table (from a pretrained BERT), projected
     to ``dim`` by a learned linear map; 0 learns the embeddings from scratch."""
@@ -219,7 +222,8 @@ class TextDiffusionLM(nn.Module):
     # -- pieces the adapter drives one by one --
     def token_latents(self) -> torch.Tensor:
         """Continuous models: the normalised embedding of every token, (V, E), scaled to unit variance."""
-        return F.normalize(self.latent_emb, dim=-1) * math.sqrt(self.config.embed_dim)
+        norm = self.config.latent_norm or math.sqrt(self.config.embed_dim)
+        return F.normalize(self.latent_emb, dim=-1) * norm
 
     def embed(self, x: torch.Tensor, idx: torch.Tensor | None = None) -> torch.Tensor:
         """Input embedding of tokens (B, N) or latents (B, N, E); with ``idx``, of those positions only."""

@@ -34,6 +34,13 @@ from .model import KVCache, _gather_rows
 SAMPLERS = ("masked", "ddim", "ddpm", "hybrid")
 
 
+def row_seed(seed: int) -> int:
+    """The generator seed of a batch row. Mixed, so that seed 0 does not replay torch's default
+    stream: a model initialised under manual_seed(0) would otherwise find its own initial token
+    embeddings in the starting noise (the continuous sampler then spelled the vocabulary)."""
+    return (seed * 0x9E3779B97F4A7C15 + 0x5DEECE66D) % (2**63 - 1)
+
+
 def mask_to_index(mask: torch.Tensor) -> torch.Tensor:
     """(B, N) bool -> (B, M) long positions to compute, M = most True in a row.
 
@@ -256,7 +263,7 @@ class TextDiffusionPipeline:
         prompt_ids = [tok.encode(p) if p else [] for p in prompts]
         if any(len(p) >= length for p in prompt_ids):
             raise ValueError(f"a prompt fills all {length} positions; use a longer length")
-        gens = [torch.Generator().manual_seed(seed + r) for r in range(batch)]
+        gens = [torch.Generator().manual_seed(row_seed(seed + r)) for r in range(batch)]
         self._logit_noise = logit_noise
         self._noise_gen = torch.Generator().manual_seed(10_000_019 + seed)
         accel = self.accelerator or _NoAccelerator()

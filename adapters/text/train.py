@@ -54,6 +54,8 @@ class TrainConfig:
     max_minutes: float = 0.0
     """Stop early after this many minutes (0: no limit)."""
     checkpoint_every: int = 200
+    latent_norm: float | None = None
+    """Continuous models: norm of the token latents (default sqrt(embed_dim))."""
     init_embeddings: str | None = None
     """Masked models: a BERT folder or hub id whose word embeddings initialise a frozen table."""
 
@@ -167,7 +169,7 @@ def train(cfg: TrainConfig, lines: list[str] | None = None) -> Path:
     mcfg = TextDiffusionConfig(
         vocab_size=tok.vocab_size, kind=cfg.kind, max_len=cfg.seq_len, dim=cfg.dim, n_layers=cfg.layers,
         n_heads=cfg.heads, schedule=cfg.schedule, mask_id=tok.mask_id, pad_id=tok.pad_id,
-        time_conditioned=cfg.kind == "continuous",
+        time_conditioned=cfg.kind == "continuous", latent_norm=cfg.latent_norm,
     )
     table = None
     if cfg.init_embeddings:
