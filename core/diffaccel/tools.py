@@ -50,7 +50,7 @@ def overhead(args) -> int:
     print(f"whole runs, hooked vs untouched: {100 * (ratio - 1):+.2f}% (total time ratio), "
           f"{100 * (pair - 1):+.2f}% (median of pair ratios); machine noise dominates this line")
     print(f"hook dispatch alone: {per_step_us:.1f} us per step ({n_layers} layers + step hooks) = "
-          f"{100 * per_step_us / (1000 * step_ms):.3f}% of a {step_ms:.1f} ms sampling step")
+          f"{100 * per_step_us / (1000 * step_ms):.4f}% of a {step_ms:.1f} ms sampling step")
     return 0
 
 
@@ -91,12 +91,14 @@ def _dispatch_cost_us(accel: Accelerator, n_layers: int, calls: int = 20000) -> 
 
 
 def partial(args) -> int:
-    """Time one denoiser step computing 100%, 50% and 25% of the positions."""
+    """Time one denoiser step computing 100%, 50%, 25% and 10% of the positions."""
     import torch
 
     from diffaccel.adapters.text.pipeline import _NoAccelerator, _RunContext
     from diffaccel.state import RunState, StepPlan
 
+    if getattr(args, "threads", None):
+        torch.set_num_threads(args.threads)
     cfg, adapter, pipe = _load(args.config)
     if cfg.model.adapter != "text":
         raise ConfigError(f"{cfg.source}: [model] key 'adapter': partial computation is benchmarked on text models")
@@ -111,7 +113,7 @@ def partial(args) -> int:
     run = RunState(adapter="text", num_steps=1, batch_size=B)
     ctx = _RunContext(den, run)
     accel = _NoAccelerator()
-    fractions = (1.0, 0.5, 0.25)
+    fractions = (1.0, 0.5, 0.25, 0.1)
     masks = {}
     for f in fractions:
         m = torch.zeros(B, N, dtype=torch.bool)
@@ -121,13 +123,14 @@ def partial(args) -> int:
     with torch.no_grad():
         pipe._denoise(ctx, accel, x, t)  # fill the caches
         for i in range(args.repeats):
-            for f in fractions[i % 3:] + fractions[: i % 3]:
+            for f in fractions[i % 4:] + fractions[: i % 4]:
                 run.plan = None if f == 1.0 else StepPlan(positions=masks[f])
                 t0 = time.perf_counter()
                 pipe._denoise(ctx, accel, x, t)
                 times[f].append(time.perf_counter() - t0)
     full = statistics.median(times[1.0])
-    print(f"{cfg.model.checkpoint}: one denoiser step, batch {B}, {N} positions, median of {args.repeats} interleaved runs")
+    print(f"{cfg.model.checkpoint}: one denoiser step, batch {B}, {N} positions, {torch.get_num_threads()} thread(s), "
+          f"median of {args.repeats} interleaved runs")
     print("positions computed   time vs 100%   speedup")
     for f in fractions:
         med = statistics.median(times[f])
