@@ -41,7 +41,7 @@ def registry():
 
 CASES = [
     ("missing-model", '[[strategy]]\nuse = "demo"\n', "missing table [model]"),
-    ("unknown-table", GOOD_MODEL + "[extras]\nx = 1\n", "unknown table [extras]; allowed: [model] and [[strategy]]"),
+    ("unknown-table", GOOD_MODEL + "[extras]\nx = 1\n", "unknown table [extras]; allowed: [model], [[strategy]] and [[peer]]"),
     ("bad-toml", "[model\nadapter = 1\n", "invalid TOML"),
     ("no-adapter", '[model]\nsteps = 10\n', "[model]: key 'adapter': missing; allowed: 'text'"),
     ("bad-adapter", '[model]\nadapter = "video"\n', "[model]: key 'adapter': 'video'; allowed:"),

@@ -7,11 +7,12 @@ from typing import Any
 
 ADAPTERS = {
     "text": "diffaccel.adapters.text.adapter:TextAdapter",
+    "unet": "diffaccel.adapters.unet.adapter:UNetAdapter",
 }
 
 
 def get_adapter(name: str) -> Any:
-    """The adapter class registered under ``name`` (``text``)."""
+    """The adapter class registered under ``name`` (``text``, ``unet``)."""
     module, _, cls = ADAPTERS[name].partition(":")
     return getattr(importlib.import_module(module), cls)
 

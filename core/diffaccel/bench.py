@@ -4,6 +4,11 @@ All entries run on the same seeds, interleaved (for each repeat and seed, every 
 in an order that rotates), so machine noise hits them alike. Speedup is the baseline's total
 wall time over the entry's; quality compares each entry's outputs with the baseline's for the
 same seeds, with the adapter's metrics.
+
+``[[peer]]`` tables add one entry each: another library's accelerator (e.g. DeepCache), applied
+to the same pipeline through the adapter's ``peer_context`` instead of strategies, on the same
+prompts and seeds, interleaved with the rest. A peer runs on the bare pipeline, so diffaccel
+counts nothing for it ("computed" shows "-").
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attrs
 from tqdm.auto import tqdm
 
 from .accelerator import apply, build_strategies
@@ -50,6 +56,8 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
     info = adapter.info(pipe)
     entries: list[tuple[str, list[Any]]] = [("baseline", [])]
     entries += [(entry_name(c), build_strategies(c, registry, info)) for c in configs if c.strategies]
+    peers = _peer_entries(configs, adapter, {name for name, _ in entries})
+    entries += [(name, []) for name in peers]
     seed_list = [base.model.seed + k * base.model.batch for k in range(seeds)]
 
     adapter.run(pipe, base, seed_list[0], progress=False)  # warm-up, untimed
@@ -63,7 +71,8 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
             order = entries[k % len(entries):] + entries[: k % len(entries)]
             k += 1
             for name, strategies in order:
-                with apply(pipe, strategies=strategies):
+                peer = peers.get(name)
+                with (adapter.peer_context(pipe, peer.config) if peer else apply(pipe, strategies=strategies)):
                     t0 = time.perf_counter()
                     out = adapter.run(pipe, base, seed, progress=False)
                     times[name].append(time.perf_counter() - t0)
@@ -82,14 +91,17 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
     base_time = sum(times["baseline"])
     for name, strategies in entries:
         reports = [o.report for o in outputs[name]]
+        peer = peers.get(name)
         entry = {
             "name": name,
             "speedup": base_time / sum(times[name]),
             "quality": adapter.quality(outputs["baseline"], outputs[name], references),
-            "fraction_computed": sum(r["counters"]["fraction_computed"] for r in reports) / len(reports),
+            "fraction_computed": None if peer else sum(r["counters"]["fraction_computed"] for r in reports) / len(reports),
             "strategies": [s.name for s in strategies],
             "reports": reports,
         }
+        if peer:
+            entry["peer"] = {"use": peer.name, **attrs.asdict(peer.config)}
         result["entries"].append(entry)
         if plot_dir:
             for s in strategies:
@@ -104,6 +116,21 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
     return result
 
 
+def _peer_entries(configs: list[RunConfig], adapter: Any, taken: set[str]) -> dict[str, Any]:
+    """Entry name -> ``PeerEntry`` over every config's ``[[peer]]`` tables (the same peer listed
+    in several configs runs once)."""
+    peers: dict[str, Any] = {}
+    for c in configs:
+        for p in c.peers:
+            name = adapter.peer_name(p)
+            if name in peers and (peers[name].name, peers[name].config) == (p.name, p.config):
+                continue
+            if name in peers or name in taken:
+                raise ConfigError(f"{c.source}: [[peer]] #{p.index}: a bench entry is already named '{name}'; set the peer's name key")
+            peers[name] = p
+    return peers
+
+
 def format_table(result: dict[str, Any]) -> str:
     keys: list[str] = []
     for e in result["entries"]:
@@ -111,7 +138,8 @@ def format_table(result: dict[str, Any]) -> str:
     head = ["entry", "speedup", "computed", *keys]
     rows = [head]
     for e in result["entries"]:
-        rows.append([e["name"], f"{e['speedup']:.2f}x", f"{e['fraction_computed']:.0%}",
+        computed = "-" if e["fraction_computed"] is None else f"{e['fraction_computed']:.0%}"
+        rows.append([e["name"], f"{e['speedup']:.2f}x", computed,
                      *[_fmt(e["quality"].get(k)) for k in keys]])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]

@@ -31,7 +31,7 @@ EXAMPLES = {
     "partial": """
         example:
           diffaccel partial configs/text-default.toml
-        Times one denoiser step computing 100%, 50% and 25% of the positions (the others served
+        Times one denoiser step computing 100%, 50%, 25% and 10% of the positions (the others served
         from the per-layer key/value cache), interleaved, and prints the ratios.""",
     "plugins": """
         example:
@@ -46,7 +46,9 @@ EXAMPLES = {
         examples:
           diffaccel train text --kind masked --out runs/text-masked
           diffaccel train text --kind continuous --tokenizer runs/text-masked/tokenizer.json --out runs/text-continuous
-        Trains the reference text diffusion LM on WordNet glosses (apt-get install wordnet-base).""",
+          diffaccel train digits --out runs/digits --max-minutes 22
+        Trains the reference text diffusion LM on WordNet glosses (apt-get install wordnet-base), or
+        the default image model (a 1.7M-parameter class-conditional UNet) on scikit-learn's digits.""",
     "fluency": """
         example:
           diffaccel fluency configs/text-default.toml --seeds 4
@@ -89,9 +91,10 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("config")
     o.add_argument("--repeats", type=int, default=10, help="interleaved pairs of runs (default 10)")
 
-    pa = cmd("partial", "benchmark partial computation: a step at 100%%, 50%%, 25%% of positions")
+    pa = cmd("partial", "benchmark partial computation: a step at 100%%, 50%%, 25%%, 10%% of positions")
     pa.add_argument("config")
     pa.add_argument("--repeats", type=int, default=30)
+    pa.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
 
     pl = cmd("plugins", "list installed strategies")
     pl.add_argument("--json", action="store_true", help="machine-readable output")
@@ -100,15 +103,17 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("configs", nargs="+")
 
     t = cmd("train", "train a default model")
-    t.add_argument("what", choices=["text"], help="which model family")
+    t.add_argument("what", choices=["text", "digits"], help="which model family")
     t.add_argument("--kind", choices=["masked", "continuous"], default="masked")
     t.add_argument("--out", required=True, help="output folder")
-    t.add_argument("--steps", type=int, default=1400)
-    t.add_argument("--max-minutes", type=float, default=0.0, help="stop after this many minutes (0: no limit)")
+    t.add_argument("--steps", type=int, help="optimiser steps (text default 1400; digits: as many as --max-minutes allow)")
+    t.add_argument("--max-minutes", type=float, help="stop after this many minutes (text default 0: no limit; digits default 22)")
+    t.add_argument("--threads", type=int, default=2, help="digits: torch threads (default 2)")
     t.add_argument("--tokenizer", help="reuse this tokenizer.json")
     t.add_argument("--freq-weight", type=float, default=0.0, help="rare-token loss weighting exponent")
     t.add_argument("--schedule", choices=["linear", "cosine", "scaled-linear"], default="cosine")
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--latent-norm", type=float, help="continuous: norm of the token latents (default sqrt(64) = 8)")
     t.add_argument("--init-embeddings", metavar="BERT", help="masked: initialise frozen token embeddings from this BERT")
 
     f = cmd("fluency", "fluency of a model's samples beside reference texts")
@@ -185,11 +190,20 @@ def _check(args) -> int:
 
 
 def _train(args) -> int:
+    if args.what == "digits":
+        from diffaccel.adapters.unet.digits import TrainDigitsConfig, train_digits
+
+        cfg = TrainDigitsConfig(out=args.out, seed=args.seed, threads=args.threads,
+                                max_minutes=22.0 if args.max_minutes is None else args.max_minutes,
+                                **({} if args.steps is None else {"steps": args.steps}))
+        print(f"wrote {train_digits(cfg)}")
+        return 0
     from diffaccel.adapters.text.train import TrainConfig, train
 
-    out = train(TrainConfig(kind=args.kind, out=args.out, steps=args.steps, max_minutes=args.max_minutes,
+    out = train(TrainConfig(kind=args.kind, out=args.out, steps=1400 if args.steps is None else args.steps,
+                            max_minutes=args.max_minutes or 0.0,
                             tokenizer=args.tokenizer, freq_weight=args.freq_weight, schedule=args.schedule, seed=args.seed,
-                            init_embeddings=args.init_embeddings))
+                            init_embeddings=args.init_embeddings, latent_norm=args.latent_norm))
     print(f"wrote {out}")
     return 0
 

@@ -12,6 +12,10 @@ file, the table and the key, what was wrong and what is allowed.
     [[strategy]]
     use = "swd"               # strategy name, see `diffaccel plugins`
     tau = 0.9
+
+    [[peer]]                  # optional: another library's accelerator for `bench` to compare
+    use = "deepcache"         # offered by the adapter (unet: deepcache)
+    cache_interval = 3
 """
 
 from __future__ import annotations
@@ -61,12 +65,24 @@ class StrategyEntry:
 
 
 @attrs.frozen(kw_only=True)
+class PeerEntry:
+    """One ``[[peer]]`` table, decoded: an accelerator from another library (the adapter's
+    ``PEERS``) that ``bench`` runs as its own entry, on the same pipeline, instead of strategies."""
+
+    name: str
+    index: int
+    config: Any
+
+
+@attrs.frozen(kw_only=True)
 class RunConfig:
     model: ModelConfig
     options: Any
     """The adapter's options (adapter-specific ``[model]`` keys), decoded."""
     strategies: tuple[StrategyEntry, ...] = ()
     source: str = "<config>"
+    peers: tuple[PeerEntry, ...] = ()
+    """``[[peer]]`` tables in file order; only ``bench`` runs them."""
 
     def without_strategies(self) -> "RunConfig":
         return attrs.evolve(self, strategies=())
@@ -171,9 +187,9 @@ def parse_config(data: dict[str, Any], source: str = "<config>", registry=None) 
     from .adapters_registry import adapter_options
     from .plugins import Registry
 
-    unknown = [k for k in data if k not in ("model", "strategy")]
+    unknown = [k for k in data if k not in ("model", "strategy", "peer")]
     if unknown:
-        raise ConfigError(f"{source}: unknown table [{unknown[0]}]; allowed: [model] and [[strategy]]")
+        raise ConfigError(f"{source}: unknown table [{unknown[0]}]; allowed: [model], [[strategy]] and [[peer]]")
     if "model" not in data:
         raise ConfigError(f"{source}: missing table [model] (with at least adapter = \"text\" or \"unet\")")
     if not isinstance(data["model"], dict):
@@ -217,4 +233,28 @@ def parse_config(data: dict[str, Any], source: str = "<config>", registry=None) 
         seen.add(name)
         params = {k: v for k, v in table.items() if k != "use"}
         entries.append(StrategyEntry(name=name, index=i, config=structure(spec.config, params, where)))
-    return RunConfig(model=model, options=options, strategies=tuple(entries), source=source)
+    peers = _parse_peers(data.get("peer", []), adapter, source)
+    return RunConfig(model=model, options=options, strategies=tuple(entries), source=source, peers=peers)
+
+
+def _parse_peers(raw: Any, adapter: str, source: str) -> tuple[PeerEntry, ...]:
+    """Decode ``[[peer]]`` tables against the peers the adapter offers (its ``PEERS`` dict)."""
+    from .adapters_registry import get_adapter
+
+    if not isinstance(raw, list) or not all(isinstance(t, dict) for t in raw):
+        raise ConfigError(f"{source}: 'peer' must be an array of tables, written [[peer]]")
+    offered: dict[str, type] = getattr(get_adapter(adapter), "PEERS", {}) if raw else {}
+    available = ", ".join(sorted(offered)) or "none"
+    peers: list[PeerEntry] = []
+    for i, table in enumerate(raw, start=1):
+        where = f"{source}: [[peer]] #{i}"
+        name = table.get("use")
+        if name is None:
+            raise ConfigError(f"{where}: missing key 'use' (the peer name); adapter '{adapter}' offers: {available}")
+        if not isinstance(name, str):
+            raise ConfigError(f"{where}: key 'use': expected a string, got {name!r}; adapter '{adapter}' offers: {available}")
+        if name not in offered:
+            raise ConfigError(f"{where}: unknown peer '{name}'; adapter '{adapter}' offers: {available}")
+        params = {k: v for k, v in table.items() if k != "use"}
+        peers.append(PeerEntry(name=name, index=i, config=structure(offered[name], params, f"{where} ({name})")))
+    return tuple(peers)

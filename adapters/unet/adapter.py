@@ -1,0 +1,345 @@
+"""The UNet adapter: drives diffusers pipelines whose ``.unet`` is a ``UNet2DConditionModel``.
+
+Checkpoints (``[model] checkpoint``):
+
+* ``digits`` (alias ``default``): the shipped class-conditional digits model (``DigitsPipeline``,
+  32x32 grey, prompts ``"digit 7"`` or ``"7"``), trained by ``diffaccel train digits``;
+* ``synthetic-sd-medium`` / ``synthetic-sd-tiny``: Stable Diffusion pipelines with seeded random
+  weights, built offline (see ``synthetic.py``);
+* a local folder saved by ``save_pretrained`` (a ``DigitsPipeline`` or a Stable Diffusion
+  pipeline, after its model_index.json), or a hub id, loaded with
+  ``StableDiffusionPipeline.from_pretrained``.
+
+Peers (``[[peer]]`` tables, run by ``diffaccel bench`` beside the strategies): ``deepcache``,
+DeepCache 0.1.1's ``DeepCacheSDHelper`` applied to the same pipeline.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+from diffaccel.errors import ConfigError, DiffaccelError, ModelLoadError
+from diffaccel.state import RunState
+from diffaccel.validators import in_range, non_negative, one_of, positive
+
+from . import hooks
+from .synthetic import SYNTHETIC
+
+ASSETS = Path(__file__).parent / "assets"
+SHIPPED = {"digits": "digits", "default": "digits"}
+SCHEDULERS = ("ddim", "checkpoint")
+
+
+@attrs.frozen(kw_only=True)
+class UNetOptions:
+    """Keys of ``[model]`` that only the UNet adapter reads."""
+
+    size: int | None = attrs.field(default=None, validator=positive)
+    """Image height and width in pixels (default: the model's own, e.g. 32 for digits, 64 for synthetic-sd-medium)."""
+    guidance_scale: float = attrs.field(default=7.5, validator=in_range(0.0, None))
+    """Classifier-free guidance scale; 1 or less turns guidance off (one branch per step)."""
+    prompts: list[str] = attrs.Factory(list)
+    """Prompt per batch row (repeated if shorter than the batch); empty: the empty prompt."""
+    negative_prompt: str | None = None
+    """Prompt of the unconditional branch (Stable Diffusion pipelines only; default: empty)."""
+    scheduler: str = attrs.field(default="ddim", validator=one_of(SCHEDULERS))
+    """ddim (DDIM, eta 0, from the checkpoint's noise schedule) or checkpoint (the scheduler it ships)."""
+    eta: float = attrs.field(default=0.0, validator=in_range(0.0, 1.0))
+    """DDIM eta: 0 is deterministic DDIM, 1 is DDPM-like noise."""
+    grid_columns: int = attrs.field(default=8, validator=positive)
+    """Images per row in the PNG grid that ``generate --out`` writes."""
+    grid_scale: int = attrs.field(default=1, validator=in_range(1, 16))
+    """Nearest-neighbour enlargement of each image in the written grid (1: native size)."""
+
+
+@attrs.frozen(kw_only=True)
+class DeepCachePeer:
+    """Keys of ``[[peer]] use = "deepcache"``: DeepCache 0.1.1 (``pip install diffaccel[deepcache]``)."""
+
+    cache_interval: int = attrs.field(default=3, validator=positive)
+    """Run the full UNet every this many steps; in between, only the shallow branch runs."""
+    cache_branch_id: int = attrs.field(default=0, validator=non_negative)
+    """The skip branch whose deeper features are cached: 3 x down block + layer (0: the shallowest)."""
+    name: str | None = None
+    """Entry name in bench (default: deepcache-i<interval>, with -b<branch> when the branch is not 0)."""
+
+
+@attrs.define
+class UNetOutput:
+    images: torch.Tensor
+    """(B, C, H, W) float in [0, 1], on the CPU."""
+    prompts: list[str]
+    seeds: list[int]
+    labels: list[int | None] | None
+    """Digits models: the class each prompt asks for; None for other models."""
+    report: dict[str, Any]
+    """Counters and what each strategy reported (``RunState.report()``)."""
+    grid_columns: int = 8
+    grid_scale: int = 1
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+@contextmanager
+def _quiet():
+    """Silence diffusers' and transformers' loading bars and notices (errors still raise)."""
+    from diffusers.utils import logging as dlog
+    from transformers.utils import logging as tlog
+
+    levels = (dlog.get_verbosity(), tlog.get_verbosity())
+    bars = (dlog.is_progress_bar_enabled(), tlog.is_progress_bar_enabled())
+    dlog.set_verbosity_error()
+    tlog.set_verbosity_error()
+    dlog.disable_progress_bar()
+    tlog.disable_progress_bar()
+    try:
+        yield
+    finally:
+        dlog.set_verbosity(levels[0])
+        tlog.set_verbosity(levels[1])
+        if bars[0]:
+            dlog.enable_progress_bar()
+        if bars[1]:
+            tlog.enable_progress_bar()
+
+
+def load_checkpoint(checkpoint: str):
+    """A pipeline for a ``checkpoint`` string (see the module docstring)."""
+    with _quiet():
+        return _load_checkpoint(checkpoint)
+
+
+def _load_checkpoint(checkpoint: str):
+    from .pipeline import DigitsPipeline
+
+    if checkpoint in SHIPPED:
+        path = ASSETS / SHIPPED[checkpoint]
+        if not (path / "model_index.json").is_file():
+            raise ModelLoadError(f"shipped model '{checkpoint}' is missing at {path}; reinstall diffaccel or retrain it "
+                                 f"with 'diffaccel train digits --out DIR' and copy DIR/pipeline there")
+        return DigitsPipeline.from_pretrained(str(path))
+    if checkpoint in SYNTHETIC:
+        from .synthetic import build
+
+        return build(checkpoint)
+    path = Path(checkpoint).expanduser()
+    if path.is_dir():
+        index = path / "model_index.json"
+        if not index.is_file():
+            raise ModelLoadError(f"{checkpoint}: not a diffusers pipeline folder (no model_index.json)")
+        try:
+            cls_name = json.loads(index.read_text()).get("_class_name")
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(f"{checkpoint}: unreadable model_index.json ({_first_line(exc)})") from None
+        try:
+            if cls_name == "DigitsPipeline":
+                return DigitsPipeline.from_pretrained(str(path))
+            from diffusers import StableDiffusionPipeline
+
+            return StableDiffusionPipeline.from_pretrained(str(path), safety_checker=None, requires_safety_checker=False)
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            raise ModelLoadError(f"{checkpoint}: could not load the pipeline ({_first_line(exc)})") from None
+    if path.exists() or checkpoint.startswith((".", "/", "~")):
+        raise ModelLoadError(f"{checkpoint}: no such model folder")
+    try:
+        from diffusers import StableDiffusionPipeline
+
+        return StableDiffusionPipeline.from_pretrained(checkpoint, safety_checker=None, requires_safety_checker=False)
+    except Exception as exc:  # hub errors come in many types; all mean "not loadable here"
+        raise ModelLoadError(
+            f"checkpoint '{checkpoint}': not a shipped model ({', '.join([*SHIPPED, *SYNTHETIC])}), not a local "
+            f"pipeline folder, and diffusers could not load it ({_first_line(exc)})"
+        ) from None
+
+
+def unet_downsampling(pipe) -> int:
+    """Pixels per latent pixel times the UNet's total downsampling: image sizes must be multiples."""
+    vae = getattr(pipe, "vae", None)
+    vae_factor = getattr(pipe, "vae_scale_factor", None) or (2 ** (len(vae.config.block_out_channels) - 1) if vae is not None else 1)
+    levels = sum(1 for b in pipe.unet.down_blocks if getattr(b, "downsamplers", None))
+    return vae_factor * 2**levels
+
+
+class UNetAdapter:
+    name = "unet"
+    Options = UNetOptions
+    PEERS = {"deepcache": DeepCachePeer}
+
+    @staticmethod
+    def accepts(pipe: Any) -> bool:
+        try:
+            from diffusers import DiffusionPipeline, UNet2DConditionModel
+        except ImportError:  # pragma: no cover
+            return False
+        return isinstance(pipe, DiffusionPipeline) and isinstance(getattr(pipe, "unet", None), UNet2DConditionModel)
+
+    @staticmethod
+    def attach(pipe, accelerator) -> None:
+        hooks.attach(pipe, accelerator)
+
+    @staticmethod
+    def detach(pipe) -> None:
+        hooks.detach(pipe)
+
+    @staticmethod
+    def info(pipe) -> dict[str, Any]:
+        unet = pipe.unet
+        specs = hooks.block_specs(unet)
+        return {
+            "adapter": "unet", "n_layers": len(specs), "layers": [name for name, _, _ in specs],
+            "blocks": [{"name": name, "kind": kind, "type": type(mod).__name__,
+                        "cross_attention": bool(getattr(mod, "has_cross_attention", False))} for name, kind, mod in specs],
+            "sample_size": unet.config.sample_size, "in_channels": unet.config.in_channels,
+            "time_conditioned": True, "pipeline": type(pipe).__name__,
+            "parameters": sum(p.numel() for p in unet.parameters()),
+        }
+
+    @staticmethod
+    def load(config):
+        from diffusers import DDIMScheduler
+
+        m, opts, where = config.model, config.options, f"{config.source}: [model]"
+        pipe = load_checkpoint(m.checkpoint)
+        if not UNetAdapter.accepts(pipe):
+            raise ModelLoadError(f"checkpoint '{m.checkpoint}': its pipeline has no UNet2DConditionModel (.unet)")
+        if opts.scheduler == "ddim" and not isinstance(pipe.scheduler, DDIMScheduler):
+            pipe.scheduler = DDIMScheduler.from_config(pipe.scheduler.config)
+        if opts.size is not None:
+            factor = unet_downsampling(pipe)
+            if opts.size % factor:
+                raise ConfigError(f"{where}: key 'size': {opts.size} is not a multiple of {factor}, the model's "
+                                  f"downsampling; try {-(-opts.size // factor) * factor}")
+        if opts.negative_prompt is not None and type(pipe).__name__ == "DigitsPipeline":
+            raise ConfigError(f"{where}: key 'negative_prompt': the digits model's unconditional branch is the empty prompt")
+        try:
+            pipe = pipe.to(m.device)
+        except (RuntimeError, AssertionError) as exc:
+            raise ModelLoadError(f"{where}: key 'device': '{m.device}' is not usable ({_first_line(exc)})") from None
+        return pipe
+
+    @staticmethod
+    def run(pipe, config, seed: int, progress: bool = True, **extra) -> UNetOutput:
+        from .pipeline import digit_label
+
+        m, o = config.model, config.options
+        prompts = [o.prompts[i % len(o.prompts)] for i in range(m.batch)] if o.prompts else [""] * m.batch
+        seeds = [seed + i for i in range(m.batch)]
+        gens = [torch.Generator().manual_seed(s) for s in seeds]
+        kwargs: dict[str, Any] = dict(prompt=prompts, num_inference_steps=m.steps or 50, guidance_scale=o.guidance_scale,
+                                      generator=gens, output_type="pt", eta=o.eta)
+        if o.size is not None:
+            kwargs.update(height=o.size, width=o.size)
+        if o.negative_prompt is not None:
+            kwargs["negative_prompt"] = [o.negative_prompt] * m.batch
+        kwargs.update(extra)
+        pipe.set_progress_bar_config(disable=not progress, leave=False, desc=m.checkpoint)
+        session = hooks.session_of(pipe)
+        if session is not None:
+            session.last_run = None
+            session.next_info = {"seeds": seeds, "prompts": prompts}
+        try:
+            images = pipe(**kwargs).images
+        finally:
+            if session is not None and session.run is not None:
+                session.end_run()
+        run = session.last_run if session is not None else None
+        if run is None:  # no accelerator attached: nothing was counted
+            run = RunState(adapter="unet", num_steps=m.steps or 50, batch_size=m.batch)
+        is_digits = type(pipe).__name__ == "DigitsPipeline"
+        return UNetOutput(images=images.detach().float().cpu(), prompts=prompts, seeds=seeds,
+                          labels=[digit_label(p) for p in prompts] if is_digits else None, report=run.report(),
+                          grid_columns=o.grid_columns, grid_scale=o.grid_scale)
+
+    @staticmethod
+    def write(outputs: list[UNetOutput], out: str | None) -> str:
+        """Write every image of ``outputs`` into one PNG grid (via ``out.partial``, then renamed)."""
+        from PIL import Image
+
+        if out is None:
+            raise DiffaccelError("the unet adapter writes a PNG grid: pass --out FILE.png")
+        images = torch.cat([o.images for o in outputs])
+        cols = max(1, min(outputs[0].grid_columns, len(images)))
+        scale = outputs[0].grid_scale
+        B, C, H, W = images.shape
+        rows = -(-B // cols)
+        grid = torch.ones(C, rows * H, cols * W)
+        for i, img in enumerate(images):
+            r, c = divmod(i, cols)
+            grid[:, r * H:(r + 1) * H, c * W:(c + 1) * W] = img
+        arr = (grid.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+        pic = Image.fromarray(arr[..., 0] if C == 1 else arr[..., :3])  # L or RGB
+        if scale > 1:
+            pic = pic.resize((pic.width * scale, pic.height * scale), Image.NEAREST)
+        path = Path(out)
+        tmp = path.with_name(path.name + ".partial")
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        pic.save(tmp, format="PNG")
+        tmp.replace(path)  # never leave a half-written file under the final name
+        return str(path)
+
+    @staticmethod
+    def quality(baseline: list[UNetOutput], outputs: list[UNetOutput], references: list[UNetOutput] | None = None) -> dict[str, float]:
+        """Mean per-image PSNR (dB) and SSIM against the unaccelerated ``baseline`` of the same seeds;
+        for digits, the conditioning accuracy of ``outputs``."""
+        from .metrics import conditioning_accuracy, psnr_per_image, ssim_per_image
+
+        p, s = [], []
+        for b, o in zip(baseline, outputs):
+            p += psnr_per_image(o.images, b.images)
+            s += ssim_per_image(o.images, b.images)
+        q = {"psnr": sum(p) / len(p), "psnr_min": min(p), "ssim": sum(s) / len(s)}
+        if all(o.labels is not None for o in outputs):
+            from .digits import classify
+
+            labels = [y for o in outputs for y in o.labels]
+            if any(y is not None for y in labels):
+                pred = classify(torch.cat([o.images for o in outputs]))
+                q["cond_acc"] = conditioning_accuracy(pred, labels)["overall"]
+        return q
+
+    # -- peers ------------------------------------------------------------------------------------
+    @staticmethod
+    def peer_name(entry) -> str:
+        c = entry.config
+        if c.name:
+            return c.name
+        return f"deepcache-i{c.cache_interval}" + (f"-b{c.cache_branch_id}" if c.cache_branch_id else "")
+
+    @staticmethod
+    @contextmanager
+    def peer_context(pipe, peer):
+        """Apply a peer accelerator (a ``DeepCachePeer``) to ``pipe`` for a ``with`` block."""
+        if not isinstance(peer, DeepCachePeer):
+            raise DiffaccelError(f"unet adapter: unknown peer {type(peer).__name__}")
+        try:
+            from DeepCache import DeepCacheSDHelper
+        except ImportError:
+            raise DiffaccelError("[[peer]] use = \"deepcache\" needs DeepCache: pip install 'diffaccel[deepcache]' "
+                                 "(or pip install --no-deps deepcache==0.1.1)") from None
+        branches = 3 * len(pipe.unet.down_blocks)
+        if peer.cache_branch_id >= branches:
+            raise DiffaccelError(f"[[peer]] deepcache: cache_branch_id {peer.cache_branch_id} is beyond this UNet's "
+                                 f"{branches} branches (0 to {branches - 1})")
+        if hooks.session_of(pipe) is not None:
+            raise DiffaccelError("a peer runs on the bare pipeline: leave diffaccel.apply first")
+        helper = DeepCacheSDHelper(pipe=pipe)
+        helper.set_params(cache_interval=peer.cache_interval, cache_branch_id=peer.cache_branch_id)
+        helper.enable()
+        try:
+            yield pipe
+        finally:
+            helper.disable()
+            # DeepCache puts the originals back as instance attributes (bound methods): drop those
+            for mod in [pipe.unet, *pipe.unet.modules()]:
+                fwd = mod.__dict__.get("forward")
+                if fwd is not None and getattr(fwd, "__self__", None) is mod and getattr(fwd, "__func__", None) is type(mod).forward:
+                    del mod.__dict__["forward"]
