@@ -290,3 +290,25 @@ def test_save_and_load_reference_model(tmp_path):
         assert torch.equal(a, b)
     assert isinstance(pipe(length=8, steps=2, progress=False).texts[0], str)
     assert diffaccel.__version__
+
+
+@pytest.mark.parametrize("kind", ["masked", "continuous"])
+def test_strategy_can_stop_the_run_early(kind):
+    """``run.stop`` set in post_step ends the run after that step; finalize still fills every position."""
+    class StopAt:
+        name = "stop-at"
+
+        @hookimpl
+        def diffaccel_post_step(self, run, output):
+            if run.step == 3:
+                run.stop = True
+
+    pipe = tiny_text_pipeline(kind)
+    out = run_with(pipe, [StopAt()], length=16, steps=12, seed=0)
+    assert out.report["steps_run"] == 4
+    assert out.report["steps"] == 12
+    assert out.tokens.shape == (1, 16)
+    if kind == "masked":  # positions still masked at the stop are filled from the last logits
+        assert (out.tokens != pipe.denoiser.mask_id).all()
+    full = run_with(pipe, [], length=16, steps=12, seed=0)
+    assert full.report["steps_run"] == 12

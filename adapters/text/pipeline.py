@@ -340,6 +340,8 @@ class TextDiffusionPipeline:
                 self._post(ctx, accel, x, logits, x == ctx.den.mask_id, fixed)
                 step += 1
                 bar.update(1)
+                if run.stop:  # a strategy ended the run: finalize fills what is still masked
+                    return x
         return x
 
     # -- continuous (embedding-space) samplers --------------------------------------------------
@@ -372,4 +374,6 @@ class TextDiffusionPipeline:
                 z = ab_prev.sqrt() * x0 + (1 - ab_prev - sigma**2).clamp(min=0).sqrt() * eps + sigma * noise
             self._post(ctx, accel, logits.argmax(-1), logits, None, fixed)
             bar.update(1)
+            if run.stop:  # a strategy ended the run early
+                break
         return logits.argmax(-1)

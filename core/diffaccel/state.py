@@ -119,6 +119,10 @@ class RunState:
     """Positions (text) or rows (images) one full layer call covers; set by the adapter."""
     info: dict[str, Any] = attrs.Factory(dict)
     """Adapter facts strategies may read: ``length``, ``vocab_size``, ``time_conditioned``, ..."""
+    stop: bool = False
+    """Set by a strategy (in ``post_step``) to end the generation after the current step: the
+    adapter skips the remaining steps and finalises with what it has (``steps_run`` in the report
+    says where it stopped). Text adapter only; the UNet adapter ignores it."""
     _states: dict[tuple[str, str], Any] = attrs.Factory(dict)
 
     def state(self, strategy: Any, factory: Callable[["RunState"], Any] | None = None) -> Any:
