@@ -313,6 +313,56 @@ def test_a_skipped_block_is_not_called():
     assert c["positions_total"] == 30 * 2 and c["fraction_computed"] == pytest.approx(24 / 30)
 
 
+class CacheModules(CacheOddSteps):
+    """CacheOddSteps at the finer granularity: asks the adapter to hook inner modules."""
+
+    name = "cache-modules"
+    seen: list
+
+    def hooked_modules(self, available):
+        self.available = list(available)
+        return sorted(self.blocks)
+
+
+def test_inner_modules_are_listed_and_hooked_only_on_request():
+    pipe = tiny_sd()
+    names = UNetAdapter.info(pipe)["modules"]
+    # 2 resnets + 1 downsampler; 2 resnets + 2 attentions; mid: 2 resnets + 1 attention; up: 3 + 3 + 1 upsampler, 3
+    assert names[:3] == ["down_blocks.0.resnets.0", "down_blocks.0.resnets.1", "down_blocks.0.downsamplers.0"]
+    assert "mid_block.attentions.0" in names and "up_blocks.0.upsamplers.0" in names
+    assert len(names) == 3 + 4 + 3 + 7 + 3
+    kinds = {}
+    with diffaccel.apply(pipe, strategies=[CacheOddSteps(["mid_block"])]):
+        assert not any("forward" in m.__dict__ for m in pipe.unet.mid_block.attentions)  # not asked: untouched
+    strategy = CacheModules(["mid_block.attentions.0", "up_blocks.0.resnets.1"])
+    attn_conv = count_calls(pipe.unet.mid_block.attentions[0].proj_in)
+    res_conv = count_calls(pipe.unet.up_blocks[0].resnets[1].conv1)
+    other = count_calls(pipe.unet.up_blocks[0].resnets[0].conv1)
+
+    class Kinds:
+        name = "kinds"
+
+        @hookimpl
+        def diffaccel_layer_output(self, run, layer, hidden):
+            kinds[layer.name] = layer.kind
+
+    with diffaccel.apply(pipe, strategies=[Kinds(), strategy]):
+        out = UNetAdapter.run(pipe, _cfg(steps=6), seed=0, progress=False)
+    assert strategy.available == names
+    assert kinds["mid_block.attentions.0"] == "attention" and kinds["up_blocks.0.resnets.1"] == "resnet"
+    assert out.report["counters"]["cache_hits"] == 6
+    assert (attn_conv[0], res_conv[0], other[0]) == (3, 3, 6)  # the skipped modules' code never ran
+    assert no_instance_patches(pipe)
+
+
+def test_asking_for_a_module_the_unet_lacks_is_a_clear_error():
+    pipe = tiny_sd()
+    with pytest.raises(ConfigError, match="asks for UNet module 'mid_block.resnets.9'.*it has: down_blocks.0.resnets.0"):
+        with diffaccel.apply(pipe, strategies=[CacheModules(["mid_block.resnets.9"])]):
+            pass
+    assert no_instance_patches(pipe)
+
+
 def test_step_plan_skip_and_reuse_step():
     pipe = tiny_sd()
     mid = count_calls(pipe.unet.mid_block.resnets[0])

@@ -196,6 +196,7 @@ class UNetAdapter:
         specs = hooks.block_specs(unet)
         return {
             "adapter": "unet", "n_layers": len(specs), "layers": [name for name, _, _ in specs],
+            "modules": [name for name, _, _ in hooks.module_specs(unet)],
             "blocks": [{"name": name, "kind": kind, "type": type(mod).__name__,
                         "cross_attention": bool(getattr(mod, "has_cross_attention", False))} for name, kind, mod in specs],
             "sample_size": unet.config.sample_size, "in_channels": unet.config.in_channels,

@@ -9,6 +9,11 @@ originals are kept and put back by ``detach``):
   ``accelerator.layer_output(run, block, hidden)``, where ``hidden`` is a dict of the block's
   arguments by name and ``UNetBlock.compute(hidden)`` calls the original ``forward``. A strategy
   that answers with a cached output skips the block: its code never runs.
+* ``forward`` of the modules inside a block (``down_blocks.1.resnets.0``,
+  ``mid_block.attentions.0``, ... listed by ``module_specs`` from the blocks' ``resnets``,
+  ``attentions``, ``downsamplers`` and ``upsamplers``), only those a strategy asks for through
+  an optional ``hooked_modules(available) -> names`` method: the same ``layer_output`` call, at
+  the finer granularity. Unrequested modules are left alone, so the default costs nothing.
 * ``unet.forward``: one UNet call is one denoiser evaluation. The first call after
   ``scheduler.step`` (or with a new timestep) starts a step: ``run.step``, ``run.timestep`` are
   set and ``pre_step`` runs. ``StepPlan.reuse_step`` returns the branch's last UNet output
@@ -38,6 +43,7 @@ from typing import Any
 import attrs
 import torch
 
+from diffaccel.errors import ConfigError
 from diffaccel.state import Layer, RunState
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -82,6 +88,41 @@ def block_specs(unet) -> list[tuple[str, str, torch.nn.Module]]:
     return specs
 
 
+_SUBMODULE_LISTS = (("resnets", "resnet"), ("attentions", "attention"), ("downsamplers", "downsampler"),
+                    ("upsamplers", "upsampler"))
+"""The module lists diffusers' UNet blocks are built from (``CrossAttnDownBlock2D.resnets`` ...),
+read in this order, which is each block's forward order for down and up blocks."""
+
+
+def module_specs(unet) -> list[tuple[str, str, torch.nn.Module]]:
+    """(name, kind, module) of the modules inside each block: ``down_blocks.1.resnets.0``,
+    ``mid_block.attentions.0``, ``up_blocks.0.upsamplers.0`` ... (the finer granularity a
+    strategy may ask for), in block order."""
+    specs = []
+    for block_name, _, block in block_specs(unet):
+        for attr, kind in _SUBMODULE_LISTS:
+            mods = getattr(block, attr, None)
+            if isinstance(mods, torch.nn.ModuleList):
+                specs += [(f"{block_name}.{attr}.{i}", kind, m) for i, m in enumerate(mods)]
+    return specs
+
+
+def requested_modules(accelerator: Any, available: list[str]) -> list[str]:
+    """Names of inner modules the strategies ask to be hooked (``hooked_modules(available)``)."""
+    wanted: list[str] = []
+    for s in getattr(accelerator, "strategies", ()):
+        ask = getattr(s, "hooked_modules", None)
+        if ask is None:
+            continue
+        for name in ask(available):
+            if name not in available:
+                raise ConfigError(f"strategy '{s.name}' asks for UNet module '{name}', which this UNet does not have; "
+                                 f"it has: {', '.join(available)}")
+            if name not in wanted:
+                wanted.append(name)
+    return wanted
+
+
 def _scalar(t: Any) -> float | None:
     if t is None:
         return None
@@ -110,7 +151,9 @@ class _Patch:
 
 
 class UNetBlock(Layer):
-    """One UNet block (``down_blocks.i``, ``mid_block``, ``up_blocks.i``).
+    """One UNet block (``down_blocks.i``, ``mid_block``, ``up_blocks.i``), or one module inside a
+    block (``down_blocks.1.attentions.0``, kind ``resnet``/``attention``/``downsampler``/
+    ``upsampler``) when a strategy asked for that granularity.
 
     ``compute(hidden)`` runs the block's original ``forward`` on ``hidden`` (the dict of its
     arguments by name; positional arguments beyond the named ones, if any, under ``"*args"``).
@@ -174,6 +217,11 @@ class Session:
         """Keep block and UNet outputs for StepPlan.skip / reuse_step (only with strategies)."""
         self.unet = pipe.unet
         self.layers = [UNetBlock(name, i, kind, mod, self) for i, (name, kind, mod) in enumerate(block_specs(self.unet))]
+        inner = module_specs(self.unet)
+        wanted = set(requested_modules(accelerator, [name for name, _, _ in inner]))
+        self.modules = [UNetBlock(name, len(self.layers) + i, kind, mod, self)
+                        for i, (name, kind, mod) in enumerate(spec for spec in inner if spec[0] in wanted)]
+        """Inner modules hooked because a strategy asked for them (``hooked_modules``)."""
         self.run: RunState | None = None
         self.last_run: RunState | None = None
         self.unbatched_hint = False
@@ -203,6 +251,7 @@ class Session:
         unet_cfg = self.unet.config
         run.info.update(
             layers=[layer.name for layer in self.layers], n_layers=len(self.layers), time_conditioned=True,
+            modules=[m.name for m in self.modules],
             sample_size=unet_cfg.sample_size, in_channels=unet_cfg.in_channels, guidance=bool(cfg),
             cfg_mode="unbatched" if self.unbatched else ("batched" if cfg else "none"),
             timesteps=[float(t) for t in timesteps] if timesteps is not None else [],
@@ -382,7 +431,7 @@ class Session:
     def install(self) -> None:
         sched = self.pipe.scheduler
         try:
-            for layer in self.layers:
+            for layer in [*self.layers, *self.modules]:
                 self._patches.append(_Patch(layer.module, "forward", self.block_forward(layer)))
             self._patches.append(_Patch(self.unet, "forward", self.unet_forward))
             self._patches.append(_Patch(sched, "set_timesteps", self.scheduler_set_timesteps))
