@@ -28,6 +28,7 @@ demo: setup
 	$(BIN)/diffaccel plugins
 	$(BIN)/diffaccel generate configs/text-default.toml
 	$(BIN)/diffaccel generate configs/text-continuous.toml
+	$(BIN)/diffaccel generate configs/digits.toml --out runs/demo/digits.png
 
 test: setup
 	$(BIN)/python -m pytest tests $(addsuffix /tests,$(PLUGIN_DIRS)) -q

@@ -652,3 +652,8 @@ def test_shipped_digits_model_is_small_safetensors_and_generates(tmp_path):
     # a trained model draws strokes on a dark background, not noise
     img = out.images
     assert img.mean() < 0.45 and (img > 0.5).float().mean() > 0.05
+
+
+def test_check_lists_peers_as_bench_only(capsys):
+    assert main(["check", "configs/sd-medium.toml"]) == 0
+    assert "peers (bench only): deepcache" in capsys.readouterr().out

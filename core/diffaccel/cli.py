@@ -137,6 +137,9 @@ def _generate(args) -> int:
     adapter = get_adapter(cfg.model.adapter)
     pipe = adapter.load(cfg)
     strategies = build_strategies(cfg, registry, adapter.info(pipe))
+    if cfg.peers:
+        print(f"diffaccel: {cfg.source}: [[peer]] tables ({', '.join(p.name for p in cfg.peers)}) are compared by "
+              f"'diffaccel bench' only; generate runs the config's strategies", file=sys.stderr)
     with apply(pipe, strategies=strategies):
         out = adapter.run(pipe, cfg, cfg.model.seed, progress=not args.no_progress)
     where = adapter.write([out], args.out)
@@ -185,7 +188,8 @@ def _check(args) -> int:
     registry = Registry()
     for path in args.configs:
         cfg = load_config(path, registry)
-        print(f"{path}: ok ({cfg.model.adapter}, strategies: {', '.join(e.name for e in cfg.strategies) or 'none'})")
+        peers = f"; peers (bench only): {', '.join(p.name for p in cfg.peers)}" if cfg.peers else ""
+        print(f"{path}: ok ({cfg.model.adapter}, strategies: {', '.join(e.name for e in cfg.strategies) or 'none'}{peers})")
     return 0
 
 
