@@ -54,7 +54,8 @@ class TextAdapter:
         den = pipe.denoiser
         return {"adapter": "text", "vocab_size": den.vocab_size, "n_layers": den.n_layers, "kind": den.kind,
                 "max_len": den.max_len, "time_conditioned": den.time_conditioned,
-                "layers": [f"block.{i}" for i in range(den.n_layers)]}
+                "layers": [f"block.{i}" for i in range(den.n_layers)],
+                "cond_dim": den.cond_dim, "tokenizer": pipe.tokenizer}
 
     @staticmethod
     def load(config) -> TextDiffusionPipeline:

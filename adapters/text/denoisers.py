@@ -31,6 +31,7 @@ class ReferenceDenoiser:
         self.time_conditioned = model.uses_time
         self.num_timesteps = cfg.num_timesteps
         self.special_ids: set[int] = {cfg.mask_id, cfg.pad_id}
+        self.cond_dim = cfg.cond_dim  # size of the external condition vector (0: none)
 
     def condition(self, t, batch: int, cond=None):
         return self.model.condition(t, batch, cond)
@@ -57,6 +58,7 @@ class BertDenoiser:
 
     kind = "masked"
     time_conditioned = False
+    cond_dim = 0  # no condition gating
 
     def __init__(self, model, mask_id: int, special_ids: set[int]):
         base = model.base_model

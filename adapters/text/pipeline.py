@@ -134,6 +134,9 @@ class TextFinal:
     fixed: torch.Tensor
     mask_id: int
     tokens: torch.Tensor | None = None
+    base: torch.Tensor | None = None
+    """The prompt and pinned tokens at ``fixed`` positions: the run returns
+    ``where(fixed, base, tokens)``."""
 
     def apply_default(self) -> None:
         if self.tokens is None:
@@ -196,7 +199,7 @@ class TextDiffusionPipeline:
     def _denoise(self, ctx: _RunContext, accel, x_in: torch.Tensor, t: torch.Tensor | None) -> None:
         run, den = ctx.run, ctx.den
         B, N = x_in.shape[:2]
-        ctx.c = den.condition(t, B)
+        ctx.c = den.condition(t, B, run.condition)
         run.positions_per_layer = B * N
         plan = run.plan
         if ctx.logits is None or plan is None or plan.positions is None:
@@ -269,7 +272,8 @@ class TextDiffusionPipeline:
         accel = self.accelerator or _NoAccelerator()
         run = RunState(adapter="text", num_steps=steps, batch_size=batch)
         run.info.update(seeds=[seed + r for r in range(batch)], temperature=temperature, length=length, vocab_size=den.vocab_size, kind=den.kind, sampler=sampler,
-                        time_conditioned=den.time_conditioned, n_layers=den.n_layers)
+                        time_conditioned=den.time_conditioned, n_layers=den.n_layers,
+                        tokenizer=tok, prompt_lengths=[len(p) for p in prompt_ids], cond_dim=den.cond_dim)
         ctx = _RunContext(den, run)
         fixed = torch.zeros(batch, length, dtype=torch.bool, device=self.device)
         base = torch.full((batch, length), den.mask_id, dtype=torch.long, device=self.device)
@@ -277,6 +281,10 @@ class TextDiffusionPipeline:
             base[r, : len(ids)] = torch.tensor(ids, dtype=torch.long)
             fixed[r, : len(ids)] = True
         accel.start_run(run)
+        if run.pinned is not None:  # tokens a strategy planned (e.g. key terms): held like the prompt
+            pin = run.pinned.to(self.device)
+            base = torch.where(pin >= 0, pin, base)
+            fixed = fixed | (pin >= 0)
         try:
             bar = tqdm(total=steps, desc=f"{self.name} ({sampler})", unit="step", disable=not progress, leave=False)
             if sampler == "masked":
@@ -284,7 +292,7 @@ class TextDiffusionPipeline:
             else:
                 draft = self._continuous(ctx, accel, base, fixed, steps, sampler, temperature, gens, bar)
             bar.close()
-            final = TextFinal(logits=ctx.logits, draft=draft, fixed=fixed, mask_id=den.mask_id)
+            final = TextFinal(logits=ctx.logits, draft=draft, fixed=fixed, mask_id=den.mask_id, base=base)
             accel.finalize(run, final)
             tokens = torch.where(fixed, base, final.tokens)
         finally:

@@ -108,12 +108,30 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
                 if hasattr(s, "bench_plot"):
                     Path(plot_dir).mkdir(parents=True, exist_ok=True)
                     s.bench_plot(reports, Path(plot_dir) / f"{name}-{s.name}.png")
+    _strategy_quality(result, entries, outputs, seed_list)
     if json_path:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(json_path).with_name(Path(json_path).name + ".partial")
         tmp.write_text(json.dumps(result, indent=2, default=float))
         tmp.replace(json_path)
     return result
+
+
+def _strategy_quality(result: dict[str, Any], entries: list[tuple[str, list[Any]]], outputs: dict[str, list[Any]],
+                      seeds: list[int]) -> None:
+    """Strategies may define ``bench_quality(outputs, seeds) -> dict``: quality keys of their own,
+    scored on any entry's outputs (``outputs[i]`` is the run of ``seeds[i]``). Each entry gets its
+    strategies' keys; the baseline gets them too (from the first strategy offering each key), so
+    a strategy's measure sits beside the unaccelerated run of the same seeds."""
+    by_name = {e["name"]: e for e in result["entries"]}
+    for name, strategies in entries:
+        for s in strategies:
+            score = getattr(s, "bench_quality", None)
+            if score is None:
+                continue
+            by_name[name]["quality"].update(score(outputs[name], seeds))
+            for k, v in score(outputs["baseline"], seeds).items():
+                by_name["baseline"]["quality"].setdefault(k, v)
 
 
 def _peer_entries(configs: list[RunConfig], adapter: Any, taken: set[str]) -> dict[str, Any]:

@@ -123,6 +123,13 @@ class RunState:
     """Set by a strategy (in ``post_step``) to end the generation after the current step: the
     adapter skips the remaining steps and finalises with what it has (``steps_run`` in the report
     says where it stopped). Text adapter only; the UNet adapter ignores it."""
+    pinned: Any = None
+    """Set by a strategy in ``run_start``: tokens to hold fixed, a long tensor (B, N), -1 where
+    free. The text adapter writes them into the sequence right after ``run_start``; they are
+    never re-masked or resampled and stay in the output, like prompt tokens."""
+    condition: Any = None
+    """Set by a strategy: an external condition vector (B, cond_dim) for models with condition
+    gating (text adapter, reference models with ``cond_dim`` > 0); None: no external condition."""
     _states: dict[tuple[str, str], Any] = attrs.Factory(dict)
 
     def state(self, strategy: Any, factory: Callable[["RunState"], Any] | None = None) -> Any:
