@@ -312,3 +312,59 @@ def test_strategy_can_stop_the_run_early(kind):
         assert (out.tokens != pipe.denoiser.mask_id).all()
     full = run_with(pipe, [], length=16, steps=12, seed=0)
     assert full.report["steps_run"] == 12
+
+
+# ---- truncated logits (TopKLogits) ----------------------------------------------------------------
+
+def _truncator(k, compact):
+    from diffaccel.adapters.text.logits import TopKLogits
+
+    class Truncate:
+        name = "truncate"
+        seen: list = []
+
+        @hookimpl
+        def diffaccel_denoiser_output(self, run, output):
+            vals, idx = output.topk(k, dim=-1)
+            if compact:
+                return TopKLogits(vals, idx, output.shape[-1])
+            return torch.full_like(output, -math.inf).scatter(-1, idx, vals)
+
+        @hookimpl
+        def diffaccel_post_step(self, run, output):
+            self.seen.append((output.top1.clone(), output.top1_prob.clone(), output.topk is not None,
+                              output.probs().clone()))
+
+    return Truncate()
+
+
+def test_samplers_take_topk_logits_like_their_dense_form():
+    """A strategy may hand the sampler (values, indices): the masked sampler at temperature 0
+    commits the same tokens as with the dense -inf form, and post_step sees the same top-1."""
+    pipe = tiny_text_pipeline("masked")
+    dense, compact = _truncator(5, False), _truncator(5, True)
+    a = run_with(pipe, [dense], length=16, steps=8, seed=3, temperature=0.0)
+    b = run_with(pipe, [compact], length=16, steps=8, seed=3, temperature=0.0)
+    assert torch.equal(a.tokens, b.tokens)
+    for (t1, p1, c1, q1), (t2, p2, c2, q2) in zip(dense.seen, compact.seen):
+        assert not c1 and c2
+        assert torch.equal(t1, t2) and torch.allclose(p1, p2, atol=1e-6) and torch.allclose(q1, q2, atol=1e-6)
+
+
+def test_clean_estimate_and_draw_from_topk_logits():
+    from diffaccel.adapters.text.logits import TopKLogits, clean_estimate, draw
+
+    g = torch.Generator().manual_seed(0)
+    logits, E = torch.randn(2, 5, 30, generator=g) * 3, torch.randn(30, 4, generator=g)
+    vals, idx = logits.topk(6, dim=-1)
+    tk = TopKLogits(vals, idx, 30)
+    dense = tk.dense()
+    assert torch.isinf(dense).sum() == 2 * 5 * 24 and torch.equal(dense.gather(-1, idx), vals)
+    assert torch.allclose(clean_estimate(tk, E, 0.7), clean_estimate(dense, E, 0.7), atol=1e-5)
+    assert torch.equal(tk.argmax(-1), logits.argmax(-1))
+    banned = [int(idx[0, 0, 0])]  # ban row 0 position 0's top-1: the draw must avoid it
+    conf, tok = draw(tk.rows(0, torch.arange(5)), banned, 0.0, g)
+    conf_d, tok_d = draw(dense[0], banned, 0.0, g)
+    assert torch.equal(tok, tok_d) and torch.allclose(conf, conf_d) and int(tok[0]) != banned[0]
+    drawn = torch.stack([draw(tk.rows(1, torch.arange(5)), [], 1.0, g)[1] for _ in range(50)])
+    assert bool((drawn.unsqueeze(-1) == idx[1]).any(-1).all())  # each position draws from its own kept tokens

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 
 from diffaccel.state import Layer, RunState
 
+from .logits import TopKLogits, clean_estimate, draw
 from .model import KVCache, _gather_rows
 
 SAMPLERS = ("masked", "ddim", "ddpm", "hybrid")
@@ -111,17 +112,26 @@ class TextStepOutput:
     """Its probability (B, N)."""
     logits: torch.Tensor
     """Last logits per position (B, N, V); positions not computed this step keep older ones.
-    Valid during the call: the adapter updates its cache in place, so clone what you keep."""
+    Valid during the call: the adapter updates its cache in place, so clone what you keep. These
+    are what the sampler used, except when a strategy truncated them to a ``TopKLogits`` (then
+    the denoiser's own logits; the truncated ones are in ``topk``)."""
     computed: torch.Tensor | None
     """Positions computed this step (B, M) long, or None for all."""
     masked: torch.Tensor | None = None
     """Masked sampler: positions still masked after this step (B, N) bool."""
     fixed: torch.Tensor | None = None
     """Positions held fixed by the prompt or a condition (B, N) bool."""
+    latents: torch.Tensor | None = None
+    """Continuous samplers: the latents (B, N, E) after this step's update, the next step's input.
+    A strategy may write into it (e.g. to hold some positions' latents)."""
+
+    topk: TopKLogits | None = None
+    """The truncated logits the sampler used, when a strategy returned a ``TopKLogits``;
+    ``top1``/``top1_prob`` come from them."""
 
     def probs(self) -> torch.Tensor:
-        """Full probabilities (B, N, V), computed on request."""
-        return self.logits.float().softmax(-1)
+        """Full probabilities (B, N, V) of what the sampler used, computed on request."""
+        return (self.topk.dense() if self.topk is not None else self.logits).float().softmax(-1)
 
 
 @attrs.define
@@ -304,14 +314,19 @@ class TextDiffusionPipeline:
             report=run.report(),
         )
 
-    def _post(self, ctx, accel, tokens, logits, masked, fixed):
+    def _post(self, ctx, accel, tokens, logits, masked, fixed, latents=None):
         run = ctx.run
         if not accel.active:
             return
-        p = logits.float().softmax(-1)
-        top1_prob, top1 = p.max(-1)
+        topk = None
+        if isinstance(logits, TopKLogits):
+            topk, logits = logits, ctx.logits
+            top1_prob, top1 = topk.top1()
+        else:
+            top1_prob, top1 = logits.float().softmax(-1).max(-1)
         accel.post_step(run, TextStepOutput(tokens=tokens, top1=top1, top1_prob=top1_prob, logits=logits,
-                                            computed=ctx.step_idx, masked=masked, fixed=fixed))
+                                            computed=ctx.step_idx, masked=masked, fixed=fixed, latents=latents,
+                                            topk=topk))
 
     # -- masked (absorbing) sampler -------------------------------------------------------------
     def _masked(self, ctx, accel, x, fixed, steps, temperature, block_size, gens, bar):
@@ -321,6 +336,7 @@ class TextDiffusionPipeline:
         blocks = [(s, min(s + block_size, N)) for s in range(0, N, block_size)]
         per_block = [steps // len(blocks) + (1 if b < steps % len(blocks) else 0) for b in range(len(blocks))]
         step = 0
+        banned = list(ctx.den.special_ids)
         for (lo, hi), n_steps in zip(blocks, per_block):
             for j in range(n_steps):
                 run.step = step
@@ -335,14 +351,8 @@ class TextDiffusionPipeline:
                     if cand.numel() == 0:
                         continue
                     k = math.ceil(cand.numel() / (n_steps - j))
-                    lg = logits[r, cand].float()
-                    lg[:, list(ctx.den.special_ids)] = -math.inf
-                    if temperature <= 0:
-                        conf, choice = lg.softmax(-1).max(-1)
-                    else:
-                        p = (lg / temperature).softmax(-1)
-                        choice = torch.multinomial(p, 1, generator=gens[r]).squeeze(1)
-                        conf = p.gather(1, choice[:, None]).squeeze(1)
+                    rows = logits.rows(r, cand) if isinstance(logits, TopKLogits) else logits[r, cand]
+                    conf, choice = draw(rows, banned, temperature, gens[r])
                     top = torch.topk(conf, k).indices
                     x[r, cand[top]] = choice[top]
                 self._post(ctx, accel, x, logits, x == ctx.den.mask_id, fixed)
@@ -369,8 +379,7 @@ class TextDiffusionPipeline:
             # prompt positions follow the forward process of their known tokens
             z = torch.where(fixed[..., None], ab.sqrt() * prefix_latent + (1 - ab).sqrt() * prefix_noise, z)
             logits = self._step_model(ctx, accel, z, torch.tensor(float(t), device=self.device))
-            p = (logits.float() / max(temperature, 1e-6)).softmax(-1)
-            x0 = p @ E
+            x0 = clean_estimate(logits, E, max(temperature, 1e-6))
             ab_prev = ab_all[ts[s + 1]] if s + 1 < len(ts) else torch.tensor(1.0, device=self.device)
             eps = (z - ab.sqrt() * x0) / (1 - ab).clamp(min=1e-8).sqrt()
             mode = sampler if sampler != "hybrid" else ("ddpm" if steps // 3 <= s < 2 * steps // 3 else "ddim")
@@ -380,7 +389,7 @@ class TextDiffusionPipeline:
                 sigma = ((1 - ab_prev) / (1 - ab) * (1 - ab / ab_prev)).clamp(min=0).sqrt()
                 noise = torch.stack([torch.randn(N, E.shape[1], generator=g) for g in gens]).to(self.device)
                 z = ab_prev.sqrt() * x0 + (1 - ab_prev - sigma**2).clamp(min=0).sqrt() * eps + sigma * noise
-            self._post(ctx, accel, logits.argmax(-1), logits, None, fixed)
+            self._post(ctx, accel, logits.argmax(-1), logits, None, fixed, latents=z)
             bar.update(1)
             if run.stop:  # a strategy ended the run early
                 break

@@ -28,6 +28,7 @@ import attrs
 import torch
 
 from diffaccel import hookimpl
+from diffaccel.adapters.text.logits import TopKLogits
 from diffaccel.errors import ConfigValueError
 from diffaccel.validators import in_range, one_of, positive
 
@@ -114,7 +115,7 @@ class TopK:
         run.state(self)  # the per-row generators start fresh with every run
 
     @hookimpl
-    def diffaccel_denoiser_output(self, run, output: torch.Tensor) -> torch.Tensor | None:
+    def diffaccel_denoiser_output(self, run, output: torch.Tensor) -> "torch.Tensor | TopKLogits | None":
         c = self.config
         sample = c.at_steps and run.info.get("sampler") == "masked"  # only the masked sampler commits tokens
         if not (c.k_keep or sample):
@@ -135,7 +136,9 @@ class TopK:
                 drawn, top = idx.gather(-1, j), idx[..., :1]
                 idx = idx.scatter(-1, j, top).scatter(-1, torch.zeros_like(j), drawn)
             st["steps_sampled"] += 1
-        out = (torch.full_like(output, -math.inf) if dense else output).scatter(-1, idx, vals)
+        # truncated: hand the sampler the k_keep (values, indices) themselves; it samples from them
+        # without ever building the (B, N, V) tensor (-inf elsewhere) that a dense answer would be
+        out = TopKLogits(vals, idx, output.shape[-1]) if dense else output.scatter(-1, idx, vals)
         st["values"], st["indices"] = vals, idx
         st["steps"] += 1
         st["held"] += vals.numel()

@@ -1,0 +1,83 @@
+"""``TopKLogits``: per-position logits held as the k largest (values, indices) instead of the
+whole vocabulary.
+
+A ``diffaccel_denoiser_output`` implementation on the text adapter may return one instead of a
+dense (B, N, V) tensor (the ``topk`` strategy's truncation does). The samplers then work on the
+k values: the masked sampler draws and ranks from a softmax over k values, the continuous
+samplers take the clean estimate as a k-term sum of token latents, and ``post_step`` gets the
+top-1 and its probability from the same k values. At a large vocabulary that is cheaper than a
+softmax over the vocabulary; the dense form (-inf outside the k) is built only on request.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import torch
+
+
+@attrs.define
+class TopKLogits:
+    """Logits truncated to k per position; the rest count as -inf."""
+
+    values: torch.Tensor
+    """(B, N, k) the kept logits, largest first unless a strategy reordered them."""
+    indices: torch.Tensor
+    """(B, N, k) long: their token ids."""
+    vocab_size: int
+    """V, the size of the dense form."""
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (*self.values.shape[:2], self.vocab_size)
+
+    def dense(self) -> torch.Tensor:
+        """(B, N, V) with -inf outside the kept tokens."""
+        out = torch.full(self.shape, -math.inf, dtype=self.values.dtype, device=self.values.device)
+        return out.scatter_(-1, self.indices, self.values)
+
+    def top1(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(probability, token) of the most probable token per position, both (B, N)."""
+        p, j = self.values.float().softmax(-1).max(-1)
+        return p, self.indices.gather(-1, j.unsqueeze(-1)).squeeze(-1)
+
+    def argmax(self, dim: int = -1) -> torch.Tensor:
+        """Token id of the largest kept logit per position (B, N); ``dim`` must be the last."""
+        if dim not in (-1, 2):
+            raise ValueError("TopKLogits.argmax works over the vocabulary (dim=-1) only")
+        return self.indices.gather(-1, self.values.argmax(-1, keepdim=True)).squeeze(-1)
+
+    def rows(self, r: int, positions: torch.Tensor) -> "TopKLogits":
+        """The (M, k) slice of batch row r at ``positions``."""
+        return TopKLogits(self.values[r, positions], self.indices[r, positions], self.vocab_size)
+
+
+def clean_estimate(logits: "torch.Tensor | TopKLogits", latents: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Expected token latent under softmax(logits / T): (B, N, E) from (V, E) ``latents``."""
+    if isinstance(logits, TopKLogits):
+        p = (logits.values.float() / temperature).softmax(-1)
+        return torch.einsum("bnk,bnke->bne", p, latents[logits.indices])
+    return (logits.float() / temperature).softmax(-1) @ latents
+
+
+def draw(logits: "torch.Tensor | TopKLogits", banned: list[int], temperature: float,
+         gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(confidence, token) per row of (M, V) logits or an (M, k) ``TopKLogits`` slice: the argmax at
+    temperature 0, else a draw from softmax(logits / T); ``banned`` tokens never come out."""
+    if isinstance(logits, TopKLogits):
+        lg = logits.values.float().masked_fill(torch.isin(logits.indices, torch.tensor(banned, device=logits.indices.device)), -math.inf)
+        ids = logits.indices
+    else:
+        lg = logits.float()
+        lg[:, banned] = -math.inf
+        ids = None
+    if temperature <= 0:
+        conf, choice = lg.softmax(-1).max(-1)
+    else:
+        p = (lg / temperature).softmax(-1)
+        choice = torch.multinomial(p, 1, generator=gen).squeeze(1)
+        conf = p.gather(1, choice[:, None]).squeeze(1)
+    if ids is not None:
+        choice = ids.gather(1, choice[:, None]).squeeze(1)
+    return conf, choice
