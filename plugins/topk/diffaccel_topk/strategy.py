@@ -2,8 +2,9 @@
 
 * Truncation (``k_keep``): after each denoiser step, each position keeps its ``k_keep`` largest
   logits and the rest become -inf. The strategy holds those as (values, indices), ``k_keep`` per
-  position, in ``run.state(strategy)["values"/"indices"]``; the sampler and later strategies get
-  the dense logits with -inf outside them, since the hook passes a (B, N, V) tensor.
+  position, in ``run.state(strategy)["values"/"indices"]``, and hands the sampler and later
+  strategies those same two tensors as a ``TopKLogits`` (the text samplers draw, rank and
+  estimate from the k_keep values; ``.dense()`` gives the (B, N, V) form with -inf elsewhere).
 * Top-k sampling: each token is drawn from its ``k`` most probable tokens, renormalised at
   ``temperature``, with the Gumbel-max trick (argmax of logit / T + Gumbel noise is a draw from
   softmax(logit / T)). Noise comes from one ``torch.Generator`` per batch row seeded from the
