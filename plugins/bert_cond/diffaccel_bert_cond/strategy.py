@@ -1,0 +1,216 @@
+"""The ``bert-cond`` strategy: two-stage BERT conditioning of text diffusion.
+
+* Stage one (``run_start``): the encoder extracts each batch row's source into a ``Condition``
+  (key terms, scores, pooled vector); timed, so the run reports its share.
+* Stage two: the terms' tokens are planned over the generated positions (``plan.py``) and
+  pinned through ``RunState.pinned``: the adapter holds them fixed like prompt tokens, so they
+  are never re-masked and stay in the output. With ``word_boundary``, the position right after
+  each term may not take a token that would glue onto it. Models with condition gating
+  (``cond_dim`` > 0) also get the pooled vector through ``RunState.condition``.
+* After the run (a ``finalize`` wrapper, so it sees the tokens the run returns), it reports the
+  terms, which of them appear in the output, key-term recall and the stage-one time share.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import attrs
+import torch
+
+from diffaccel import hookimpl
+from diffaccel.errors import ConfigError, ConfigValueError
+
+from .candidates import candidates
+from .config import BertCondConfig
+from .extract import Condition, Encoder, extract
+from .metrics import presence, recall
+from .plan import TermsDoNotFit, pin_row, term_token_ids, word_continuations
+
+
+def guard_word_ends(output: Any, where: tuple[torch.Tensor, torch.Tensor], cont: torch.Tensor) -> Any:
+    """Logits with word-continuing tokens (``cont``, (V,) bool) set to -inf at positions ``where``
+    (rows, cols), unless that would leave a position nothing to choose. ``output`` is dense
+    (B, N, V) or truncated to k per position (an object with ``values`` and ``indices``, as the
+    topk strategy hands on); it is not modified: the adapter keeps the raw logits in its cache."""
+    rows, cols = where
+    if isinstance(output, torch.Tensor):
+        sub = output[rows, cols]  # advanced indexing copies
+        banned = cont.to(output.device).expand_as(sub)
+        values = output
+    else:
+        sub = output.values[rows, cols]
+        banned = cont.to(sub.device)[output.indices[rows, cols]]
+        values = output.values
+    guarded = sub.masked_fill(banned, -math.inf)
+    ok = torch.isfinite(guarded).any(-1, keepdim=True)
+    new = values.index_put((rows, cols), torch.where(ok, guarded, sub))
+    return new if isinstance(output, torch.Tensor) else attrs.evolve(output, values=new)
+
+
+class BertCond:
+    """Strategy instance; one per ``[[strategy]]`` table. The encoder, loaded once, is kept here
+    (a resource like the config); everything about a run lives in the run's state."""
+
+    name = "bert-cond"  # the core overwrites it from the config; set here for instances built by hand
+
+    def __init__(self, config: BertCondConfig):
+        self.config = config
+        self.sources = config.sources()
+        self._encoder: Encoder | None = None
+        self.load_seconds = 0.0
+        self._continuations: tuple[Any, torch.Tensor] | None = None
+        self._bench_terms: dict[str, tuple[str, ...]] = {}
+
+    # -- set-up ------------------------------------------------------------------------------
+    @property
+    def encoder(self) -> Encoder:
+        if self._encoder is None:
+            t0 = time.perf_counter()
+            self._encoder = Encoder(self.config.bert, self.config.pooling)
+            self.load_seconds = time.perf_counter() - t0
+        return self._encoder
+
+    def setup(self, info: dict[str, Any]) -> None:
+        """Check the adapter, load the encoder, check its size against the model's condition
+        gating and that every source has candidate terms (called with the adapter's facts)."""
+        if info.get("adapter", "text") != "text":
+            raise ConfigValueError("use", f"bert-cond conditions text diffusion only; this pipeline uses the '{info['adapter']}' adapter")
+        enc = self.encoder
+        cond_dim = info.get("cond_dim") or 0
+        if self.config.vector and cond_dim and cond_dim != enc.hidden_size:
+            raise ConfigValueError("bert", f"its hidden size {enc.hidden_size} differs from the text model's condition size "
+                                           f"(cond_dim {cond_dim}); use an encoder of that size, or vector = false")
+        key = "source" if self.config.source is not None else "source_file"
+        for i, src in enumerate(self.sources):
+            if not candidates(src, self.config.ngram_max):
+                raise ConfigValueError(key, f"source #{i + 1} has no candidate key term (only stop words and punctuation): {src[:60]!r}")
+
+    def _continuation_ids(self, tokenizer: Any, vocab_size: int) -> torch.Tensor:
+        if self._continuations is None or self._continuations[0] is not tokenizer:
+            self._continuations = (tokenizer, word_continuations(tokenizer, vocab_size))
+        return self._continuations[1]
+
+    def source_index(self, seed: int) -> int:
+        return int(seed) % len(self.sources)
+
+    def condition_of(self, source: str) -> Condition:
+        c = self.config
+        return extract(source, self.encoder, max_terms=c.max_terms, ngram_max=c.ngram_max,
+                       diversity=c.diversity, always_keep=c.always_keep)
+
+    def _fail(self, key: str, message: str) -> ConfigError:
+        return ConfigError(f"[[strategy]] ({self.name}): key '{key}': {message}")
+
+    # -- the run -----------------------------------------------------------------------------
+    def new_state(self, run) -> dict[str, Any]:
+        return {"t0": time.perf_counter(), "conditions": [], "rows": [], "after": None, "stage_one_s": 0.0,
+                "plan_s": 0.0, "guard_s": 0.0, "pinned": 0}
+
+    @hookimpl
+    def diffaccel_run_start(self, run) -> None:
+        if run.adapter != "text":
+            raise ConfigError(f"[[strategy]] ({self.name}): bert-cond conditions text diffusion only; this pipeline uses the '{run.adapter}' adapter")
+        self.encoder  # loaded before the clock starts: loading is not part of a run
+        st = run.state(self)
+        st["t0"] = t0 = time.perf_counter()
+        seeds = run.info.get("seeds") or list(range(run.batch_size))
+        rows = [self.source_index(s) for s in seeds]
+        by_source: dict[int, Condition] = {}
+        for i in rows:
+            if i not in by_source:
+                try:
+                    by_source[i] = self.condition_of(self.sources[i])
+                except ValueError as exc:
+                    raise self._fail("source" if self.config.source is not None else "source_file", f"source #{i + 1} {exc}") from None
+        st["conditions"] = conds = [by_source[i] for i in rows]
+        st["rows"] = rows
+        st["stage_one_s"] = time.perf_counter() - t0
+
+        t1 = time.perf_counter()
+        length, tok = run.info["length"], run.info["tokenizer"]
+        prompt_lengths = run.info.get("prompt_lengths") or [0] * run.batch_size
+        pinned, after = [], []
+        for r, cond in enumerate(conds):
+            try:
+                p, a, _ = pin_row(term_token_ids(cond.terms, tok), prompt_lengths[r], length)
+            except TermsDoNotFit as exc:
+                raise self._fail("max_terms", f"the {len(cond.terms)} key term{'s' if len(cond.terms) > 1 else ''} of source #{rows[r] + 1} take {exc.needed} tokens but "
+                                              f"only {exc.free} positions are free (length {length}, prompt {prompt_lengths[r]}); "
+                                              f"lower max_terms or raise [model] length") from None
+            pinned.append(p)
+            after.append(a)
+        run.pinned = torch.stack(pinned)
+        st["pinned"] = int((run.pinned >= 0).sum())
+        if self.config.word_boundary and any(bool(a.any()) for a in after):
+            after = torch.stack(after)
+            st["after"] = after.nonzero(as_tuple=True)
+            st["cont"] = self._continuation_ids(tok, run.info["vocab_size"])
+        if self.config.vector and run.info.get("cond_dim"):
+            run.condition = torch.stack([c.vector for c in conds])
+        st["plan_s"] = time.perf_counter() - t1
+
+    @hookimpl
+    def diffaccel_denoiser_output(self, run, output: Any) -> Any:
+        st = run.state(self)
+        if st["after"] is None:
+            return None
+        t0 = time.perf_counter()
+        out = guard_word_ends(output, st["after"], st["cont"])
+        st["guard_s"] += time.perf_counter() - t0
+        return out
+
+    @hookimpl(wrapper=True)
+    def diffaccel_finalize(self, run, final):
+        # a wrapper: this runs after every strategy and the default chose the tokens
+        result = yield
+        st = run.state(self)
+        tokens = final.tokens if final.base is None else torch.where(final.fixed, final.base, final.tokens)
+        tok = run.info["tokenizer"]
+        texts = [tok.decode(row.tolist()) for row in tokens.cpu()]
+        found = [presence(c.terms, t) for c, t in zip(st["conditions"], texts)]
+        run_s = time.perf_counter() - st["t0"]
+        run.metrics[self.name] = {
+            "sources": [i + 1 for i in st["rows"]],
+            "terms": [list(c.terms) for c in st["conditions"]],
+            "scores": [list(c.scores) for c in st["conditions"]],
+            "present": found,
+            "key_term_recall": recall(found),
+            "pinned_positions": st["pinned"],
+            "stage_one_s": st["stage_one_s"],
+            "plan_s": st["plan_s"],
+            "guard_s": st["guard_s"],
+            "run_s": run_s,
+            "stage_one_share": st["stage_one_s"] / run_s if run_s > 0 else 0.0,
+            "encoder": self.config.bert,
+            "encoder_load_s": self.load_seconds,
+            "vector_used": run.condition is not None,
+        }
+        return result
+
+    @hookimpl
+    def diffaccel_run_end(self, run) -> None:
+        st = run.state(self)
+        st["after"] = st["cont"] = None
+
+    # -- bench ---------------------------------------------------------------------------------
+    def bench_quality(self, outputs: list[Any], seeds: list[int]) -> dict[str, float]:
+        """Key-term recall of any entry's outputs, against the terms this strategy extracts for
+        the same seeds (so the unconditioned baseline is scored on the same terms), and the mean
+        stage-one share where the runs were conditioned."""
+        found, shares = [], []
+        for out, seed in zip(outputs, seeds):
+            for r, text in enumerate(out.texts):
+                src = self.sources[self.source_index(seed + r)]
+                if src not in self._bench_terms:
+                    self._bench_terms[src] = self.condition_of(src).terms
+                found.append(presence(self._bench_terms[src], text))
+            m = out.report.get("strategies", {}).get(self.name)
+            if m:
+                shares.append(m["stage_one_share"])
+        q = {"key_term_recall": recall(found)}
+        if shares:
+            q["stage_one_share"] = sum(shares) / len(shares)
+        return q
