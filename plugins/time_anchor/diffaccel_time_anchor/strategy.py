@@ -1,0 +1,356 @@
+"""The ``time-anchor`` strategy: skip the (layer, position) states that have settled.
+
+After ``warmup`` full steps, each computed state is compared with its reference in the latent
+cache (its output when last computed): if the relative change per step since then is below
+``threshold`` (or, with a learned gate, if the layer's gate is open at this time), the entry is
+written *anchored*. While an anchored entry is younger than ``max_age`` steps its state is not
+computed:
+
+* text: the layer runs on the other positions only (``layer.compute(hidden, positions=idx)``);
+  anchored positions keep the adapter's in-place outputs and serve keys/values from its cache.
+  A position whose input changed at this step (a token was committed, or the layer below
+  recomputed it and found it moved) is recomputed even when anchored (``dirty`` below), so a
+  new token climbs the layers at once instead of waiting ``max_age`` steps.
+* UNet: blocks are grouped by depth, ``down_blocks.d`` with its up counterpart, ``mid_block``
+  deepest. A depth is skipped when every block in it is anchored in every row (a block runs on
+  the whole batch, both batched guidance halves included), and only together with every deeper
+  depth, so the computed shallow blocks always read a consistent set of deep features (the
+  DeepCache layout, at an adaptive interval). A skipped block returns ``layer.cached_output``
+  without running. Decisions are taken in ``pre_step`` from changes seen at earlier steps.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import torch
+
+from diffaccel import hookimpl
+from diffaccel.errors import ConfigValueError
+
+from .cache import LatentCache
+from .config import TimeAnchorConfig, load_clusters
+from .gate import Gate
+
+BRANCHES = ("main", "uncond", "cond")
+
+
+def _gather(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """x (B, N, D), idx (B, M) -> (B, M, D)."""
+    return torch.gather(x, 1, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+
+
+def mask_to_index(mask: torch.Tensor) -> torch.Tensor:
+    """(B, N) bool -> (B, M) long positions, as the text adapter narrows a step (rows with fewer
+    True positions are padded with others: computing a position more is harmless)."""
+    m = int(mask.sum(1).max())
+    return torch.argsort((~mask).to(torch.int8), dim=1, stable=True)[:, : max(m, 1)]
+
+
+def depth_of(name: str, n_down: int) -> int:
+    """UNet block depth: down_blocks.d and up_blocks.(n_down-1-d) share depth d; mid_block is n_down."""
+    m = re.fullmatch(r"(down|up)_blocks\.(\d+)", name)
+    if m is None:
+        return n_down
+    i = int(m.group(2))
+    return i if m.group(1) == "down" else n_down - 1 - i
+
+
+class _State:
+    """One generation, one guidance branch (``run.state``): the cache and what the metrics need."""
+
+    def __init__(self):
+        self.cache: LatentCache | None = None
+        self.keys = self.ranks = None
+        self.gate_open: torch.Tensor | None = None  # (L, steps) bool
+        self.anchored: torch.Tensor | None = None  # (L, steps) share of states served
+        self.hits = 0
+        self.lookups = 0
+        # text
+        self.dirty: torch.Tensor | None = None  # (B, N) positions the layer below moved this step
+        self.h0_ref: torch.Tensor | None = None
+        self.input_moved: torch.Tensor | None = None  # (B, N) positions whose input embedding moved
+        # unet
+        self.skip: frozenset[str] = frozenset()
+        self.coords: dict[int, torch.Tensor] = {}
+        self.levels: list[tuple[int, list[int]]] = []
+        self.skipped: list[int] = []
+
+
+class TimeAnchor:
+    name = "time-anchor"
+
+    def __init__(self, config: TimeAnchorConfig):
+        self.config = config
+        self.gate = Gate.load(config.gate) if config.gate else None
+        self.clusters = load_clusters(config.clusters) if config.clusters else None
+
+    def setup(self, info: dict[str, Any]) -> None:
+        if self.gate is not None:
+            self.gate.check(info)
+        if self.clusters is not None:
+            if info.get("adapter") == "unet":
+                raise ConfigValueError("clusters", "position clusters apply to text models; UNet blocks are keyed per row")
+            max_len = info.get("max_len")
+            if max_len is not None and len(self.clusters["assign"]) > max_len:
+                raise ConfigValueError("clusters", f"the file assigns {len(self.clusters['assign'])} positions but the model has {max_len}")
+
+    def new_state(self, run) -> _State:
+        return _State()
+
+    # -- hooks -------------------------------------------------------------------------------
+    @hookimpl
+    def diffaccel_run_start(self, run):
+        if self.clusters is not None and run.adapter == "text":
+            n, have = run.info.get("length", 0), len(self.clusters["assign"])
+            if n > have:
+                raise ConfigValueError("clusters", f"the file assigns {have} positions but the run generates {n}")
+
+    @hookimpl
+    def diffaccel_pre_step(self, run):
+        if run.adapter == "unet":
+            self._unet_plan(run.state(self), run)
+        return None
+
+    @hookimpl
+    def diffaccel_layer_output(self, run, layer, hidden):
+        if run.adapter == "text":
+            return self._text_layer(run, layer, hidden)
+        return self._unet_block(run, layer, hidden)
+
+    @hookimpl
+    def diffaccel_finalize(self, run, final):
+        states = _branch_states(run, self)
+        if not states:
+            return
+        m = self.metrics(states, run)
+        run.metrics[self.name] = m
+        run.counters.cache_hits += m["hits"]
+
+    # -- text --------------------------------------------------------------------------------
+    def _init_text(self, st: _State, run, hidden: torch.Tensor) -> None:
+        cfg = self.config
+        B, N, D = hidden.shape
+        L = run.info["n_layers"]
+        dev = hidden.device
+        pos = torch.arange(N, device=dev)
+        if self.clusters is not None:
+            slot = torch.tensor(self.clusters["assign"][:N], dtype=torch.long, device=dev)
+            S = self.clusters["n_clusters"]
+            # rank of each position inside its cluster: where its reference state sits in the entry
+            same = slot[:, None] == slot[None, :]
+            rank = (same & (pos[None, :] < pos[:, None])).sum(1)
+            P = int(rank.max()) + 1
+        else:
+            S = math.ceil(N / cfg.stride)
+            slot = torch.where(pos % cfg.stride == 0, pos // cfg.stride, torch.full_like(pos, -1))
+            rank = torch.zeros_like(pos)
+            P = 1
+        rows = torch.arange(B, device=dev)[:, None]
+        st.keys = torch.stack([torch.where(slot >= 0, (rows * L + i) * S + slot, -1) for i in range(L)])  # (L, B, N)
+        st.ranks = rank
+        st.cache = LatentCache(B * L * S, D, P, max_entries=cfg.max_entries, max_bytes=cfg.max_bytes,
+                               max_age=cfg.max_age, fp16=cfg.fp16, device=dev)
+        st.anchored = torch.zeros(L, run.num_steps, device=dev)
+        if self.gate is not None:
+            st.gate_open = (self.gate.probs(run.num_steps) > cfg.gate_threshold).to(dev)
+
+    def _text_layer(self, run, layer, hidden: torch.Tensor) -> torch.Tensor:
+        st = run.state(self)
+        if st.cache is None:
+            self._init_text(st, run, hidden)
+        i, step = layer.index, run.step
+        plan = run.plan
+        plan_pos = None if plan is None or plan.positions is None else plan.positions.to(hidden.device)
+        if i == 0:
+            st.dirty = st.input_moved = self._input_moved(st, hidden)
+        if step >= self.config.warmup and layer.cached_output is not None:
+            live = st.cache.live(st.keys[i], step)
+            if st.dirty is not None:
+                live &= ~st.dirty
+            st.anchored[i, step] = live.float().mean()
+            st.hits += live.sum()
+            st.lookups += live.numel()
+            if not bool(live.any()):  # nothing to serve: the plain path, exactly the default's
+                idx = None if plan_pos is None else mask_to_index(plan_pos)
+                out = layer.compute(hidden)
+            else:
+                idx = mask_to_index(~live if plan_pos is None else plan_pos & ~live)
+                out = layer.compute(hidden, positions=idx)
+        else:
+            idx = None if plan_pos is None else mask_to_index(plan_pos)
+            out = layer.compute(hidden)  # the adapter narrows it to the plan's positions itself
+        self._record_text(st, i, step, out, idx)
+        return out
+
+    def _input_moved(self, st: _State, h0: torch.Tensor) -> torch.Tensor | None:
+        """Positions whose input embedding moved by more than the threshold since the last step."""
+        prev, st.h0_ref = st.h0_ref, h0.clone()
+        if prev is None:
+            return None
+        return _rel_change(h0, prev) >= self.config.threshold
+
+    def _record_text(self, st: _State, i: int, step: int, out: torch.Tensor, idx: torch.Tensor | None) -> None:
+        """Compare the computed states with their references, write the entries, mark movers."""
+        cache = st.cache
+        if idx is None:
+            new, keys, ranks = out, st.keys[i], st.ranks.expand(out.shape[0], -1)
+        else:
+            new, keys, ranks = _gather(out, idx), st.keys[i].gather(1, idx), st.ranks[idx]
+        ref, has = cache.read(keys, ranks)
+        newf = new.float()
+        age = cache.age(keys, step).clamp(min=1)
+        d2 = ((newf - ref) ** 2).sum(-1)
+        r2 = (ref**2).sum(-1).clamp(min=1e-12)
+        # per-position change: positions that moved make the layer above recompute them
+        moved = ~has | (torch.sqrt(d2 / r2) / age >= self.config.threshold)
+        dirty = torch.zeros(out.shape[:2], dtype=torch.bool, device=out.device)
+        dirty.scatter_(1, idx if idx is not None else torch.arange(out.shape[1], device=out.device).expand(out.shape[0], -1), moved)
+        # what the next layer must recompute: what moved here, and every position whose input
+        # token moved this step (a committed token is seen by every layer at once)
+        st.dirty = dirty if st.input_moved is None else dirty | st.input_moved
+        valid = keys >= 0
+        if self.clusters is None:
+            # one position per key: the per-position test is the key's test
+            u = keys[valid]
+            anchored = (st.gate_open[i, step].expand(u.numel()) if st.gate_open is not None else ~moved[valid])
+        else:
+            u, anchored = self._cluster_test(st, i, step, keys[valid], d2[valid], r2[valid], has[valid])
+        if u.numel() == 0:
+            return
+        cache.write(u, step, anchored)
+        cache.store(keys, newf, ranks)
+
+    def _cluster_test(self, st: _State, i: int, step: int, flat, d2, r2, has):
+        """A cluster key aggregates its computed positions: the relative change of the group."""
+        cache, dev = st.cache, flat.device
+        K = cache.n_keys
+        touched = torch.zeros(K, dtype=torch.bool, device=dev)
+        touched[flat] = True
+        u = touched.nonzero().squeeze(1)
+        if st.gate_open is not None:
+            return u, st.gate_open[i, step].expand(u.numel())
+        D2 = torch.zeros(K, device=dev).index_add_(0, flat, d2)
+        R2 = torch.zeros(K, device=dev).index_add_(0, flat, r2)
+        miss = torch.zeros(K, device=dev).index_add_(0, flat, (~has).float())
+        rate = torch.sqrt(D2[u] / R2[u]) / cache.age(u, step).clamp(min=1)
+        return u, (miss[u] == 0) & (rate < self.config.threshold)
+
+    # -- unet --------------------------------------------------------------------------------
+    def _init_unet(self, st: _State, run, rows: int, device) -> None:
+        cfg = self.config
+        names = run.info["layers"]
+        L = len(names)
+        n_down = sum(1 for n in names if n.startswith("down_blocks."))
+        depth = [depth_of(n, n_down) for n in names]
+        st.levels = [(d, [j for j in range(L) if depth[j] == d]) for d in sorted(set(depth), reverse=True) if d >= cfg.min_depth]
+        st.keys = torch.arange(rows * L, device=device).view(rows, L)
+        st.cache = LatentCache(rows * L, cfg.sketch, 1, max_entries=cfg.max_entries, max_bytes=cfg.max_bytes,
+                               max_age=cfg.max_age, fp16=cfg.fp16, device=device)
+        st.anchored = torch.zeros(L, run.num_steps, device=device)
+        st.skipped = [0] * L
+        if self.gate is not None:
+            st.gate_open = (self.gate.probs(run.num_steps) > cfg.gate_threshold).to(device)
+
+    def _unet_plan(self, st: _State, run) -> None:
+        """Choose the blocks to skip at this call: the deepest depths whose blocks are anchored
+        in every row, down to the first depth that is not."""
+        st.skip = frozenset()
+        if st.cache is None or run.step < self.config.warmup:
+            return
+        live = st.cache.live(st.keys, run.step)  # (rows, blocks)
+        st.anchored[:, run.step] = live.float().mean(0)
+        ok = live.all(0).tolist()
+        skip: list[str] = []
+        names = run.info["layers"]
+        for _d, blocks in st.levels:
+            if not all(ok[j] for j in blocks):
+                break
+            skip += [names[j] for j in blocks]
+        st.skip = frozenset(skip)
+
+    def _unet_block(self, run, layer, hidden):
+        st = run.state(self)
+        if st.cache is not None and run.step >= self.config.warmup:
+            st.lookups += st.keys.shape[0]
+            if layer.name in st.skip:
+                cached = layer.cached_output
+                if cached is not None:
+                    st.hits += st.keys.shape[0]
+                    st.skipped[layer.index] += 1
+                    return cached  # the block does not run
+        out = layer.compute(hidden)
+        main = out[0] if isinstance(out, tuple) else out
+        if st.cache is None:
+            self._init_unet(st, run, main.shape[0], main.device)
+        self._record_unet(st, layer.index, run.step, main)
+        return out
+
+    def _record_unet(self, st: _State, j: int, step: int, main: torch.Tensor) -> None:
+        flat = main.reshape(main.shape[0], -1)
+        coords = st.coords.get(j)
+        if coords is None:
+            g = torch.Generator().manual_seed(7919 + j)
+            n = min(flat.shape[1], self.config.sketch)
+            coords = st.coords[j] = torch.randperm(flat.shape[1], generator=g)[:n].sort().values.to(flat.device)
+        sk = torch.zeros(flat.shape[0], self.config.sketch, device=flat.device)
+        sk[:, : coords.numel()] = flat[:, coords].float()
+        keys = st.keys[:, j]
+        cache = st.cache
+        ref, has = cache.read(keys)
+        if st.gate_open is not None:
+            anchored = st.gate_open[j, step].expand(keys.numel()).clone()
+        else:
+            rate = _rel_change(sk, ref) / cache.age(keys, step).clamp(min=1)
+            anchored = has & (rate < self.config.threshold)
+        cache.write(keys, step, anchored)
+        cache.store(keys, sk)
+
+    # -- reporting ---------------------------------------------------------------------------
+    def metrics(self, states: list[_State], run) -> dict[str, Any]:
+        hits = sum(int(s.hits) for s in states)
+        lookups = sum(s.lookups for s in states)
+        per_step = torch.stack([s.anchored.float().cpu() for s in states if s.anchored is not None]).mean(0)
+        stats = [s.cache.stats() for s in states if s.cache is not None]
+        layers = run.info.get("layers") or [f"block.{i}" for i in range(per_step.shape[0])]
+        m = {
+            "hit_rate": hits / lookups if lookups else 0.0,
+            "hits": hits,
+            "layers": list(layers),
+            "anchored_per_layer": [round(float(x), 4) for x in per_step.mean(1)],
+            "anchored_by_step": [[round(float(x), 4) for x in row] for row in per_step],
+            "peak_entries": sum(s["peak_entries"] for s in stats),
+            "peak_bytes": sum(s["peak_bytes"] for s in stats),
+            "max_age_recomputes": sum(s["stale"] for s in stats),
+            "evictions": sum(s["evictions"] for s in stats),
+            "dropped": sum(s["dropped"] for s in stats),
+            "branches": len(states),
+        }
+        if run.adapter == "unet":
+            m["skipped_per_block"] = [sum(s.skipped[j] for s in states if s.skipped) for j in range(len(layers))]
+        return m
+
+    def bench_plot(self, reports: list[dict[str, Any]], path) -> None:
+        from .plot import plot_anchored
+
+        plot_anchored(reports, self.name, path)
+
+
+def _rel_change(new: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """||new - ref|| / ||ref|| over the last dimension."""
+    new = new.float()
+    return torch.linalg.vector_norm(new - ref, dim=-1) / torch.linalg.vector_norm(ref, dim=-1).clamp(min=1e-6)
+
+
+def _branch_states(run, strategy) -> list[_State]:
+    """This strategy's states of every guidance branch that ran (without creating any)."""
+    found, branch = [], run.branch
+    for b in BRANCHES:
+        run.branch = b
+        st = run.state(strategy, factory=lambda _run: None)
+        if st is not None:
+            found.append(st)
+    run.branch = branch
+    return [s for s in found if s.cache is not None]

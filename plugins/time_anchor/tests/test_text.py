@@ -1,0 +1,234 @@
+"""time-anchor on a tiny random text diffusion LM: anchoring, warm-up, max_age, real skipping,
+stride, clusters, fp16, gates, separation between runs, metrics."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import diffaccel
+from diffaccel.testing import run_with, tiny_text_pipeline
+from diffaccel_time_anchor import Gate, TimeAnchor, TimeAnchorConfig
+
+L, N, STEPS = 3, 24, 24
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    return tiny_text_pipeline(n_layers=L, max_len=32)
+
+
+class BlockSpy:
+    """Wraps the denoiser's block: records, per call, the layer and the positions really run."""
+
+    def __init__(self, pipe):
+        self.den = pipe.denoiser
+        self.orig = self.den.block
+        self.calls: list[tuple[int, torch.Tensor | None, int]] = []
+
+    def __enter__(self):
+        def block(i, h, c, kv, idx=None):
+            self.calls.append((i, None if idx is None else idx.clone(), h.shape[0] * h.shape[1]))
+            return self.orig(i, h, c, kv, idx)
+
+        self.den.block = block
+        return self
+
+    def __exit__(self, *exc):
+        del self.den.block
+
+    def computed(self, n: int) -> torch.Tensor:
+        """(steps, layers, n) bool: position of row 0 run at that step and layer."""
+        out = torch.zeros(len(self.calls) // L, L, n, dtype=torch.bool)
+        for k, (i, idx, _) in enumerate(self.calls):
+            if idx is None:
+                out[k // L, i] = True
+            else:
+                out[k // L, i, idx[0]] = True
+        return out
+
+
+def anchor(**kw) -> TimeAnchor:
+    return TimeAnchor(TimeAnchorConfig(**kw))
+
+
+def generate(pipe, strategies=(), **kw):
+    kw = {"length": N, "steps": STEPS, "temperature": 0.0, **kw}
+    return run_with(pipe, strategies, **kw)
+
+
+def test_nothing_settles_below_a_tiny_threshold_and_the_output_is_the_baseline(pipe):
+    base = generate(pipe)
+    out = generate(pipe, [anchor(threshold=1e-9)])
+    m = out.report["strategies"]["time-anchor"]
+    assert m["hits"] == 0 and out.report["counters"]["fraction_computed"] == 1.0
+    assert torch.equal(out.tokens, base.tokens)
+
+
+def test_settled_states_are_really_skipped(pipe):
+    with BlockSpy(pipe) as spy:
+        out = generate(pipe, [anchor(threshold=0.5, max_age=4, warmup=2)])
+    c = out.report["counters"]
+    run_positions = sum(n for _, _, n in spy.calls)
+    assert run_positions == c["positions_computed"]  # what the block really ran
+    assert run_positions < 0.6 * L * N * STEPS
+    m = out.report["strategies"]["time-anchor"]
+    assert m["hits"] == c["cache_hits"]
+    skipped = L * N * STEPS - c["positions_computed"]
+    # a layer whose every position is served still runs one (an empty step is not a tensor shape)
+    padded = sum(1 for _, idx, _ in spy.calls if idx is not None and idx.shape[1] == 1)
+    assert skipped <= m["hits"] <= skipped + padded
+    assert 0 < m["hit_rate"] <= 1
+
+
+def test_warmup_steps_are_computed_in_full(pipe):
+    with BlockSpy(pipe) as spy:
+        out = generate(pipe, [anchor(threshold=0.9, warmup=4, max_age=8)])
+    comp = spy.computed(N)
+    assert comp[:4].all()
+    assert not comp[4:].all()  # reuse starts after the warm-up
+    by_step = torch.tensor(out.report["strategies"]["time-anchor"]["anchored_by_step"])
+    assert (by_step[:, :4] == 0).all() and by_step[:, 4:].sum() > 0
+
+
+@pytest.mark.parametrize("max_age", [1, 3])
+def test_max_age_forces_a_recompute(pipe, max_age):
+    with BlockSpy(pipe) as spy:
+        out = generate(pipe, [anchor(threshold=0.99, warmup=2, max_age=max_age)])
+    comp = spy.computed(N)
+    # every (layer, position) runs at least once in every max_age + 1 consecutive steps
+    for s in range(STEPS - max_age):
+        assert comp[s: s + max_age + 1].any(0).all(), s
+    m = out.report["strategies"]["time-anchor"]
+    assert m["max_age_recomputes"] > 0
+    assert m["hit_rate"] > 0.3
+
+
+def test_stride_caches_every_nth_position_only(pipe):
+    with BlockSpy(pipe) as spy:
+        out = generate(pipe, [anchor(threshold=0.99, warmup=2, max_age=8, stride=3)])
+    comp = spy.computed(N)
+    off = torch.arange(N) % 3 != 0
+    assert comp[:, :, off].all()  # positions off the stride always run
+    assert not comp[:, :, ~off].all()
+    full = generate(pipe, [anchor(threshold=0.99, warmup=2, max_age=8)]).report["strategies"]["time-anchor"]
+    m = out.report["strategies"]["time-anchor"]
+    assert m["peak_entries"] == L * N // 3 and full["peak_entries"] == L * N
+    assert m["peak_bytes"] * 3 == full["peak_bytes"]
+    assert m["hit_rate"] < full["hit_rate"]
+
+
+def test_clusters_key_groups_of_positions(pipe, tmp_path):
+    assign = [p % 4 for p in range(N)]
+    path = tmp_path / "clusters.json"
+    path.write_text(json.dumps({"length": N, "n_clusters": 4, "assign": assign}))
+    with BlockSpy(pipe) as spy:
+        out = generate(pipe, [anchor(threshold=0.99, warmup=2, max_age=8, clusters=str(path))])
+    m = out.report["strategies"]["time-anchor"]
+    assert m["peak_entries"] == L * 4 and m["hits"] > 0
+    # a cluster is skipped as a whole: positions left out at a step are unions of clusters
+    comp = spy.computed(N)
+    cl = torch.tensor(assign)
+    for s in range(STEPS):
+        for i in range(L):
+            skipped = ~comp[s, i]
+            for c in range(4):
+                members = skipped[cl == c]
+                assert members.all() or not members.any() or comp[s, i].sum() == 1
+
+
+def test_clusters_shorter_than_the_run_are_an_error(pipe, tmp_path):
+    from diffaccel import ConfigValueError
+
+    path = tmp_path / "clusters.json"
+    path.write_text(json.dumps({"length": 8, "n_clusters": 2, "assign": [0, 1] * 4}))
+    with pytest.raises(ConfigValueError, match="key 'clusters'.*assigns 8 positions but the run generates 24"):
+        generate(pipe, [anchor(clusters=str(path))])
+
+
+def test_fp16_storage(pipe):
+    a32 = generate(pipe, [anchor(threshold=0.3, max_age=4)]).report["strategies"]["time-anchor"]
+    a16 = generate(pipe, [anchor(threshold=0.3, max_age=4, fp16=True)]).report["strategies"]["time-anchor"]
+    assert a16["peak_bytes"] * 2 == a32["peak_bytes"]
+    assert a16["hits"] > 0
+
+
+def test_byte_bound_below_the_demand_evicts_and_stays_bounded(pipe):
+    dim = pipe.denoiser.model.config.dim
+    bound = 10 * dim * 4  # 10 of the L * N = 72 entries a run wants
+    m = generate(pipe, [anchor(threshold=0.5, max_age=4, max_bytes=bound)]).report["strategies"]["time-anchor"]
+    assert m["peak_bytes"] <= bound and m["peak_entries"] == 10
+    assert m["evictions"] > 0
+    m2 = generate(pipe, [anchor(threshold=0.5, max_age=4, max_entries=7)]).report["strategies"]["time-anchor"]
+    assert m2["peak_entries"] == 7 and m2["evictions"] > 0
+
+
+def test_state_is_cleared_between_generations(pipe):
+    s = anchor(threshold=0.3, max_age=4)
+    first = generate(pipe, [s], seed=3)
+    second = generate(pipe, [s], seed=3)
+    assert torch.equal(first.tokens, second.tokens)
+    assert first.report["strategies"] == second.report["strategies"]
+
+
+def test_rows_are_anchored_separately(pipe):
+    out = generate(pipe, [anchor(threshold=0.3, max_age=4)], batch=2, prompt=["ab", "the cat"])
+    m = out.report["strategies"]["time-anchor"]
+    assert m["peak_entries"] == 2 * L * N  # one entry per row, layer and position
+
+
+def test_low_layers_settle_first_is_measured_per_layer(pipe):
+    m = generate(pipe, [anchor(threshold=0.3, max_age=4)]).report["strategies"]["time-anchor"]
+    assert len(m["anchored_per_layer"]) == L and len(m["anchored_by_step"][0]) == STEPS
+    assert m["layers"] == [f"block.{i}" for i in range(L)]
+
+
+class MaskRecorder:
+    name = "mask-recorder"
+
+    def __init__(self):
+        self.masked = []
+
+    @diffaccel.hookimpl
+    def diffaccel_post_step(self, run, output):
+        self.masked.append(output.masked[0].clone())
+
+
+def test_a_new_token_climbs_the_layers_at_once(pipe):
+    """A position whose token was just committed is recomputed at every layer even if anchored."""
+    rec = MaskRecorder()
+    with BlockSpy(pipe) as spy:
+        generate(pipe, [anchor(threshold=0.3, warmup=2, max_age=50), rec])
+    comp = spy.computed(N)
+    checked = 0
+    for s in range(3, STEPS):
+        committed = rec.masked[s - 2] & ~rec.masked[s - 1]  # committed at step s - 1: new input at step s
+        assert comp[s][:, committed].all(), s
+        checked += int(committed.sum())
+    assert checked >= STEPS - 4
+    # and little else runs: with max_age 50 most states stay anchored
+    assert comp[3:].float().mean() < 0.5
+
+
+def gate_file(tmp_path, n_layers, bias):
+    path = tmp_path / f"gate-{n_layers}-{bias}.json"
+    Gate(torch.zeros(n_layers, 17), torch.full((n_layers,), float(bias)),
+         [f"block.{i}" for i in range(n_layers)]).save(path)
+    return str(path)
+
+
+def test_an_open_gate_anchors_and_a_closed_gate_does_not(pipe, tmp_path):
+    open_ = generate(pipe, [anchor(gate=gate_file(tmp_path, L, 8.0), max_age=4)]).report["strategies"]["time-anchor"]
+    closed = generate(pipe, [anchor(gate=gate_file(tmp_path, L, -8.0), max_age=4)]).report["strategies"]["time-anchor"]
+    assert open_["hits"] > 0 and closed["hits"] == 0
+
+
+def test_gate_file_for_another_layer_count_is_an_error(pipe, tmp_path):
+    from diffaccel import ConfigValueError
+    from diffaccel.adapters.text.adapter import TextAdapter
+
+    s = anchor(gate=gate_file(tmp_path, L + 1, 0.0))
+    with pytest.raises(ConfigValueError, match=r"key 'gate': the gate file has 4 layers but the model has 3"):
+        s.setup(TextAdapter.info(pipe))
