@@ -245,7 +245,10 @@ class TimeAnchor:
         L = len(names)
         n_down = sum(1 for n in names if n.startswith("down_blocks."))
         depth = [depth_of(n, n_down) for n in names]
-        st.levels = [(d, [j for j in range(L) if depth[j] == d]) for d in sorted(set(depth), reverse=True) if d >= cfg.min_depth]
+        # depth d (from min_depth): the block whose output the shallower computed blocks read
+        # (up block of depth d; mid_block at the bottom) and every block of depth >= d below it
+        outputs = {depth[j]: j for j in range(L) if not names[j].startswith("down_blocks.")}
+        st.levels = [(outputs[d], [j for j in range(L) if depth[j] >= d]) for d in sorted(outputs) if d >= cfg.min_depth]
         st.keys = torch.arange(rows * L, device=device).view(rows, L)
         st.cache = LatentCache(rows * L, cfg.sketch, 1, max_entries=cfg.max_entries, max_bytes=cfg.max_bytes,
                                max_age=cfg.max_age, fp16=cfg.fp16, device=device)
@@ -255,21 +258,19 @@ class TimeAnchor:
             st.gate_open = (self.gate.probs(run.num_steps) > cfg.gate_threshold).to(device)
 
     def _unet_plan(self, st: _State, run) -> None:
-        """Choose the blocks to skip at this call: the deepest depths whose blocks are anchored
-        in every row, down to the first depth that is not."""
+        """Choose the blocks to skip at this call: below the shallowest depth whose output block
+        is anchored in every row (and both batched guidance halves), everything."""
         st.skip = frozenset()
         if st.cache is None or run.step < self.config.warmup:
             return
         live = st.cache.live(st.keys, run.step)  # (rows, blocks)
         st.anchored[:, run.step] = live.float().mean(0)
         ok = live.all(0).tolist()
-        skip: list[str] = []
         names = run.info["layers"]
-        for _d, blocks in st.levels:
-            if not all(ok[j] for j in blocks):
-                break
-            skip += [names[j] for j in blocks]
-        st.skip = frozenset(skip)
+        for out_block, below in st.levels:
+            if ok[out_block]:
+                st.skip = frozenset(names[j] for j in below)
+                return
 
     def _unet_block(self, run, layer, hidden):
         st = run.state(self)
