@@ -81,3 +81,50 @@ def draw(logits: "torch.Tensor | TopKLogits", banned: list[int], temperature: fl
     if ids is not None:
         choice = ids.gather(1, choice[:, None]).squeeze(1)
     return conf, choice
+
+
+def _subset(rows: "torch.Tensor | TopKLogits", keep: torch.Tensor) -> "torch.Tensor | TopKLogits":
+    if isinstance(rows, TopKLogits):
+        return TopKLogits(rows.values[keep], rows.indices[keep], rows.vocab_size)
+    return rows[keep]
+
+
+def draw_cdf(logits: "torch.Tensor | TopKLogits", banned: list[int], temperature: float,
+             gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Like ``draw``, from the same distribution, by inverse CDF: one uniform per row instead of
+    ``torch.multinomial``'s exponential per vocabulary entry (a different random stream)."""
+    if temperature <= 0:
+        return draw(logits, banned, temperature, gen)
+    if isinstance(logits, TopKLogits):
+        lg = logits.values.float().masked_fill(torch.isin(logits.indices, torch.tensor(banned, device=logits.indices.device)), -math.inf)
+        ids = logits.indices
+    else:
+        lg = logits.float().clone()
+        lg[:, banned] = -math.inf
+        ids = None
+    p = (lg / temperature).softmax(-1)
+    cdf = p.cumsum(-1)
+    u = torch.rand(p.shape[0], 1, generator=gen).to(p.device) * cdf[:, -1:]
+    # the first entry whose cumulative mass passes u: never a zero-probability (banned) token
+    choice = torch.searchsorted(cdf, u, right=True).clamp_(max=p.shape[1] - 1)
+    conf = p.gather(1, choice).squeeze(1)
+    if ids is not None:
+        choice = ids.gather(1, choice)
+    return conf, choice.squeeze(1)
+
+
+def draw_mixed(logits: "torch.Tensor | TopKLogits", cheap: torch.Tensor, banned: list[int], temperature: float,
+               gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """``draw`` for the rows where ``cheap`` (M,) is False, ``draw_cdf`` where it is True."""
+    if not bool(cheap.any()):
+        return draw(logits, banned, temperature, gen)
+    if bool(cheap.all()):
+        return draw_cdf(logits, banned, temperature, gen)
+    exact = ~cheap
+    conf_e, choice_e = draw(_subset(logits, exact), banned, temperature, gen)
+    conf_c, choice_c = draw_cdf(_subset(logits, cheap), banned, temperature, gen)
+    conf = torch.empty(cheap.shape[0], dtype=conf_e.dtype, device=conf_e.device)
+    choice = torch.empty(cheap.shape[0], dtype=torch.long, device=choice_e.device)
+    conf[exact], choice[exact] = conf_e, choice_e
+    conf[cheap], choice[cheap] = conf_c, choice_c
+    return conf, choice

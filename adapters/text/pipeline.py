@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from diffaccel.state import Layer, RunState
 
-from .logits import TopKLogits, clean_estimate, draw
+from .logits import TopKLogits, clean_estimate, draw, draw_mixed
 from .model import KVCache, _gather_rows
 
 SAMPLERS = ("masked", "ddim", "ddpm", "hybrid")
@@ -352,7 +352,11 @@ class TextDiffusionPipeline:
                         continue
                     k = math.ceil(cand.numel() / (n_steps - j))
                     rows = logits.rows(r, cand) if isinstance(logits, TopKLogits) else logits[r, cand]
-                    conf, choice = draw(rows, banned, temperature, gens[r])
+                    cheap = run.plan.cdf_draw if run.plan is not None else None
+                    if cheap is None:
+                        conf, choice = draw(rows, banned, temperature, gens[r])
+                    else:
+                        conf, choice = draw_mixed(rows, cheap[r, cand].to(x.device), banned, temperature, gens[r])
                     top = torch.topk(conf, k).indices
                     x[r, cand[top]] = choice[top]
                 self._post(ctx, accel, x, logits, x == ctx.den.mask_id, fixed)

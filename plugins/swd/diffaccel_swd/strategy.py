@@ -1,0 +1,225 @@
+"""The ``swd`` strategy: stable window decoding for text diffusion LMs.
+
+After each step, a position is *stable* when its top-1 token was the same for the last ``K``
+steps and the mean probability of that token over those steps is at least ``tau``. The next
+step computes only the unstable positions widened by ``R`` on each side (the text adapter's
+partial computation); stable positions keep their last logits and serve their cached keys and
+values. In the continuous samplers the stale logits of a stable position make the sampler's
+DDIM update advance it in closed form from its last clean estimate (``stable_latents =
+"advance"``), or its latent is frozen (``"hold"``).
+
+Masked sampler specifics: a position whose input token changed (committed at the last step) is
+unstable for the next step, since its cached keys and values still see ``[MASK]``; the whole
+forward pass is reused (``exact_skip``) when no input token and no computed top-1 changed and
+the model is not time-conditioned, which is then exact (MDLM's cache).
+
+State is per run, per guidance branch (``run.state``), with a leading batch dimension: rows
+never influence each other's decisions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import torch
+import torch.nn.functional as F
+
+from diffaccel import hookimpl
+from diffaccel.errors import ConfigError
+from diffaccel.state import StepPlan
+from diffaccel.validators import in_range, one_of
+
+#: Defaults chosen per sampler on the shipped models (see the README's sweep). In the masked
+#: sampler the masked positions that remain are, by construction, the unconfident ones (the
+#: confident ones are committed first), so a high ``tau`` would only ever mark committed
+#: positions; its default asks for an unchanged top-1 only.
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "masked": {"tau": 0.01, "K": 4},
+    "continuous": {"tau": 0.95, "K": 3},
+}
+
+
+@attrs.frozen(kw_only=True)
+class SWDConfig:
+    """Keys of ``[[strategy]] use = "swd"``."""
+
+    tau: float | None = attrs.field(default=None, validator=in_range(0.0, 1.0, lo_open=True))
+    """Stable needs the mean top-1 probability over the last K steps to be at least tau, in (0, 1]. Default per sampler: masked 0.01 (top-1 unchanged is what counts), ddim/ddpm/hybrid 0.95."""
+    K: int | None = attrs.field(default=None, validator=in_range(1, None))
+    """Stable needs the same top-1 token for the last K steps (K >= 1). Default per sampler: masked 4, ddim/ddpm/hybrid 3."""
+    R: int = attrs.field(default=2, validator=in_range(0, None))
+    """Each unstable position is widened by R positions on both sides (clipped to the sequence), R >= 0."""
+    R_end: int | None = attrs.field(default=None, validator=in_range(0, None))
+    """R at the last step; between the first and the last step R moves linearly from R to R_end (None: R throughout)."""
+    stable_latents: str = attrs.field(default="advance", validator=one_of(("advance", "hold")))
+    """Continuous samplers: what happens to the latent of a position not computed. advance: the sampler's update from its last clean estimate (closed form, no model call). hold: the latent is frozen."""
+    cdf_draws: bool = True
+    """Masked sampler: a position not computed draws its token again from its unchanged probabilities by inverse CDF (the same distribution as the sampler's torch.multinomial draw, another random stream, far cheaper at a 4096-token vocabulary). false: the sampler's own draw everywhere."""
+    exact_skip: bool = True
+    """Reuse the whole last forward pass when no input token and no top-1 token changed in a step and the model is not time-conditioned (exact)."""
+    early_stop: bool = True
+    """End the generation once every position is stable (masked sampler: and nothing is left to commit); the report says at which step."""
+    refresh_every: int = attrs.field(default=0, validator=in_range(0, None))
+    """Compute every position at every refresh_every-th step (0: only at the first step)."""
+
+
+def update_stability(run_len: torch.Tensor, probs: torch.Tensor, prev_top1: torch.Tensor, top1: torch.Tensor,
+                     top1_prob: torch.Tensor, step: int, K: int, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step of the stability test, per position (B, N).
+
+    ``run_len`` counts the consecutive steps with the same top-1 (updated in place); ``probs``
+    (K, B, N) is a ring of the last K top-1 probabilities (written in place at ``step % K``).
+    Returns (stable, top1_changed).
+    """
+    changed = top1 != prev_top1
+    run_len.add_(1).masked_fill_(changed, 1)
+    probs[step % K] = top1_prob
+    # run_len >= K implies the ring holds K probabilities of this same token
+    stable = (run_len >= K) & (probs.mean(0) >= tau)
+    return stable, changed
+
+
+def widen(unstable: torch.Tensor, R: int) -> torch.Tensor:
+    """Positions within R of an unstable one (B, N) bool, clipped to the sequence."""
+    if R == 0:
+        return unstable.clone()
+    x = unstable.float().unsqueeze(1)
+    return F.max_pool1d(x, kernel_size=2 * R + 1, stride=1, padding=R).squeeze(1) > 0
+
+
+def radius_at(step: int, num_steps: int, R: int, R_end: int | None) -> int:
+    """R at ``step`` (0-based): constant, or linear from R at the first step to R_end at the last."""
+    if R_end is None or num_steps <= 1:
+        return R
+    return round(R + (R_end - R) * step / (num_steps - 1))
+
+
+class SWD:
+    """Strategy instance; one per ``[[strategy]]`` table, reused across runs (state lives in the run)."""
+
+    name = "swd"  # the core overwrites it from the config; set here for instances built by hand
+
+    def __init__(self, config: SWDConfig | None = None):
+        self.config = config or SWDConfig()
+
+    def setup(self, info: dict[str, Any]) -> None:
+        adapter = info.get("adapter", "text")
+        if adapter != "text":
+            raise ConfigError(f"strategy 'swd' runs on the text adapter only, not on the '{adapter}' adapter")
+
+    def resolved(self, sampler: str) -> tuple[float, int]:
+        """(tau, K) for a sampler: the config's values, or the sampler's defaults."""
+        d = DEFAULTS["masked" if sampler == "masked" else "continuous"]
+        c = self.config
+        return (d["tau"] if c.tau is None else c.tau), (d["K"] if c.K is None else c.K)
+
+    def new_state(self, run) -> dict[str, Any]:
+        tau, K = self.resolved(run.info.get("sampler", "masked"))
+        return {"tau": tau, "K": K, "run_len": None, "probs": None, "top1": None, "tokens": None, "latents": None,
+                "next": None, "reuse": False, "first_stable": None, "computed": [], "stable": [],
+                "reused": 0, "stopped_at": None}
+
+    @hookimpl
+    def diffaccel_run_start(self, run) -> None:
+        if run.adapter != "text":
+            raise ConfigError(f"strategy 'swd' runs on the text adapter only, not on the '{run.adapter}' adapter")
+        run.state(self)
+
+    @hookimpl
+    def diffaccel_pre_step(self, run) -> StepPlan | None:
+        st, every = run.state(self), self.config.refresh_every
+        if st["next"] is None or (every and run.step % every == 0):
+            return StepPlan()  # first step (and refresh steps): every position
+        cheap = ~st["next"] if self.config.cdf_draws else None
+        # positions too when reusing: if another strategy's plan does not reuse, the merge computes these
+        return StepPlan(positions=st["next"], reuse_step=st["reuse"], cdf_draw=cheap)
+
+    @hookimpl
+    def diffaccel_post_step(self, run, output) -> None:
+        st, c = run.state(self), self.config
+        top1, B, N = output.top1, *output.top1.shape
+        masked_sampler = output.masked is not None
+        computed = _computed_mask(output.computed, B, N, top1.device)
+        if masked_sampler:
+            # MDLM's carry-over: a committed position's estimate is its token, with certainty
+            top1 = torch.where(output.masked, top1, output.tokens)
+        if st["top1"] is None:
+            st["run_len"] = torch.zeros(B, N, dtype=torch.long, device=top1.device)
+            st["probs"] = torch.zeros(st["K"], B, N, device=top1.device)
+            st["first_stable"] = torch.full((B, N), -1, dtype=torch.long, device=top1.device)
+            st["top1"] = top1
+        prob = output.top1_prob.float()
+        if masked_sampler:
+            prob = prob.masked_fill(~output.masked, 1.0)
+        stable, top1_changed = update_stability(st["run_len"], st["probs"], st["top1"], top1, prob,
+                                                run.step, st["K"], st["tau"])
+        st["top1"] = top1.clone()
+        if output.fixed is not None:
+            stable |= output.fixed  # prompt / condition positions: never recomputed for their own sake
+        input_changed = None
+        if masked_sampler:
+            # tokens committed at this step: their cached keys and values still see [MASK]
+            if st["tokens"] is None:  # the first input was [MASK] wherever the sequence is not fixed
+                input_changed = ~output.masked if output.fixed is None else ~output.masked & ~output.fixed
+            else:
+                input_changed = output.tokens != st["tokens"]
+            stable &= ~input_changed
+            st["tokens"] = output.tokens.clone()  # the sampler writes its sequence in place
+        elif c.stable_latents == "hold" and getattr(output, "latents", None) is not None:
+            self._hold(st, output, computed)
+        st["first_stable"].masked_fill_(stable & (st["first_stable"] < 0), run.step)
+        st["next"] = widen(~stable, radius_at(run.step + 1, run.num_steps, c.R, c.R_end))
+        st["reuse"] = bool(c.exact_skip and input_changed is not None and not run.info.get("time_conditioned", True)
+                           and not input_changed.any() and not (top1_changed & computed).any())
+        st["computed"].append(float(computed.float().mean()))
+        st["stable"].append(float(stable.float().mean()))
+        st["reused"] += int(output.computed is not None and output.computed.shape[1] == 0)
+        if c.early_stop and bool(stable.all()) and not (masked_sampler and bool(output.masked.any())):
+            run.stop = True
+            st["stopped_at"] = run.step
+
+    def _hold(self, st: dict[str, Any], output, computed: torch.Tensor) -> None:
+        """Freeze the latents of the positions not computed at this step (continuous samplers)."""
+        z = output.latents
+        if st["latents"] is not None:
+            hold = ~computed
+            if output.fixed is not None:
+                hold &= ~output.fixed  # the sampler drives prompt latents itself
+            z[hold] = st["latents"][hold]
+        st["latents"] = z.clone()
+
+    @hookimpl
+    def diffaccel_finalize(self, run, final) -> None:
+        st = run.state(self)
+        steps = len(st["computed"])
+        run.metrics[self.name] = {
+            "tau": st["tau"], "K": st["K"], "R": self.config.R, "R_end": self.config.R_end,
+            "sampler": run.info.get("sampler"),
+            "computed_per_step": st["computed"],
+            "stable_per_step": st["stable"],
+            "mean_computed": sum(st["computed"]) / steps if steps else 1.0,
+            "steps_reused": st["reused"],
+            "stopped_at": st["stopped_at"],
+            "first_stable_step": st["first_stable"].tolist() if st["first_stable"] is not None else [],
+        }
+
+    @hookimpl
+    def diffaccel_run_end(self, run) -> None:
+        st = run.state(self)
+        for key in ("run_len", "probs", "top1", "tokens", "latents", "next"):
+            st[key] = None
+
+    @staticmethod
+    def bench_plot(reports: list[dict[str, Any]], path) -> None:
+        from .plot import stability_curve
+
+        stability_curve(reports, path)
+
+
+def _computed_mask(computed: torch.Tensor | None, B: int, N: int, device) -> torch.Tensor:
+    """(B, M) long positions computed at this step (None: all) -> (B, N) bool."""
+    if computed is None:
+        return torch.ones(B, N, dtype=torch.bool, device=device)
+    mask = torch.zeros(B, N, dtype=torch.bool, device=device)
+    return mask.scatter_(1, computed, True) if computed.shape[1] else mask

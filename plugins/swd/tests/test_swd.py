@@ -1,0 +1,433 @@
+"""Tests of the swd strategy on tiny random text diffusion LMs (``diffaccel.testing``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+import diffaccel
+import diffaccel_swd
+from diffaccel import ConfigError, ConfigValueError, hookimpl
+from diffaccel.adapters.text.logits import TopKLogits, draw_cdf, draw_mixed
+from diffaccel.adapters.text.pipeline import TextStepOutput
+from diffaccel.config import parse_config
+from diffaccel.state import RunState, StepPlan
+from diffaccel.testing import run_with, tiny_text_pipeline
+from diffaccel_swd import SWD, SWDConfig, radius_at, update_stability, widen
+
+
+def swd(**kw) -> SWD:
+    return SWD(SWDConfig(**kw))
+
+
+@pytest.fixture(scope="module")
+def masked_pipe():
+    return tiny_text_pipeline("masked")
+
+
+@pytest.fixture(scope="module")
+def cont_pipe():
+    return tiny_text_pipeline("continuous")
+
+
+# ---- the stability test -----------------------------------------------------------------
+
+def test_stable_needs_K_equal_top1_and_mean_probability_at_least_tau():
+    K, tau = 3, 0.5
+    run_len = torch.zeros(1, 3, dtype=torch.long)
+    probs = torch.zeros(K, 1, 3)
+    prev = torch.tensor([[5, 5, 5]])
+    # position 0: same token, high probability; 1: same token, low probability; 2: changes at step 1
+    seq = [([5, 5, 5], [0.9, 0.2, 0.9]), ([5, 5, 6], [0.9, 0.2, 0.9]), ([5, 5, 6], [0.9, 0.2, 0.9]),
+           ([5, 5, 6], [0.1, 0.2, 0.9])]
+    out = []
+    for step, (tok, p) in enumerate(seq):
+        top1 = torch.tensor([tok])
+        stable, changed = update_stability(run_len, probs, prev, top1, torch.tensor([p]), step, K, tau)
+        prev = top1
+        out.append((stable[0].tolist(), changed[0].tolist()))
+    assert [s for s, _ in out[:2]] == [[False, False, False]] * 2  # fewer than K steps seen
+    assert out[1][1] == [False, False, True]
+    assert out[2][0] == [True, False, False]  # 3 equal steps at 0.9; 0.2 < tau; position 2 restarted at step 1
+    # step 3: position 0's mean over the last 3 steps is (0.9 + 0.9 + 0.1) / 3 = 0.63 >= 0.5; position 2 has run 3
+    assert out[3][0] == [True, False, True]
+    assert run_len.tolist() == [[4, 4, 3]]
+
+
+def test_mean_probability_is_over_the_last_K_steps_only():
+    K, tau = 2, 0.5
+    run_len = torch.zeros(1, 1, dtype=torch.long)
+    probs = torch.zeros(K, 1, 1)
+    top1 = torch.tensor([[7]])
+    results = []
+    for step, p in enumerate([0.9, 0.9, 0.1, 0.1, 0.9, 0.9]):
+        stable, _ = update_stability(run_len, probs, top1, top1, torch.tensor([[p]]), step, K, tau)
+        results.append(bool(stable))
+    assert results == [False, True, True, False, True, True]  # (0.9+0.1)/2 = 0.5 counts as stable
+
+
+def test_widen_by_R_on_both_sides_clipped_to_the_sequence():
+    u = torch.zeros(2, 10, dtype=torch.bool)
+    u[0, 0] = u[0, 5] = True
+    u[1, 9] = True
+    assert widen(u, 0).tolist() == u.tolist()
+    w = widen(u, 2)
+    assert w[0].nonzero().squeeze(1).tolist() == [0, 1, 2, 3, 4, 5, 6, 7]
+    assert w[1].nonzero().squeeze(1).tolist() == [7, 8, 9]
+    assert widen(torch.zeros(1, 4, dtype=torch.bool), 3).sum() == 0
+
+
+def test_radius_schedule_is_constant_or_linear_from_R_to_R_end():
+    assert [radius_at(s, 5, 2, None) for s in range(5)] == [2] * 5
+    assert [radius_at(s, 5, 0, 4) for s in range(5)] == [0, 1, 2, 3, 4]
+    assert radius_at(0, 100, 1, 3) == 1 and radius_at(99, 100, 1, 3) == 3 and radius_at(50, 100, 1, 3) == 2
+    assert radius_at(0, 1, 1, 3) == 1
+
+
+# ---- a run ----------------------------------------------------------------------------------
+
+def test_first_step_full_then_fewer_positions(masked_pipe):
+    s = swd(tau=0.01, K=1, R=0)
+    out = run_with(masked_pipe, [s], length=24, steps=24, seed=0, temperature=1.0)
+    m = out.report["strategies"]["swd"]
+    assert m["computed_per_step"][0] == 1.0
+    assert m["mean_computed"] < 0.6
+    assert out.report["counters"]["fraction_computed"] < 0.6
+    assert len(m["first_stable_step"]) == 1 and len(m["first_stable_step"][0]) == 24
+
+
+def test_first_step_plan_covers_every_position():
+    s = swd()
+    run = RunState(adapter="text", num_steps=4, batch_size=1)
+    run.info.update(sampler="masked", time_conditioned=False)
+    run.step = 0
+    s.diffaccel_run_start(run)
+    plan = s.diffaccel_pre_step(run)
+    assert plan is not None and plan.positions is None and not plan.reuse_step
+    # merged with another strategy's narrower plan, the first step still computes everything
+    merged = StepPlan.merge([plan, StepPlan(positions=torch.zeros(1, 4, dtype=torch.bool))])
+    assert merged.positions is None
+
+
+def _step_output(top1, prob, tokens=None, masked=None, fixed=None, computed=None):
+    top1 = torch.tensor(top1)
+    return TextStepOutput(tokens=tokens if tokens is not None else top1.clone(), top1=top1,
+                          top1_prob=torch.tensor(prob), logits=torch.zeros(*top1.shape, 8), computed=computed,
+                          masked=masked, fixed=fixed)
+
+
+def _continuous_run(num_steps=10, batch=2):
+    run = RunState(adapter="text", num_steps=num_steps, batch_size=batch)
+    run.info.update(sampler="ddim", time_conditioned=True)
+    return run
+
+
+def test_rows_decide_independently():
+    s = swd(tau=0.5, K=2, R=1, early_stop=False)
+    run = _continuous_run()
+    s.diffaccel_run_start(run)
+    for step in range(4):
+        run.step = step
+        s.diffaccel_pre_step(run)
+        # row 0 keeps its tokens; row 1's position 2 flips every step
+        row1 = [1, 1, 9 if step % 2 else 8, 1, 1, 1]
+        s.diffaccel_post_step(run, _step_output([[1] * 6, row1], [[0.9] * 6, [0.9] * 6]))
+    nxt = run.state(s)["next"]
+    assert nxt[0].tolist() == [False] * 6
+    assert nxt[1].tolist() == [False, True, True, True, False, False]
+
+
+def test_fixed_positions_count_as_stable():
+    s = swd(tau=0.9, K=3, R=0, early_stop=False)
+    run = _continuous_run(batch=1)
+    s.diffaccel_run_start(run)
+    fixed = torch.tensor([[True, True, False, False]])
+    for step in range(2):
+        run.step = step
+        s.diffaccel_pre_step(run)
+        # every top-1 changes at every step, with low probability
+        s.diffaccel_post_step(run, _step_output([[step] * 4], [[0.1] * 4], fixed=fixed))
+    st = run.state(s)
+    assert st["next"][0].tolist() == [False, False, True, True]
+    assert st["first_stable"][0].tolist() == [0, 0, -1, -1]
+
+
+def test_fixed_prompt_positions_are_not_recomputed(masked_pipe):
+    s = swd(tau=0.01, K=1, R=0)
+    out = run_with(masked_pipe, [s], prompt="hello world", length=24, steps=24, seed=0)
+    first = out.report["strategies"]["swd"]["first_stable_step"][0]
+    assert first[:11] == [0] * 11
+
+
+def test_committed_positions_are_recomputed_at_the_next_step():
+    s = swd(tau=0.01, K=1, R=0, early_stop=False)
+    run = RunState(adapter="text", num_steps=4, batch_size=1)
+    run.info.update(sampler="masked", time_conditioned=False)
+    s.diffaccel_run_start(run)
+    M = 2  # mask id
+    steps = [[M, M, M, M], [5, M, M, M], [5, M, 6, M]]
+    for step, tokens in enumerate(steps):
+        run.step = step
+        s.diffaccel_pre_step(run)
+        t = torch.tensor([tokens])
+        s.diffaccel_post_step(run, _step_output([[5, 7, 6, 7]], [[0.9] * 4], tokens=t, masked=t == M))
+        changed = [i for i in range(4) if steps[step][i] != (steps[step - 1][i] if step else M)]
+        assert run.state(s)["next"][0].nonzero().squeeze(1).tolist() == changed
+
+
+def test_early_stop_when_every_position_is_stable(cont_pipe):
+    kw = dict(length=16, steps=30, seed=0, temperature=0.7)
+    out = run_with(cont_pipe, [swd(tau=0.01, K=1, R=0)], **kw)
+    m = out.report["strategies"]["swd"]
+    assert m["stopped_at"] is not None and out.report["steps_run"] == m["stopped_at"] + 1 < 30
+    assert m["stable_per_step"][-1] == 1.0
+    full = run_with(cont_pipe, [swd(tau=0.01, K=1, R=0, early_stop=False)], **kw)
+    assert full.report["steps_run"] == 30 and full.report["strategies"]["swd"]["stopped_at"] is None
+
+
+def test_masked_sampler_does_not_stop_while_tokens_remain_masked(masked_pipe):
+    out = run_with(masked_pipe, [swd(tau=0.01, K=1, R=0)], length=16, steps=16, seed=0)
+    assert out.report["steps_run"] == 16
+    assert (out.tokens != 2).all()
+
+
+@pytest.mark.parametrize("time_conditioned, expect_reuse", [(False, True), (True, False)])
+def test_exact_skip_only_when_not_time_conditioned(time_conditioned, expect_reuse):
+    # 32 steps for 16 tokens: once every token is committed the input stops changing
+    pipe = tiny_text_pipeline("masked", time_conditioned=time_conditioned)
+    kw = dict(length=16, steps=32, seed=0)
+    out = run_with(pipe, [swd(tau=0.01, K=1, R=0, early_stop=False)], **kw)
+    reused = out.report["counters"]["steps_reused"]
+    assert (reused > 0) == expect_reuse
+    assert out.report["strategies"]["swd"]["steps_reused"] == reused
+    off = run_with(pipe, [swd(tau=0.01, K=1, R=0, early_stop=False, exact_skip=False)], **kw)
+    assert off.report["counters"]["steps_reused"] == 0
+    assert torch.equal(off.tokens, out.tokens)  # exact: the reuse changes nothing
+
+
+def test_hold_freezes_the_latents_of_positions_not_computed(cont_pipe):
+    seen = []
+
+    class Spy:
+        name = "spy"
+
+        @hookimpl
+        def diffaccel_post_step(self, run, output):
+            seen.append((output.latents.clone(), None if output.computed is None else output.computed.clone()))
+
+    run_with(cont_pipe, [swd(tau=0.01, K=1, R=0, stable_latents="hold", early_stop=False), Spy()],
+             length=16, steps=12, seed=0)
+    held = 0
+    for (prev, _), (z, computed) in zip(seen, seen[1:]):
+        mask = torch.ones(z.shape[:2], dtype=torch.bool)
+        if computed is not None:
+            mask[:] = False
+            mask.scatter_(1, computed, True)
+        held += int((~mask).sum())
+        assert torch.equal(z[~mask], prev[~mask])
+    assert held > 0
+    advanced = []
+    seen.clear()
+    run_with(cont_pipe, [swd(tau=0.01, K=1, R=0, early_stop=False), Spy()], length=16, steps=12, seed=0)
+    for (prev, _), (z, computed) in zip(seen, seen[1:]):
+        if computed is not None:
+            mask = torch.zeros(z.shape[:2], dtype=torch.bool).scatter_(1, computed, True)
+            advanced.append(not torch.equal(z[~mask], prev[~mask]))
+    assert any(advanced)  # "advance": the sampler's update moves them without the model
+
+
+def test_state_is_kept_per_guidance_branch():
+    s = swd(tau=0.5, K=1, R=0, early_stop=False)
+    run = _continuous_run(batch=1)
+    s.diffaccel_run_start(run)
+    run.step = 0
+    for branch, top1 in (("cond", [[1, 1]]), ("uncond", [[2, 2]])):
+        run.branch = branch
+        s.diffaccel_post_step(run, _step_output(top1, [[0.9, 0.2]]))
+    run.branch = "cond"
+    assert run.state(s)["top1"].tolist() == [[1, 1]]
+    run.branch = "uncond"
+    assert run.state(s)["top1"].tolist() == [[2, 2]]
+
+
+def test_defaults_depend_on_the_sampler():
+    s = swd()
+    assert s.resolved("masked") == (diffaccel_swd.strategy.DEFAULTS["masked"]["tau"], diffaccel_swd.strategy.DEFAULTS["masked"]["K"])
+    assert s.resolved("hybrid") == (diffaccel_swd.strategy.DEFAULTS["continuous"]["tau"], diffaccel_swd.strategy.DEFAULTS["continuous"]["K"])
+    assert swd(tau=0.3, K=7).resolved("masked") == (0.3, 7)
+
+
+def test_reruns_start_fresh(masked_pipe):
+    s = swd(tau=0.01, K=2, R=1)
+    a = run_with(masked_pipe, [s], length=24, steps=24, seed=3)
+    b = run_with(masked_pipe, [s], length=24, steps=24, seed=3)
+    assert torch.equal(a.tokens, b.tokens) and a.report == b.report
+
+
+# ---- the cheaper draw of positions not computed (masked sampler) ----------------------------
+
+def test_cdf_draw_follows_the_softmax_and_never_draws_banned_tokens():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, 3.0]]).repeat(20000, 1)
+    gen = torch.Generator().manual_seed(0)
+    conf, choice = draw_cdf(logits, [4], 1.0, gen)
+    p = torch.tensor([2.0, 1.0, 0.0, -1.0, -math.inf]).softmax(-1)
+    freq = torch.bincount(choice, minlength=5).float() / choice.numel()
+    assert freq[4] == 0
+    assert torch.allclose(freq, p, atol=0.015)
+    assert torch.allclose(conf, p[choice])
+    assert logits[0, 4] == 3.0  # the caller's logits are left alone
+
+
+def test_cdf_draw_on_truncated_logits_returns_token_ids():
+    tk = TopKLogits(values=torch.tensor([[5.0, 4.0]]).repeat(1000, 1), indices=torch.tensor([[17, 3]]).repeat(1000, 1), vocab_size=20)
+    conf, choice = draw_cdf(tk, [3], 1.0, torch.Generator().manual_seed(0))
+    assert set(choice.tolist()) == {17} and torch.allclose(conf, torch.ones(1000))
+
+
+def test_draw_mixed_uses_each_draw_where_asked():
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(1))
+    cheap = torch.tensor([True, False, True, False, False, True])
+    conf, choice = draw_mixed(logits, cheap, [0], 1.0, torch.Generator().manual_seed(2))
+    g = torch.Generator().manual_seed(2)
+    from diffaccel.adapters.text.logits import draw
+    c_e, ch_e = draw(logits[~cheap], [0], 1.0, g)
+    c_c, ch_c = draw_cdf(logits[cheap], [0], 1.0, g)
+    assert choice[~cheap].tolist() == ch_e.tolist() and choice[cheap].tolist() == ch_c.tolist()
+    # temperature 0 is the argmax either way
+    _, arg = draw_mixed(logits, cheap, [0], 0.0, g)
+    masked = logits.clone()
+    masked[:, 0] = -math.inf
+    assert arg.tolist() == masked.argmax(-1).tolist()
+
+
+def test_plans_merge_the_cheap_draw_only_where_every_plan_allows_it():
+    a = torch.tensor([[True, True, False]])
+    b = torch.tensor([[True, False, False]])
+    assert StepPlan.merge([StepPlan(cdf_draw=a), StepPlan(cdf_draw=b)]).cdf_draw.tolist() == [[True, False, False]]
+    assert StepPlan.merge([StepPlan(cdf_draw=a), StepPlan()]).cdf_draw is None
+
+
+def test_cdf_draws_switch(masked_pipe):
+    seen = []
+
+    class Spy:
+        name = "spy"
+
+        @hookimpl
+        def diffaccel_pre_step(self, run):
+            return None
+
+        @hookimpl
+        def diffaccel_post_step(self, run, output):
+            seen.append(run.plan.cdf_draw if run.plan is not None else None)
+
+    run_with(masked_pipe, [swd(tau=0.01, K=1, R=0), Spy()], length=16, steps=16, seed=0)
+    assert seen[0] is None and any(c is not None and bool(c.any()) for c in seen[1:])
+    seen.clear()
+    run_with(masked_pipe, [swd(tau=0.01, K=1, R=0, cdf_draws=False), Spy()], length=16, steps=16, seed=0)
+    assert all(c is None for c in seen)
+
+
+# ---- configuration and bad input ------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, key, words", [
+    ({"tau": 0.0}, "tau", "(0.0, 1.0]"),
+    ({"tau": -0.5}, "tau", "(0.0, 1.0]"),
+    ({"tau": 1.5}, "tau", "(0.0, 1.0]"),
+    ({"K": 0}, "K", "[1, inf)"),
+    ({"R": -1}, "R", "[0, inf)"),
+    ({"R_end": -2}, "R_end", "[0, inf)"),
+    ({"refresh_every": -1}, "refresh_every", "[0, inf)"),
+    ({"stable_latents": "freeze"}, "stable_latents", "'advance', 'hold'"),
+])
+def test_bad_values_name_the_key(kwargs, key, words):
+    with pytest.raises(ConfigValueError) as err:
+        SWDConfig(**kwargs)
+    assert err.value.key == key and words in err.value.message
+
+
+def registry():
+    import diffaccel_topk
+
+    reg = diffaccel.Registry(load_entrypoints=False)
+    reg.register_plugin(diffaccel_swd, name="swd")
+    reg.register_plugin(diffaccel_topk, name="topk")
+    return reg
+
+
+MODEL = {"adapter": "text", "checkpoint": "unused", "length": 16, "steps": 16}
+
+
+@pytest.mark.parametrize("table, words", [
+    ({"tau": 0}, "key 'tau': must be in (0.0, 1.0], got 0"),
+    ({"tau": 2.0}, "key 'tau': must be in (0.0, 1.0], got 2.0"),
+    ({"K": 0}, "key 'K': must be in [1, inf), got 0"),
+    ({"K": 2.5}, "key 'K': expected"),
+    ({"R": -3}, "key 'R': must be in [0, inf), got -3"),
+    ({"radius": 2}, "unknown key 'radius'"),
+])
+def test_config_file_errors_name_table_and_key(table, words):
+    with pytest.raises(ConfigError) as err:
+        parse_config({"model": MODEL, "strategy": [{"use": "swd", **table}]}, source="x.toml", registry=registry())
+    msg = str(err.value)
+    assert msg.startswith("x.toml: [[strategy]] #1 (swd): ") and words in msg and "\n" not in msg
+
+
+def test_unet_adapter_is_rejected_by_name():
+    with pytest.raises(ConfigError) as err:
+        parse_config({"model": {"adapter": "unet", "checkpoint": "digits"}, "strategy": [{"use": "swd"}]},
+                     source="u.toml", registry=registry())
+    assert "does not support adapter 'unet'" in str(err.value)
+    with pytest.raises(ConfigError, match="text adapter only, not on the 'unet' adapter"):
+        swd().setup({"adapter": "unet"})
+    with pytest.raises(ConfigError, match="'unet' adapter"):
+        swd().diffaccel_run_start(RunState(adapter="unet", num_steps=2, batch_size=1))
+
+
+def test_cli_exits_2_on_bad_input(tmp_path, capsys):
+    from diffaccel.cli import main
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[model]\nadapter = "text"\ncheckpoint = "wordnet-masked"\n\n[[strategy]]\nuse = "swd"\nR = -1\n')
+    assert main(["check", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "key 'R': must be in [0, inf), got -1" in err and "Traceback" not in err
+
+
+def test_composes_with_topk_in_one_config(masked_pipe):
+    cfg = parse_config({"model": {**MODEL, "temperature": 0.0},
+                        "strategy": [{"use": "swd", "tau": 0.01, "K": 1, "R": 0}, {"use": "topk", "k": 3, "k_keep": 8}]},
+                       registry=registry())
+    with diffaccel.apply(masked_pipe, cfg, registry=registry()):
+        out = masked_pipe(length=16, steps=16, seed=0, temperature=0.0, progress=False)
+    assert set(out.report["strategies"]) == {"swd", "topk"}
+    assert out.report["counters"]["fraction_computed"] < 1.0
+    assert out.report["strategies"]["topk"]["steps_truncated"] == 16
+    assert (out.tokens != 2).all()
+
+
+def test_shipped_configs_are_valid():
+    root = Path(__file__).resolve().parents[3] / "configs"
+    for name in ("text-swd.toml", "text-continuous-swd.toml"):
+        cfg = diffaccel.load_config(root / name)
+        assert [s.name for s in cfg.strategies] == ["swd"]
+
+
+def test_bench_plot_writes_a_png(masked_pipe, tmp_path):
+    reports = [run_with(masked_pipe, [swd(tau=0.01, K=2, R=1)], length=16, steps=16, seed=s).report for s in (0, 1)]
+    path = tmp_path / "curve.png"
+    SWD.bench_plot(reports, path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sweep_varies_one_key_at_a_time():
+    spec = importlib.util.spec_from_file_location("swd_sweep", Path(__file__).resolve().parents[1] / "sweep.py")
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    combos = sweep.combinations([0.01, 0.5], [2, 4], [0, 1, 2], vary_one=True)
+    assert combos == [(0.01, 2, 0), (0.5, 2, 0), (0.01, 4, 0), (0.01, 2, 1), (0.01, 2, 2)]
+    assert len(sweep.combinations([0.01, 0.5], [2, 4], [0, 1, 2], vary_one=False)) == 12
