@@ -64,6 +64,7 @@ class _RunContext:
         self.c = None
         self.step_idx: torch.Tensor | None = None
         self.logits: torch.Tensor | None = None
+        self.top1: tuple[torch.Tensor, torch.Tensor] | None = None  # (prob, token) of ``logits``, for post_step
         self.layers = [TextLayer(i, self) for i in range(den.n_layers)]
 
 
@@ -322,8 +323,17 @@ class TextDiffusionPipeline:
         if isinstance(logits, TopKLogits):
             topk, logits = logits, ctx.logits
             top1_prob, top1 = topk.top1()
+        elif logits is ctx.logits and ctx.top1 is not None and ctx.step_idx is not None:
+            # only the rows computed this step changed: refresh their top-1, keep the others'
+            idx = ctx.step_idx
+            if idx.shape[1]:
+                p, j = _gather_rows(logits, idx).float().softmax(-1).max(-1)
+                ctx.top1[0].scatter_(1, idx, p)
+                ctx.top1[1].scatter_(1, idx, j)
+            top1_prob, top1 = ctx.top1[0].clone(), ctx.top1[1].clone()
         else:
             top1_prob, top1 = logits.float().softmax(-1).max(-1)
+        ctx.top1 = (top1_prob.clone(), top1.clone()) if logits is ctx.logits and topk is None else None
         accel.post_step(run, TextStepOutput(tokens=tokens, top1=top1, top1_prob=top1_prob, logits=logits,
                                             computed=ctx.step_idx, masked=masked, fixed=fixed, latents=latents,
                                             topk=topk))

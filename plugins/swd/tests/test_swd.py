@@ -431,3 +431,22 @@ def test_sweep_varies_one_key_at_a_time():
     combos = sweep.combinations([0.01, 0.5], [2, 4], [0, 1, 2], vary_one=True)
     assert combos == [(0.01, 2, 0), (0.5, 2, 0), (0.01, 4, 0), (0.01, 2, 1), (0.01, 2, 2)]
     assert len(sweep.combinations([0.01, 0.5], [2, 4], [0, 1, 2], vary_one=False)) == 12
+
+
+@pytest.mark.parametrize("kind", ["masked", "continuous"])
+def test_post_step_top1_matches_the_logits_exactly_on_partial_steps(kind, masked_pipe, cont_pipe):
+    # the adapter refreshes top-1 only on the rows computed at a step; it must equal a full recompute
+    checked = []
+
+    class Spy:
+        name = "spy"
+
+        @hookimpl
+        def diffaccel_post_step(self, run, output):
+            p, j = output.logits.float().softmax(-1).max(-1)
+            assert torch.equal(output.top1_prob, p) and torch.equal(output.top1, j)
+            checked.append(output.computed is not None)
+
+    pipe = masked_pipe if kind == "masked" else cont_pipe
+    run_with(pipe, [swd(tau=0.01, K=1, R=1, early_stop=False), Spy()], length=24, steps=12, seed=0)
+    assert sum(checked) >= 5
