@@ -1,0 +1,28 @@
+"""diffaccel strategy ``dct-anchor``: DCT frequency anchors for image diffusion UNets.
+
+    [[strategy]]
+    use = "dct-anchor"
+    threshold = 0.01                      # relative change of the low-band DCT energy
+    band = 4                              # the 4x4 lowest frequencies of each input map
+    blocks = ["down_blocks.2", "mid_block", "up_blocks.0"]
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from diffaccel import Strategy, hookimpl
+
+from .config import DCTAnchorConfig
+from .dct import band_energy, dct2, dct_basis, low_band, relative_band_change, relative_energy_change
+from .strategy import DCTAnchor, decide
+
+
+@hookimpl
+def diffaccel_register(register):
+    register(Strategy(name="dct-anchor", config=DCTAnchorConfig, factory=DCTAnchor, adapters=("unet",),
+                      description="reuse UNet blocks while the low-frequency DCT band of their input holds still"))
+
+
+__all__ = ["DCTAnchor", "DCTAnchorConfig", "__version__", "band_energy", "dct2", "dct_basis", "decide",
+           "diffaccel_register", "low_band", "relative_band_change", "relative_energy_change"]

@@ -1,0 +1,115 @@
+"""``[[strategy]] use = "dct-anchor"``: its keys, their checks, and the checks against the model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from diffaccel.errors import ConfigValueError
+from diffaccel.validators import in_range, non_negative, one_of, positive
+
+from .dct import CRITERIA
+
+# Up-block classes whose last layers the strategy can run alone (their forward is a loop of
+# resnet [+ attention] layers, then upsamplers; see tail.py).
+TAIL_BLOCK_TYPES = ("UpBlock2D", "CrossAttnUpBlock2D")
+
+
+def _block_names(_inst, attribute, value):
+    if value is None:
+        return
+    if not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, str) for v in value):
+        raise ConfigValueError(attribute.name, f"must be a non-empty list of block names such as [\"mid_block\"], got {value!r}")
+    dup = next((v for v in value if list(value).count(v) > 1), None)
+    if dup is not None:
+        raise ConfigValueError(attribute.name, f"lists '{dup}' twice; list each block once")
+
+
+@attrs.frozen(kw_only=True)
+class DCTAnchorConfig:
+    """Keys of ``[[strategy]] use = "dct-anchor"``."""
+
+    threshold: float = attrs.field(default=0.01, validator=positive)
+    """A block is anchored (its cached output reused, the block not run) while the relative change of the low-band DCT energy of its input since its last computed step stays below this, in every batch row."""
+    band: int = attrs.field(default=4, validator=in_range(1, None))
+    """Side of the low-frequency band: the band x band lowest DCT-II frequencies of each input map. At most the smallest map among the anchored blocks (e.g. 8 for the 8x8 maps of a 64x64 latent)."""
+    criterion: str = attrs.field(default="energy", validator=one_of(tuple(CRITERIA)))
+    """energy: per-channel low-band energies compared channel by channel (sum |E - E_ref| / sum E_ref). band: the energy of the low-band difference over the low-band energy (||L - L_ref||^2 / ||L_ref||^2), which also sees the layout move at constant energy."""
+    signal: str = attrs.field(default="x0", validator=one_of(("x0", "input", "output")))
+    """What the change is measured on. x0: the denoised estimate of the last step (the scheduler's pred_original, i.e. the UNet's output mapped to the image): its low band now against when the block was last computed; it settles as the layout settles. input: the block's input maps now against those at its cached step (exact, needs the input). output: the block's own output, whose low-band change per step is measured between its last two computations and extrapolated to the steps since the cached one."""
+    blocks: list[str] | None = attrs.field(default=None, validator=_block_names)
+    """Blocks that may be anchored, by name (down_blocks.i, mid_block, up_blocks.i). Default: the deepest down block, the mid block and the first up block. The last up block is never served whole: when anchored it runs its last tail_layers layers only, on the cached features entering them (DeepCache's shallow branch)."""
+    warmup: int = attrs.field(default=2, validator=non_negative)
+    """The first warmup steps compute every block in full."""
+    max_reuse: int = attrs.field(default=3, validator=in_range(1, None))
+    """A block is recomputed after this many consecutive reuses, whatever its input does."""
+    final_full: int = attrs.field(default=0, validator=non_negative)
+    """The last final_full steps compute every block in full."""
+    tail_layers: int = attrs.field(default=1, validator=in_range(1, None))
+    """When the last up block is listed and anchored: how many of its last layers (resnet, with its attention) still run. At most its number of layers."""
+
+    def block_list(self, layers: list[str]) -> list[str]:
+        """The listed blocks, or the default (deepest down, mid, first up) for this UNet's ``layers``."""
+        if self.blocks is not None:
+            return list(self.blocks)
+        downs = [n for n in layers if n.startswith("down_blocks.")]
+        ups = [n for n in layers if n.startswith("up_blocks.")]
+        return [n for n in (downs[-1:] + ["mid_block"] * ("mid_block" in layers) + ups[:1])]
+
+
+def input_sizes(layers: list[str], sample_size: int) -> dict[str, int]:
+    """Side of the input map of each block of a standard UNet2DConditionModel at ``sample_size``:
+    every down block but the last halves the map, every up block but the last doubles it."""
+    n_down = sum(1 for n in layers if n.startswith("down_blocks."))
+    sizes = {f"down_blocks.{i}": sample_size >> i for i in range(n_down)}
+    deepest = sample_size >> max(n_down - 1, 0)
+    sizes["mid_block"] = deepest
+    n_up = sum(1 for n in layers if n.startswith("up_blocks."))
+    sizes.update({f"up_blocks.{j}": deepest << j for j in range(n_up)})
+    return sizes
+
+
+def output_sizes(layers: list[str], sample_size: int) -> dict[str, int]:
+    """Side of the map signal 'output' measures per block: the block's output (down blocks but the
+    last halve, up blocks but the last double); for the last up block, the features entering its tail."""
+    sizes = input_sizes(layers, sample_size)
+    downs = [n for n in layers if n.startswith("down_blocks.")]
+    ups = [n for n in layers if n.startswith("up_blocks.")]
+    out = dict(sizes)
+    out.update({n: sizes[n] >> 1 for n in downs[:-1]})
+    out.update({n: sizes[n] << 1 for n in ups[:-1]})
+    return out
+
+
+def check_against_model(config: DCTAnchorConfig, info: dict[str, Any]) -> None:
+    """Reject what depends on the model: the adapter, block names, band vs the maps, tail blocks."""
+    adapter = info.get("adapter")
+    if adapter is not None and adapter != "unet":
+        raise ConfigValueError("use", f"dct-anchor works on UNet pipelines ([model] adapter = \"unet\"); this model's adapter is '{adapter}'")
+    layers = list(info.get("layers") or [])
+    names = config.block_list(layers)
+    unknown = [n for n in names if n not in layers]
+    if unknown:
+        raise ConfigValueError("blocks", f"unknown block '{unknown[0]}'; this UNet's blocks are: {', '.join(layers)}")
+    if not names:
+        raise ConfigValueError("blocks", f"this UNet has no default blocks to anchor; list some of: {', '.join(layers)}")
+    size = info.get("sample_size")
+    if isinstance(size, int) and size > 0:
+        if config.signal == "x0":
+            if config.band > size:
+                raise ConfigValueError("band", f"{config.band} is larger than the {size}x{size} denoised estimate (the UNet's "
+                                               f"sample size) that signal 'x0' measures; use at most {size}")
+        else:
+            sizes = input_sizes(layers, size) if config.signal == "input" else output_sizes(layers, size)
+            where = min(names, key=lambda n: sizes[n])
+            if config.band > sizes[where]:
+                s = sizes[where]
+                raise ConfigValueError("band", f"{config.band} is larger than the {s}x{s} {config.signal} map of '{where}' "
+                                               f"(at sample size {size}); use at most {s}")
+    last_up = [n for n in layers if n.startswith("up_blocks.")][-1:]
+    if last_up and last_up[0] in names:
+        block = next((b for b in info.get("blocks", []) if b.get("name") == last_up[0]), None)
+        if block is not None and block.get("type") not in TAIL_BLOCK_TYPES:
+            raise ConfigValueError("blocks", f"'{last_up[0]}' is a {block.get('type')}; the last up block can be anchored "
+                                             f"only as one of {', '.join(TAIL_BLOCK_TYPES)} (its last layers run alone)")
