@@ -51,3 +51,20 @@ def test_frozen_embeddings_from_a_bert(tmp_path):
     table = pipe.denoiser.model.tok_emb[0].weight
     assert table.shape[1] == 24 and not table.requires_grad
     assert torch.count_nonzero(table.abs().sum(1)) > 10  # most of our tokens found BERT pieces
+
+
+def test_digits_training_writes_a_pipeline_and_can_continue_from_it(tmp_path):
+    """A few steps of ``train digits``; ``init`` then starts from those weights, not random ones."""
+    import torch
+
+    from diffaccel.adapters.unet.adapter import load_checkpoint
+    from diffaccel.adapters.unet.digits import TrainDigitsConfig, new_pipeline, train_digits
+
+    first = train_digits(TrainDigitsConfig(out=str(tmp_path / "a"), steps=2, max_minutes=0, threads=1, eval_per_class=0, batch=4))
+    assert (first / "train.json").exists() and (first / "unet" / "diffusion_pytorch_model.safetensors").exists()
+    again = train_digits(TrainDigitsConfig(out=str(tmp_path / "b"), steps=1, max_minutes=0, threads=1, eval_per_class=0,
+                                           batch=4, lr=1e-12, init=str(first), seed=1))
+    a, b = load_checkpoint(str(first)).unet.state_dict(), load_checkpoint(str(again)).unet.state_dict()
+    fresh = new_pipeline(seed=1).unet.state_dict()
+    key = "conv_in.weight"
+    assert torch.allclose(a[key], b[key], atol=1e-6) and not torch.allclose(fresh[key], b[key])

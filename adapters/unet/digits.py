@@ -115,6 +115,9 @@ class TrainDigitsConfig:
     checkpoint_minutes: float = 7.0
     eval_per_class: int = 5
     """Images per class in the quick accuracy check at each checkpoint (0: none)."""
+    init: str | None = None
+    """Continue from this DigitsPipeline folder's weights (e.g. a run cut short) instead of random
+    ones; the learning rate warms up and decays again over this run's budget."""
 
 
 def _prompt_table(tok, max_len: int) -> torch.Tensor:
@@ -154,6 +157,12 @@ def train_digits(cfg: TrainDigitsConfig) -> Path:
     y_all = torch.from_numpy(y_all)
     pipe = new_pipeline(cfg.seed)
     unet, text, sched = pipe.unet, pipe.text_encoder, pipe.scheduler
+    if cfg.init:
+        from .adapter import load_checkpoint
+
+        start = load_checkpoint(cfg.init)
+        unet.load_state_dict({k: v.float() for k, v in start.unet.state_dict().items()})
+        text.load_state_dict({k: v.float() for k, v in start.text_encoder.state_dict().items()})
     ids_table = _prompt_table(pipe.tokenizer, TEXT_CONFIG["max_position_embeddings"])
     params = [*unet.parameters(), *text.parameters()]
     ema_unet, ema_text = deepcopy(unet).eval(), deepcopy(text).eval()

@@ -115,6 +115,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--latent-norm", type=float, help="continuous: norm of the token latents (default sqrt(64) = 8)")
     t.add_argument("--init-embeddings", metavar="BERT", help="masked: initialise frozen token embeddings from this BERT")
+    t.add_argument("--init", metavar="FOLDER", help="digits: continue from this model's weights (e.g. a run cut short)")
+    t.add_argument("--lr", type=float, help="digits: peak learning rate (default 1e-3)")
 
     f = cmd("fluency", "fluency of a model's samples beside reference texts")
     f.add_argument("config")
@@ -199,6 +201,7 @@ def _train(args) -> int:
 
         cfg = TrainDigitsConfig(out=args.out, seed=args.seed, threads=args.threads,
                                 max_minutes=22.0 if args.max_minutes is None else args.max_minutes,
+                                init=args.init, **({} if args.lr is None else {"lr": args.lr}),
                                 **({} if args.steps is None else {"steps": args.steps}))
         print(f"wrote {train_digits(cfg)}")
         return 0
