@@ -156,24 +156,26 @@ class DCTAnchor:
                 return out
             if 0 <= step < len(rec["decisions"]):
                 rec["decisions"][step] = COMPUTED  # nothing cached in this branch yet
-        # computed: this step becomes the reference
+        # not anchored: this step becomes the reference
+        computed_at = bs.step
         if self._signal == "input":
             bs.inputs, bs.low = maps, low if low is not None else self._low(maps)
         elif self._signal == "x0":
             bs.x0_ref = st.get("x0_low")
-        if is_last_up:
+        bs.step, bs.reused = step, 0
+        if is_last_up:  # computed here, to keep the features entering its tail
             res = hidden["res_hidden_states_tuple"]
             with tail.capture_tail_input(layer.module, start, res[tail.n_layers(layer.module) - 1 - start].shape[1], {}) as got:
                 out = layer.compute(hidden)
             bs.tail_h = got.get("h")
-            feature = bs.tail_h
-        else:
+            if self._signal == "output":
+                self._update_rate(bs, bs.tail_h, step, computed_at)
+            return out
+        if self._signal == "output":  # the output is the signal: computed here
             out = layer.compute(hidden)
-            feature = out[0] if isinstance(out, tuple) else out
-        if self._signal == "output":
-            self._update_rate(bs, feature, step)
-        bs.step, bs.reused = step, 0
-        return out
+            self._update_rate(bs, out[0] if isinstance(out, tuple) else out, step, computed_at)
+            return out
+        return None  # not anchored: the next strategy in the config, or the default, computes the block
 
     @hookimpl
     def diffaccel_post_step(self, run, output) -> None:
@@ -237,10 +239,10 @@ class DCTAnchor:
             return 0.0
         return float(self._measure(cur, bs.x0_ref).max())
 
-    def _update_rate(self, bs: BlockState, feature: torch.Tensor, step: int) -> None:
+    def _update_rate(self, bs: BlockState, feature: torch.Tensor, step: int, before: int | None) -> None:
         low = self._low([feature])
-        if bs.out_low is not None and bs.step is not None and step > bs.step and low.shape == bs.out_low.shape:
-            bs.rate = self._measure(low, bs.out_low) / float(step - bs.step) ** self._power
+        if bs.out_low is not None and before is not None and step > before and low.shape == bs.out_low.shape:
+            bs.rate = self._measure(low, bs.out_low) / float(step - before) ** self._power
         bs.out_low = low
 
     def _tail_start(self, layer) -> int:
