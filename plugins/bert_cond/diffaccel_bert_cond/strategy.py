@@ -107,7 +107,8 @@ class BertCond:
     # -- the run -----------------------------------------------------------------------------
     def new_state(self, run) -> dict[str, Any]:
         return {"t0": time.perf_counter(), "conditions": [], "rows": [], "after": None, "stage_one_s": 0.0,
-                "plan_s": 0.0, "guard_s": 0.0, "pinned": 0}
+                "plan_s": 0.0, "guard_s": 0.0, "pinned": 0, "pin_mask": None, "pin_computed": 0, "free_computed": 0,
+                "steps_seen": 0}
 
     @hookimpl
     def diffaccel_run_start(self, run) -> None:
@@ -162,6 +163,23 @@ class BertCond:
         st["guard_s"] += time.perf_counter() - t0
         return out
 
+    @hookimpl
+    def diffaccel_post_step(self, run, output) -> None:
+        # how often the pinned positions were computed, beside the free ones: a strategy that
+        # narrows steps (swd) should compute pinned tokens only as neighbours of changing ones
+        st = run.state(self)
+        pin = st.get("pin_mask")
+        if pin is None:
+            pin = st["pin_mask"] = run.pinned >= 0
+        if output.computed is None:
+            st["pin_computed"] += int(pin.sum())
+            st["free_computed"] += int((~pin).sum())
+        elif output.computed.shape[1]:
+            hit = pin.gather(1, output.computed.to(pin.device))
+            st["pin_computed"] += int(hit.sum())
+            st["free_computed"] += int((~hit).sum())
+        st["steps_seen"] += 1
+
     @hookimpl(wrapper=True)
     def diffaccel_finalize(self, run, final):
         # a wrapper: this runs after every strategy and the default chose the tokens
@@ -172,6 +190,7 @@ class BertCond:
         texts = [tok.decode(row.tolist()) for row in tokens.cpu()]
         found = [presence(c.terms, t) for c, t in zip(st["conditions"], texts)]
         run_s = time.perf_counter() - st["t0"]
+        steps, free = st["steps_seen"], tokens.numel() - st["pinned"]
         run.metrics[self.name] = {
             "sources": [i + 1 for i in st["rows"]],
             "terms": [list(c.terms) for c in st["conditions"]],
@@ -179,6 +198,9 @@ class BertCond:
             "present": found,
             "key_term_recall": recall(found),
             "pinned_positions": st["pinned"],
+            # share of (position, step) pairs computed, pinned positions vs free ones
+            "pinned_computed_share": st["pin_computed"] / (st["pinned"] * steps) if st["pinned"] and steps else 0.0,
+            "free_computed_share": st["free_computed"] / (free * steps) if free and steps else 0.0,
             "stage_one_s": st["stage_one_s"],
             "plan_s": st["plan_s"],
             "guard_s": st["guard_s"],
@@ -193,7 +215,7 @@ class BertCond:
     @hookimpl
     def diffaccel_run_end(self, run) -> None:
         st = run.state(self)
-        st["after"] = st["cont"] = None
+        st["after"] = st["cont"] = st["pin_mask"] = None
 
     # -- bench ---------------------------------------------------------------------------------
     def bench_quality(self, outputs: list[Any], seeds: list[int]) -> dict[str, float]:

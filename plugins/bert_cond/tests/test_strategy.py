@@ -240,6 +240,7 @@ def test_run_metrics_list_terms_presence_and_stage_one_share(tiny_bert):
     assert m["sources"] == [2] and len(m["terms"][0]) == 2 and len(m["scores"][0]) == 2
     assert 0 < m["stage_one_s"] < m["run_s"] and m["stage_one_share"] == pytest.approx(m["stage_one_s"] / m["run_s"])
     assert m["encoder_load_s"] > 0
+    assert m["pinned_computed_share"] == m["free_computed_share"] == 1.0  # every step computed everything
 
 
 def test_recall_reports_missing_terms_when_a_later_strategy_overwrites_them(tiny_bert):
@@ -366,3 +367,42 @@ def diffaccel_topk_instance():
     from diffaccel_topk import TopK, TopKConfig
 
     return TopK(TopKConfig(k=5, k_keep=16, at_steps=True, temperature=0.7))
+
+
+def test_composes_with_swd_and_pinned_positions_are_computed_only_as_neighbours(tiny_bert):
+    swd = pytest.importorskip("diffaccel_swd", reason="the swd plugin (plugins/swd) is not installed")
+    from diffaccel_topk import TopK, TopKConfig
+
+    pipe = tiny_text_pipeline("masked", max_len=N)
+    R = 2
+    for seed in range(3):
+        spy = Spy()
+        spy_computed = []
+
+        class Computed:
+            name = "computed"
+
+            @hookimpl
+            def diffaccel_post_step(self, run, output):
+                spy_computed.append(None if output.computed is None else output.computed.clone())
+
+        strategies = [make(tiny_bert), swd.SWD(swd.SWDConfig(R=R)), TopK(TopKConfig(k_keep=16)), spy, Computed()]
+        out = generate(pipe, strategies, seed=seed, steps=24, batch=1)
+        m = out.report["strategies"]
+        assert m["bert-cond"]["key_term_recall"] == 1.0
+        assert m["swd"]["mean_computed"] < 1.0  # swd did narrow the steps
+        skipped_pinned = 0
+        pinned = out.report["strategies"]["bert-cond"]["pinned_positions"]
+        for (tokens, masked, fixed), computed in zip(spy.steps, spy_computed):
+            if computed is None:
+                continue
+            fx = fixed[0]
+            idx = computed[0].tolist()
+            own = [p for p in idx if not fx[p]]  # positions computed for their own sake
+            for p in idx:
+                if fx[p]:
+                    assert any(abs(p - q) <= R for q in own), f"pinned position {p} computed with no free position within {R}"
+            skipped_pinned += int(fx.sum()) - sum(1 for p in idx if fx[p])
+        assert pinned > 0 and skipped_pinned > 0  # pinned positions were left out of some steps
+        share = m["bert-cond"]["pinned_computed_share"]
+        assert 0 < share < m["bert-cond"]["free_computed_share"] < 1
