@@ -380,7 +380,13 @@ def test_tail_layers_beyond_the_block(sd):
 
 
 def test_shipped_configs_decode():
-    for name in ("digits-dct.toml", "sd-medium-dct.toml"):
-        c = load_config(ROOT / "configs" / name)
-        assert [s.name for s in c.strategies] == ["dct-anchor"] and c.model.steps == 50
-        assert any(p.config.cache_interval == 3 for p in c.peers)
+    configs = {p.name: load_config(p) for p in sorted((ROOT / "configs").glob("*-dct*.toml"))}
+    assert {"digits-dct.toml", "digits-dct-fast.toml", "digits-dct-input.toml", "sd-medium-dct.toml",
+            "sd-medium-dct-fast.toml"} <= set(configs)
+    for name, c in configs.items():
+        assert [s.name for s in c.strategies] == ["dct-anchor"] and c.model.steps == 50, name
+    for name in ("digits-dct.toml", "sd-medium-dct.toml"):  # DeepCache at interval 3 is the peer
+        assert any(p.config.cache_interval == 3 for p in configs[name].peers)
+    # the bench entries share one [model] with the config they are compared with
+    assert configs["digits-dct.toml"].model == load_config(ROOT / "configs" / "digits.toml").model
+    assert configs["sd-medium-dct.toml"].model == load_config(ROOT / "configs" / "sd-medium.toml").model
