@@ -36,6 +36,13 @@ def build_tiny_bert(path, hidden: int = HIDDEN, seed: int = 0) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_bert_builder():
+    """``build_tiny_bert`` itself, for tests that need another size (a fixture, since test
+    modules cannot import conftest under pytest's importlib mode)."""
+    return build_tiny_bert
+
+
+@pytest.fixture(scope="session")
 def tiny_bert(tmp_path_factory) -> str:
     return build_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
 

@@ -184,9 +184,8 @@ def test_guard_handles_dense_and_truncated_logits_without_touching_them():
 
 # ---- the condition vector --------------------------------------------------------------------
 
-def test_condition_vector_drives_models_with_condition_gating(tmp_path):
-    from conftest import build_tiny_bert
-
+def test_condition_vector_drives_models_with_condition_gating(tmp_path, tiny_bert_builder):
+    build_tiny_bert = tiny_bert_builder
     from diffaccel.adapters.text.denoisers import ReferenceDenoiser
     from diffaccel.adapters.text.model import TextDiffusionConfig, TextDiffusionLM
     from diffaccel.adapters.text.pipeline import TextDiffusionPipeline
