@@ -1,5 +1,0 @@
-import os
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-pytest_plugins = ["diffaccel.testing"]
