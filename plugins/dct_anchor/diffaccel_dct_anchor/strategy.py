@@ -1,16 +1,18 @@
-"""The ``dct-anchor`` strategy: reuse UNet blocks while the low-frequency band of their input holds.
+"""The ``dct-anchor`` strategy: reuse UNet blocks while a low-frequency DCT band holds still.
 
-Before a listed block runs, the strategy takes the low-band DCT-II coefficients of the block's
-input maps (``hidden_states``, and for up blocks the skip samples it consumes) and compares them
-with those of its input at the step the block was last computed. Below ``threshold`` in every
-batch row, the block is *anchored*: the adapter's cached output is returned and the block does
-not run. The decision uses only what exists before the block runs, so skipping saves its cost.
+Before a listed block runs, the strategy compares the low-band DCT-II coefficients of a signal
+now with those at the step the block was last computed (``signal``): ``x0``, the denoised
+estimate of the last step (default); ``input``, the block's own input maps (``hidden_states``
+and the skip samples it consumes); ``output``, the block's output, extrapolated from its last two
+computations. Below ``threshold`` in every batch row, the block is *anchored*: the adapter's
+cached output is returned and the block does not run. Everything used is known before the block
+runs, so skipping saves its cost. Otherwise the strategy returns None and the block is computed
+by the next strategy or the default.
 
-Anchors cascade: a block fed by an anchored block gets the very tensors it saw at its cached
-step (recognised by identity, no DCT needed), so anchoring the first block of a span anchors
-the span. The last up block is never served whole (that would freeze the model's output): when
-anchored it runs its last ``tail_layers`` layers on the cached features entering them and the
-fresh skip samples (``tail.py``).
+With ``signal = "input"`` anchors cascade: a block fed by an anchored block gets the very tensors
+of its cached step (recognised by identity, no DCT needed). The last up block is never served
+whole (that would freeze the model's output): when anchored it runs its last ``tail_layers``
+layers on the cached features entering them and the fresh skip samples (``tail.py``).
 
 Guards: ``warmup`` first steps and ``final_full`` last steps in full; a block reused
 ``max_reuse`` times in a row is recomputed. A block runs on the whole batch, so it is anchored
