@@ -50,6 +50,7 @@ class LatentCache:
         self.row_of = torch.full((n,), -1, dtype=torch.long, device=dev)
         self.key_of = torch.full((self.capacity,), -1, dtype=torch.long, device=dev)
         self.values = None
+        self.all_held = False  # every key holds a row: no allocation, no eviction from here on
         self.clock = 0
         self.n_entries = 0
         self.peak_entries = 0
@@ -128,6 +129,25 @@ class LatentCache:
         if isinstance(ranks, torch.Tensor):
             ranks = ranks[ok]
         self.values[rows[ok], ranks] = values[ok].to(self.dtype)
+
+    def put(self, keys: torch.Tensor, step: int, anchored: torch.Tensor, values: torch.Tensor,
+            ranks: torch.Tensor | int = 0) -> None:
+        """``write`` then ``store``, for distinct ``keys`` (1-D) and their ``values`` (n, width).
+        Once every key holds a row (the usual case: the bounds fit the run), without any
+        allocation check: the hot path of the text strategy."""
+        if not self.all_held:
+            self.write(keys, step, anchored)
+            self.store(keys, values, ranks)
+            self.all_held = self.n_entries == self.n_keys
+            return
+        k_anchored = self.anchored[keys]
+        self.anchor_id[keys] += (anchored & ~k_anchored).long()
+        self.anchors_made += (anchored & ~k_anchored).sum()
+        self.version[keys] = step
+        self.anchored[keys] = anchored
+        self.clock += 1
+        self.last_used[keys] = self.clock
+        self.values[self.row_of[keys], ranks] = values.to(self.dtype)
 
     def _ensure_rows(self, keys: torch.Tensor) -> torch.Tensor:
         rows = self.row_of[keys]

@@ -8,15 +8,23 @@ computed:
 
 * text: the layer runs on the other positions only (``layer.compute(hidden, positions=idx)``);
   anchored positions keep the adapter's in-place outputs and serve keys/values from its cache.
-  A position whose input changed at this step (a token was committed, or the layer below
-  recomputed it and found it moved) is recomputed even when anchored (``dirty`` below), so a
-  new token climbs the layers at once instead of waiting ``max_age`` steps.
-* UNet: blocks are grouped by depth, ``down_blocks.d`` with its up counterpart, ``mid_block``
-  deepest. A depth is skipped when every block in it is anchored in every row (a block runs on
-  the whole batch, both batched guidance halves included), and only together with every deeper
-  depth, so the computed shallow blocks always read a consistent set of deep features (the
-  DeepCache layout, at an adaptive interval). A skipped block returns ``layer.cached_output``
-  without running. Decisions are taken in ``pre_step`` from changes seen at earlier steps.
+  A position whose input changed (its token was committed at the last step, within
+  ``neighbors`` positions of one, or the layer below recomputed it and found it moved) is
+  recomputed even when anchored, so a new token climbs the layers at once instead of waiting
+  ``max_age`` steps. With the masked sampler, ``pre_step`` also narrows the whole step
+  (``StepPlan.positions``) to the positions some layer must compute: the others are not
+  embedded, their logits are kept and drawn by inverse CDF (``StepPlan.cdf_draw``: the same
+  distribution, cheaper than ``multinomial`` over the vocabulary). Another strategy's positions
+  OR into that plan (the core's merge rule); each layer then computes the plan's positions that
+  are not anchored in it.
+* UNet: blocks are grouped by depth: ``down_blocks.d`` and its up counterpart share depth d,
+  ``mid_block`` is deepest. At depth d, the up block's output (the mid block's at the bottom) is
+  what the shallower computed blocks read. At each call, below the shallowest depth (from
+  ``min_depth``) whose output block is anchored in every row (a block runs on the whole batch,
+  both batched guidance halves included), every block is skipped: the computed shallow blocks
+  then read one consistent set of deep features (DeepCache's layout, at an adaptive interval).
+  A skipped block returns ``layer.cached_output`` without running. Decisions are taken in
+  ``pre_step`` from changes seen at earlier steps.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from typing import Any
 
 import torch
 
-from diffaccel import hookimpl
+from diffaccel import StepPlan, hookimpl
 from diffaccel.errors import ConfigValueError
 
 from .cache import LatentCache
@@ -64,6 +72,7 @@ class _State:
     def __init__(self):
         self.cache: LatentCache | None = None
         self.keys = self.ranks = None
+        self.all_valid = False
         self.gate_open: torch.Tensor | None = None  # (L, steps) bool
         self.anchored: torch.Tensor | None = None  # (L, steps) share of states served
         self.hits = 0
@@ -72,6 +81,11 @@ class _State:
         self.dirty: torch.Tensor | None = None  # (B, N) positions the layer below moved this step
         self.h0_ref: torch.Tensor | None = None
         self.input_moved: torch.Tensor | None = None  # (B, N) positions whose input embedding moved
+        self.tokens: torch.Tensor | None = None  # masked sampler: the sequence after the last step
+        self.token_moved: torch.Tensor | None = None  # positions committed at the last step, widened
+        self.live: torch.Tensor | None = None  # (L, B, N) entries that may be served at this step
+        self.planned = 0.0  # sum over narrowed steps of the share of positions planned
+        self.planned_steps = 0
         # unet
         self.skip: frozenset[str] = frozenset()
         self.coords: dict[int, torch.Tensor] = {}
@@ -112,7 +126,17 @@ class TimeAnchor:
     def diffaccel_pre_step(self, run):
         if run.adapter == "unet":
             self._unet_plan(run.state(self), run)
-        return None
+            return None
+        return self._text_plan(run.state(self), run)
+
+    @hookimpl
+    def diffaccel_post_step(self, run, output):
+        if run.adapter == "text" and output.masked is not None:
+            st = run.state(self)
+            tokens = output.tokens
+            if st.tokens is not None:
+                st.token_moved = self._widen(tokens != st.tokens)
+            st.tokens = tokens.clone()  # the sampler edits its sequence in place
 
     @hookimpl
     def diffaccel_layer_output(self, run, layer, hidden):
@@ -151,11 +175,37 @@ class TimeAnchor:
         rows = torch.arange(B, device=dev)[:, None]
         st.keys = torch.stack([torch.where(slot >= 0, (rows * L + i) * S + slot, -1) for i in range(L)])  # (L, B, N)
         st.ranks = rank
+        st.all_valid = bool((slot >= 0).all())
         st.cache = LatentCache(B * L * S, D, P, max_entries=cfg.max_entries, max_bytes=cfg.max_bytes,
                                max_age=cfg.max_age, fp16=cfg.fp16, device=dev)
         st.anchored = torch.zeros(L, run.num_steps, device=dev)
         if self.gate is not None:
             st.gate_open = (self.gate.probs(run.num_steps) > cfg.gate_threshold).to(dev)
+
+    def _widen(self, moved: torch.Tensor) -> torch.Tensor:
+        """Add the ``neighbors`` positions on each side of every True position (B, N)."""
+        r = self.config.neighbors
+        if not r:
+            return moved
+        return torch.nn.functional.max_pool1d(moved[:, None].float(), 2 * r + 1, stride=1, padding=r)[:, 0] > 0
+
+    def _text_plan(self, st: _State, run):
+        """Which entries may be served at this step, for every layer at once; with the masked
+        sampler, the step is narrowed to the positions some layer must compute (the others are
+        anchored at every layer: not embedded, not run, their logits kept, drawn by inverse CDF)."""
+        st.live = None
+        if st.cache is None or run.step < self.config.warmup:
+            return None
+        live = st.cache.live(st.keys, run.step)  # (L, B, N)
+        if st.token_moved is not None:
+            live &= ~st.token_moved
+        st.live = live
+        if run.info.get("sampler") != "masked":
+            return None  # continuous inputs move at every position: layer 0 tests them itself
+        need = (~live).any(0)
+        st.planned += need.float().mean()
+        st.planned_steps += 1
+        return StepPlan(positions=need, cdf_draw=~need if self.config.cdf_draw else None)
 
     def _text_layer(self, run, layer, hidden: torch.Tensor) -> torch.Tensor:
         st = run.state(self)
@@ -166,8 +216,8 @@ class TimeAnchor:
         plan_pos = None if plan is None or plan.positions is None else plan.positions.to(hidden.device)
         if i == 0:
             st.dirty = st.input_moved = self._input_moved(st, hidden)
-        if step >= self.config.warmup and layer.cached_output is not None:
-            live = st.cache.live(st.keys[i], step)
+        if st.live is not None and layer.cached_output is not None:
+            live = st.live[i]
             if st.dirty is not None:
                 live &= ~st.dirty
             st.anchored[i, step] = live.float().mean()
@@ -190,7 +240,7 @@ class TimeAnchor:
         prev, st.h0_ref = st.h0_ref, h0.clone()
         if prev is None:
             return None
-        return _rel_change(h0, prev) >= self.config.threshold
+        return self._widen(_rel_change(h0, prev) >= self.config.threshold)
 
     def _record_text(self, st: _State, i: int, step: int, out: torch.Tensor, idx: torch.Tensor | None) -> None:
         """Compare the computed states with their references, write the entries, mark movers."""
@@ -211,17 +261,23 @@ class TimeAnchor:
         # what the next layer must recompute: what moved here, and every position whose input
         # token moved this step (a committed token is seen by every layer at once)
         st.dirty = dirty if st.input_moved is None else dirty | st.input_moved
-        valid = keys >= 0
         if self.clusters is None:
             # one position per key: the per-position test is the key's test
-            u = keys[valid]
-            anchored = (st.gate_open[i, step].expand(u.numel()) if st.gate_open is not None else ~moved[valid])
-        else:
-            u, anchored = self._cluster_test(st, i, step, keys[valid], d2[valid], r2[valid], has[valid])
-        if u.numel() == 0:
+            if st.all_valid:
+                u, v, anchored = keys.reshape(-1), newf.reshape(-1, newf.shape[-1]), ~moved.reshape(-1)
+            else:
+                valid = keys >= 0
+                u, v, anchored = keys[valid], newf[valid], ~moved[valid]
+            if st.gate_open is not None:
+                anchored = st.gate_open[i, step].expand(u.numel())
+            if u.numel():
+                cache.put(u, step, anchored, v)
             return
-        cache.write(u, step, anchored)
-        cache.store(keys, newf, ranks)
+        valid = keys >= 0
+        u, anchored = self._cluster_test(st, i, step, keys[valid], d2[valid], r2[valid], has[valid])
+        if u.numel():
+            cache.write(u, step, anchored)
+            cache.store(keys, newf, ranks)
 
     def _cluster_test(self, st: _State, i: int, step: int, flat, d2, r2, has):
         """A cluster key aggregates its computed positions: the relative change of the group."""
@@ -329,6 +385,10 @@ class TimeAnchor:
             "dropped": sum(s["dropped"] for s in stats),
             "branches": len(states),
         }
+        planned = sum(s.planned_steps for s in states)
+        if run.adapter == "text":
+            # share of positions the narrowed steps embedded and ran in some layer (after warm-up)
+            m["step_positions"] = round(float(sum(s.planned for s in states)) / planned, 4) if planned else 1.0
         if run.adapter == "unet":
             m["skipped_per_block"] = [sum(s.skipped[j] for s in states if s.skipped) for j in range(len(layers))]
         return m
