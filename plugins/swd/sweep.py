@@ -1,13 +1,15 @@
 """Sweep swd's tau, K and R against one baseline config; print a markdown table.
 
     OMP_NUM_THREADS=1 flock /tmp/diffaccel-bench.lock \
-        python plugins/swd/sweep.py configs/text-default.toml --tau 0.01,0.5,0.9 --K 2,4 --R 0,2 --seeds 4
+        python plugins/swd/sweep.py configs/text-default.toml --tau 0.01,0.5,0.9 --K 3,2,4 --R 1,0,2 --vary-one \
+        --config configs/text-swd-time-anchor.toml --seeds 8 --plots runs/swd --out runs/swd/sweep-masked.md
 
 Each (tau, K, R) combination becomes one bench entry (a config file in a temporary folder with
 the baseline's [model] and one [[strategy]] use = "swd" table, plus --extra keys); every entry
 runs on the same seeds, interleaved with the baseline (``diffaccel bench``), so the speedups are
 wall-clock ratios taken in the same run. Varying one key at a time (--vary-one) keeps the table
 short: the first value of each list is the centre, the others are changed one key at a time.
+``--config`` adds whole configs (same [model]) to the same interleaved bench.
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--extra", default="", help="more swd keys for every entry, TOML, e.g. 'early_stop = false'")
     ap.add_argument("--vary-one", action="store_true", help="change one key at a time from the first values")
     ap.add_argument("--seeds", type=int, default=4)
+    ap.add_argument("--config", action="append", default=[], help="also bench this config (same [model]); repeatable")
+    ap.add_argument("--plots", help="bench's --plots: stability curves of every entry into this folder")
     ap.add_argument("--out", help="also write the table to this markdown file")
     args = ap.parse_args(argv)
 
@@ -72,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             p = Path(tmp) / f"tau{tau:g}-K{K}-R{R}.toml"
             p.write_text(f'{model}\n[[strategy]]\nuse = "swd"\ntau = {tau!r}\nK = {K}\nR = {R}\n{args.extra}\n')
             paths.append(str(p))
-        result = run_bench(paths, seeds=args.seeds, progress=sys.stderr.isatty())
+        result = run_bench(paths + args.config, seeds=args.seeds, progress=sys.stderr.isatty(), plot_dir=args.plots)
     entries = result["entries"]
     base_q = entries[0]["quality"]
     lines = [f"{result['model']['checkpoint']}, {result['model']['steps']} steps, seeds {result['seeds']}, "
@@ -81,9 +85,10 @@ def main(argv: list[str] | None = None) -> int:
              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     b_ppl, b_d2 = base_q["perplexity"], base_q["distinct_2"]
     lines.append(f"| baseline | | | 100% | 1.00x | {b_ppl:.1f} | {b_d2:.3f} | 1.000 |")
-    for (tau, K, R), e in zip(combos, entries[1:]):
+    labels = [(f"{tau:g}", str(K), str(R)) for tau, K, R in combos] + [(f"`{Path(c).name}`", "", "") for c in args.config]
+    for (tau, K, R), e in zip(labels, entries[1:]):
         q = e["quality"]
-        lines.append(f"| {tau:g} | {K} | {R} | {e['fraction_computed']:.0%} | {e['speedup']:.2f}x | "
+        lines.append(f"| {tau} | {K} | {R} | {e['fraction_computed']:.0%} | {e['speedup']:.2f}x | "
                      f"{q['perplexity']:.1f} ({q['perplexity'] / b_ppl - 1:+.1%}) | "
                      f"{q['distinct_2']:.3f} ({q['distinct_2'] / b_d2:.0%}) | {q['agreement']:.3f} |")
     table = "\n".join(lines)

@@ -30,13 +30,14 @@ from diffaccel.errors import ConfigError
 from diffaccel.state import StepPlan
 from diffaccel.validators import in_range, one_of
 
-#: Defaults chosen per sampler on the shipped models (see the README's sweep). In the masked
+#: Defaults chosen per sampler on the shipped models (see the README's sweeps). In the masked
 #: sampler the masked positions that remain are, by construction, the unconfident ones (the
 #: confident ones are committed first), so a high ``tau`` would only ever mark committed
-#: positions; its default asks for an unchanged top-1 only.
+#: positions; its default asks for an unchanged top-1 only (0.01 is below the top-1
+#: probabilities seen there).
 DEFAULTS: dict[str, dict[str, Any]] = {
-    "masked": {"tau": 0.01, "K": 4},
-    "continuous": {"tau": 0.95, "K": 3},
+    "masked": {"tau": 0.01, "K": 3, "R": 1, "R_end": None},
+    "continuous": {"tau": 0.5, "K": 3, "R": 1, "R_end": None},
 }
 
 
@@ -45,11 +46,11 @@ class SWDConfig:
     """Keys of ``[[strategy]] use = "swd"``."""
 
     tau: float | None = attrs.field(default=None, validator=in_range(0.0, 1.0, lo_open=True))
-    """Stable needs the mean top-1 probability over the last K steps to be at least tau, in (0, 1]. Default per sampler: masked 0.01 (top-1 unchanged is what counts), ddim/ddpm/hybrid 0.95."""
+    """Stable needs the mean top-1 probability over the last K steps to be at least tau, in (0, 1]. Default per sampler: masked 0.01 (an unchanged top-1 is what counts), ddim/ddpm/hybrid 0.5."""
     K: int | None = attrs.field(default=None, validator=in_range(1, None))
-    """Stable needs the same top-1 token for the last K steps (K >= 1). Default per sampler: masked 4, ddim/ddpm/hybrid 3."""
-    R: int = attrs.field(default=2, validator=in_range(0, None))
-    """Each unstable position is widened by R positions on both sides (clipped to the sequence), R >= 0."""
+    """Stable needs the same top-1 token for the last K steps (K >= 1). Default 3."""
+    R: int | None = attrs.field(default=None, validator=in_range(0, None))
+    """Each unstable position is widened by R positions on both sides (clipped to the sequence), R >= 0. Default 1."""
     R_end: int | None = attrs.field(default=None, validator=in_range(0, None))
     """R at the last step; between the first and the last step R moves linearly from R to R_end (None: R throughout)."""
     stable_latents: str = attrs.field(default="advance", validator=one_of(("advance", "hold")))
@@ -60,8 +61,8 @@ class SWDConfig:
     """Reuse the whole last forward pass when no input token and no top-1 token changed in a step and the model is not time-conditioned (exact)."""
     early_stop: bool = True
     """End the generation once every position is stable (masked sampler: and nothing is left to commit); the report says at which step."""
-    refresh_every: int = attrs.field(default=0, validator=in_range(0, None))
-    """Compute every position at every refresh_every-th step (0: only at the first step)."""
+    max_age: int = attrs.field(default=0, validator=in_range(0, None))
+    """A position whose logits are max_age steps old counts as unstable and is computed again (0: no limit). Masked sampler: committed tokens are exempt (their estimate is the token)."""
 
 
 def update_stability(run_len: torch.Tensor, probs: torch.Tensor, prev_top1: torch.Tensor, top1: torch.Tensor,
@@ -108,15 +109,16 @@ class SWD:
         if adapter != "text":
             raise ConfigError(f"strategy 'swd' runs on the text adapter only, not on the '{adapter}' adapter")
 
-    def resolved(self, sampler: str) -> tuple[float, int]:
-        """(tau, K) for a sampler: the config's values, or the sampler's defaults."""
-        d = DEFAULTS["masked" if sampler == "masked" else "continuous"]
-        c = self.config
-        return (d["tau"] if c.tau is None else c.tau), (d["K"] if c.K is None else c.K)
+    def resolved(self, sampler: str) -> dict[str, Any]:
+        """tau, K, R and R_end for a sampler: the config's values, else the sampler's defaults
+        (R_end defaults only together with R: a config that sets R alone gets a constant R)."""
+        d, c = DEFAULTS["masked" if sampler == "masked" else "continuous"], self.config
+        out = {"tau": d["tau"] if c.tau is None else c.tau, "K": d["K"] if c.K is None else c.K}
+        out["R"], out["R_end"] = (d["R"], d["R_end"] if c.R_end is None else c.R_end) if c.R is None else (c.R, c.R_end)
+        return out
 
     def new_state(self, run) -> dict[str, Any]:
-        tau, K = self.resolved(run.info.get("sampler", "masked"))
-        return {"tau": tau, "K": K, "run_len": None, "probs": None, "top1": None, "tokens": None, "latents": None,
+        return {**self.resolved(run.info.get("sampler", "masked")), "run_len": None, "probs": None, "top1": None, "tokens": None, "latents": None,
                 "next": None, "reuse": False, "first_stable": None, "computed": [], "stable": [],
                 "reused": 0, "stopped_at": None}
 
@@ -128,9 +130,9 @@ class SWD:
 
     @hookimpl
     def diffaccel_pre_step(self, run) -> StepPlan | None:
-        st, every = run.state(self), self.config.refresh_every
-        if st["next"] is None or (every and run.step % every == 0):
-            return StepPlan()  # first step (and refresh steps): every position
+        st = run.state(self)
+        if st["next"] is None:
+            return StepPlan()  # first step: every position
         cheap = ~st["next"] if self.config.cdf_draws else None
         # positions too when reusing: if another strategy's plan does not reuse, the merge computes these
         return StepPlan(positions=st["next"], reuse_step=st["reuse"], cdf_draw=cheap)
@@ -148,6 +150,7 @@ class SWD:
             st["run_len"] = torch.zeros(B, N, dtype=torch.long, device=top1.device)
             st["probs"] = torch.zeros(st["K"], B, N, device=top1.device)
             st["first_stable"] = torch.full((B, N), -1, dtype=torch.long, device=top1.device)
+            st["age"] = torch.zeros(B, N, dtype=torch.long, device=top1.device)
             st["top1"] = top1
         prob = output.top1_prob.float()
         if masked_sampler:
@@ -164,12 +167,18 @@ class SWD:
                 input_changed = ~output.masked if output.fixed is None else ~output.masked & ~output.fixed
             else:
                 input_changed = output.tokens != st["tokens"]
-            stable &= ~input_changed
+            # a committed token is certain (carry-over): stable once its cache has seen it, and
+            # recomputed at the step right after its commit, never for the K-step test
+            stable = torch.where(output.masked, stable, ~input_changed)
             st["tokens"] = output.tokens.clone()  # the sampler writes its sequence in place
         elif c.stable_latents == "hold" and getattr(output, "latents", None) is not None:
             self._hold(st, output, computed)
+        if c.max_age:
+            st["age"] = torch.where(computed, 0, st["age"] + 1)
+            old = st["age"] >= c.max_age
+            stable &= ~(old & output.masked) if masked_sampler else ~old
         st["first_stable"].masked_fill_(stable & (st["first_stable"] < 0), run.step)
-        st["next"] = widen(~stable, radius_at(run.step + 1, run.num_steps, c.R, c.R_end))
+        st["next"] = widen(~stable, radius_at(run.step + 1, run.num_steps, st["R"], st["R_end"]))
         st["reuse"] = bool(c.exact_skip and input_changed is not None and not run.info.get("time_conditioned", True)
                            and not input_changed.any() and not (top1_changed & computed).any())
         st["computed"].append(float(computed.float().mean()))
@@ -194,7 +203,7 @@ class SWD:
         st = run.state(self)
         steps = len(st["computed"])
         run.metrics[self.name] = {
-            "tau": st["tau"], "K": st["K"], "R": self.config.R, "R_end": self.config.R_end,
+            "tau": st["tau"], "K": st["K"], "R": st["R"], "R_end": st["R_end"],
             "sampler": run.info.get("sampler"),
             "computed_per_step": st["computed"],
             "stable_per_step": st["stable"],
@@ -207,7 +216,7 @@ class SWD:
     @hookimpl
     def diffaccel_run_end(self, run) -> None:
         st = run.state(self)
-        for key in ("run_len", "probs", "top1", "tokens", "latents", "next"):
+        for key in ("run_len", "probs", "top1", "tokens", "latents", "next", "age"):
             st[key] = None
 
     @staticmethod

@@ -255,10 +255,20 @@ def test_state_is_kept_per_guidance_branch():
 
 
 def test_defaults_depend_on_the_sampler():
-    s = swd()
-    assert s.resolved("masked") == (diffaccel_swd.strategy.DEFAULTS["masked"]["tau"], diffaccel_swd.strategy.DEFAULTS["masked"]["K"])
-    assert s.resolved("hybrid") == (diffaccel_swd.strategy.DEFAULTS["continuous"]["tau"], diffaccel_swd.strategy.DEFAULTS["continuous"]["K"])
-    assert swd(tau=0.3, K=7).resolved("masked") == (0.3, 7)
+    d = diffaccel_swd.strategy.DEFAULTS
+    assert swd().resolved("masked") == d["masked"]
+    assert swd().resolved("hybrid") == d["continuous"] == swd().resolved("ddim")
+    assert d["masked"]["tau"] != d["continuous"]["tau"]
+    assert swd(tau=0.3, K=7).resolved("masked") == {**d["masked"], "tau": 0.3, "K": 7}
+    # setting R alone gives a constant R; R_end alone moves the sampler's default R
+    assert swd(R=2).resolved("masked")["R_end"] is None
+    assert swd(R_end=3).resolved("masked") == {**d["masked"], "R_end": 3}
+
+
+def test_the_defaults_reach_the_run(masked_pipe):
+    out = run_with(masked_pipe, [swd()], length=16, steps=16, seed=0)
+    m = out.report["strategies"]["swd"]
+    assert {k: m[k] for k in ("tau", "K", "R", "R_end")} == diffaccel_swd.strategy.DEFAULTS["masked"]
 
 
 def test_reruns_start_fresh(masked_pipe):
@@ -341,7 +351,7 @@ def test_cdf_draws_switch(masked_pipe):
     ({"K": 0}, "K", "[1, inf)"),
     ({"R": -1}, "R", "[0, inf)"),
     ({"R_end": -2}, "R_end", "[0, inf)"),
-    ({"refresh_every": -1}, "refresh_every", "[0, inf)"),
+    ({"max_age": -1}, "max_age", "[0, inf)"),
     ({"stable_latents": "freeze"}, "stable_latents", "'advance', 'hold'"),
 ])
 def test_bad_values_name_the_key(kwargs, key, words):
@@ -450,3 +460,18 @@ def test_post_step_top1_matches_the_logits_exactly_on_partial_steps(kind, masked
     pipe = masked_pipe if kind == "masked" else cont_pipe
     run_with(pipe, [swd(tau=0.01, K=1, R=1, early_stop=False), Spy()], length=24, steps=12, seed=0)
     assert sum(checked) >= 5
+
+
+def test_max_age_recomputes_positions_whose_logits_grew_old():
+    s = swd(tau=0.01, K=1, R=0, max_age=2, early_stop=False)
+    run = _continuous_run(batch=1)
+    s.diffaccel_run_start(run)
+    plans = []
+    for step in range(4):
+        run.step = step
+        plan = s.diffaccel_pre_step(run)
+        plans.append(None if plan.positions is None else plan.positions[0].tolist())
+        computed = None if plan.positions is None else plan.positions.nonzero()[:, 1].reshape(1, -1)
+        s.diffaccel_post_step(run, _step_output([[1, 2, 3]], [[0.9] * 3], computed=computed))
+    # step 0 full; step 1 nothing (all stable); after two steps without computation: all again
+    assert plans == [None, [False] * 3, [False] * 3, [True] * 3]
