@@ -34,6 +34,7 @@ BAD = [
     ({"stride": 0}, "stride", "must be a positive integer"),
     ({"warmup": -1}, "warmup", "must be 0 or more"),
     ({"min_depth": -1}, "min_depth", "must be 0 or more"),
+    ({"neighbors": -1}, "neighbors", "must be 0 or more"),
     ({"sketch": 0}, "sketch", "must be in [16, 65536]"),
     ({"gate": "no/such/gate.json"}, "gate", "file not found: no/such/gate.json"),
     ({"clusters": "no/such/clusters.json"}, "clusters", "file not found"),

@@ -237,3 +237,61 @@ def test_gate_file_for_another_layer_count_is_an_error(pipe, tmp_path):
     s = anchor(gate=gate_file(tmp_path, L + 1, 0.0))
     with pytest.raises(ConfigValueError, match=r"key 'gate': the gate file has 4 layers but the model has 3"):
         s.setup(TextAdapter.info(pipe))
+
+
+class PlanSpy:
+    """After time-anchor: records the merged plan of each step (its own pre_step returns None)."""
+
+    name = "plan-spy"
+
+    def __init__(self, narrow=None):
+        self.narrow = narrow
+        self.plans = []
+
+    @diffaccel.hookimpl
+    def diffaccel_pre_step(self, run):
+        if self.narrow is None:
+            return None
+        from diffaccel import StepPlan
+
+        mask = torch.zeros(run.batch_size, run.info["length"], dtype=torch.bool)
+        mask[:, self.narrow] = True
+        return StepPlan(positions=mask)
+
+    @diffaccel.hookimpl
+    def diffaccel_post_step(self, run, output):
+        self.plans.append(run.plan)
+
+
+def test_masked_steps_are_narrowed_to_what_some_layer_computes(pipe):
+    spy = PlanSpy()
+    with BlockSpy(pipe) as blocks:
+        out = generate(pipe, [anchor(threshold=0.5, warmup=3, max_age=6), spy])
+    comp = blocks.computed(N)
+    assert all(p is None for p in spy.plans[:3])  # warm-up: full steps
+    narrowed = [s for s, p in enumerate(spy.plans) if p is not None]
+    assert narrowed == list(range(3, STEPS))
+    for s in narrowed:
+        plan = spy.plans[s]
+        assert torch.equal(plan.cdf_draw, ~plan.positions)  # positions left out draw by inverse CDF
+        assert not comp[s][:, ~plan.positions[0]].any()  # no layer runs a position outside the plan
+    m = out.report["strategies"]["time-anchor"]
+    assert 0 < m["step_positions"] < 1
+    off = generate(pipe, [anchor(threshold=0.5, warmup=3, max_age=6, cdf_draw=False), spy2 := PlanSpy()])
+    assert all(p.cdf_draw is None for p in spy2.plans[3:]) and off.report["strategies"]["time-anchor"]["hits"] > 0
+
+
+def test_another_strategys_positions_compose(pipe):
+    """With a second plan narrowing the step, a layer runs only plan positions that are not anchored."""
+    window = list(range(0, N, 2))
+    other = PlanSpy(narrow=window)
+    with BlockSpy(pipe) as blocks:
+        out = generate(pipe, [anchor(threshold=0.5, warmup=3, max_age=6), other])
+    comp = blocks.computed(N)
+    odd = torch.arange(N) % 2 == 1
+    assert not comp[1:3][:, :, odd].any()  # warm-up: the other plan alone narrows the step
+    for s in range(3, STEPS):
+        merged = other.plans[s].positions[0]
+        assert not comp[s][:, ~merged].any()  # never outside the merged plan
+    m = out.report["strategies"]["time-anchor"]
+    assert m["hits"] > 0 and comp[3:].float().mean() < 0.5
