@@ -1,0 +1,50 @@
+"""Quality of bert-cond variants beside unconditioned generation (no timing: not a speed figure).
+
+    OMP_NUM_THREADS=1 python plugins/bert_cond/bench_ablation.py --seeds 16 '{}' '{"word_boundary": false}'
+
+Each argument is a JSON object of config keys overriding the first ``[[strategy]]`` of the config
+(default ``configs/text-bert-cond.toml``). Prints, for the baseline (the config's ``[model]``
+with no strategy) and each variant: perplexity, distinct-1/2 and key-term recall over the seeds,
+recall scored on the terms of each variant's own extraction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import attrs
+
+import diffaccel
+from diffaccel.adapters.text.adapter import TextAdapter
+from diffaccel.adapters.text.metrics import text_quality
+from diffaccel_bert_cond import BertCond
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("variants", nargs="*", default=["{}"], help="JSON objects of bert-cond keys")
+    ap.add_argument("--config", default="configs/text-bert-cond.toml")
+    ap.add_argument("--seeds", type=int, default=16)
+    args = ap.parse_args()
+    cfg = diffaccel.load_config(args.config)
+    pipe = diffaccel.load_pipeline(cfg)
+    info = TextAdapter.info(pipe)
+    seeds = [cfg.model.seed + k * cfg.model.batch for k in range(args.seeds)]
+    base = [TextAdapter.run(pipe, cfg, s, progress=False) for s in seeds]
+    for i, text in enumerate(args.variants):
+        strategy = BertCond(attrs.evolve(cfg.strategies[0].config, **json.loads(text)))
+        strategy.setup(info)
+        if i == 0:
+            q = {**text_quality([t for o in base for t in o.texts]), **strategy.bench_quality(base, seeds)}
+            print("baseline", {k: round(v, 3) for k, v in q.items()}, flush=True)
+        outs = []
+        for s in seeds:
+            with diffaccel.apply(pipe, strategies=[strategy]):
+                outs.append(TextAdapter.run(pipe, cfg, s, progress=False))
+        q = {**text_quality([t for o in outs for t in o.texts]), **strategy.bench_quality(outs, seeds)}
+        print(text, {k: round(v, 3) for k, v in q.items()}, flush=True)
+
+
+if __name__ == "__main__":
+    main()
