@@ -295,3 +295,14 @@ def test_another_strategys_positions_compose(pipe):
         assert not comp[s][:, ~merged].any()  # never outside the merged plan
     m = out.report["strategies"]["time-anchor"]
     assert m["hits"] > 0 and comp[3:].float().mean() < 0.5
+
+
+def test_continuous_sampler_skips_per_layer_without_narrowing_the_step():
+    cont = tiny_text_pipeline("continuous", n_layers=L, max_len=32)
+    spy = PlanSpy()
+    with BlockSpy(cont) as blocks:
+        out = generate(cont, [anchor(threshold=0.3, warmup=3, max_age=4), spy])
+    assert all(p is None for p in spy.plans)  # inputs move everywhere: no step plan
+    m = out.report["strategies"]["time-anchor"]
+    assert m["hits"] > 0 and "step_positions" in m
+    assert sum(n for _, _, n in blocks.calls) == out.report["counters"]["positions_computed"] < L * N * STEPS
