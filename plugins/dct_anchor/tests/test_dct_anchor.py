@@ -4,6 +4,7 @@ real skipping on tiny diffusers pipelines, per-branch state, metrics, plots and 
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,7 @@ from diffaccel_dct_anchor import (DCTAnchor, DCTAnchorConfig, band_energy, dct2,
 from diffaccel_dct_anchor import tail
 from diffaccel_dct_anchor.strategy import BlockState
 
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # also when run from the plugin's folder, without the repository's conftest
 ROOT = Path(__file__).resolve().parents[3]
 SD_BLOCKS = ["down_blocks.0", "down_blocks.1", "mid_block", "up_blocks.0", "up_blocks.1"]
 
@@ -362,7 +364,10 @@ def test_values_that_do_not_fit_the_model(tmp_path, capsys, line, expected):
     assert code == 2 and expected in err and "Traceback" not in err
 
 
-def test_text_adapter_is_refused(tmp_path, tiny_text_pipe):
+def test_text_adapter_is_refused(tmp_path):
+    from diffaccel.testing import tiny_text_pipeline
+
+    tiny_text_pipe = tiny_text_pipeline()
     path = tmp_path / "t.toml"
     path.write_text('[model]\nadapter = "text"\n[[strategy]]\nuse = "dct-anchor"\n')
     with pytest.raises(ConfigError, match=r"strategy 'dct-anchor' does not support adapter 'text'; it supports: unet"):
