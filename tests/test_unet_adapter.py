@@ -657,3 +657,11 @@ def test_shipped_digits_model_is_small_safetensors_and_generates(tmp_path):
 def test_check_lists_peers_as_bench_only(capsys):
     assert main(["check", "configs/sd-medium.toml"]) == 0
     assert "peers (bench only): deepcache" in capsys.readouterr().out
+
+
+def test_overhead_command_runs_on_a_unet_pipeline(tmp_path, capsys):
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text('[model]\nadapter = "unet"\ncheckpoint = "synthetic-sd-tiny"\nsteps = 2\nprompts = ["a red cube"]\n')
+    assert main(["overhead", str(cfg), "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "2 steps per run" in out and "hook dispatch alone" in out

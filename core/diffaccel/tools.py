@@ -39,7 +39,9 @@ def overhead(args) -> int:
             out = adapter.run(pipe, cfg, cfg.model.seed, progress=False)
             times.append(time.perf_counter() - t0)
             adapter.detach(pipe)
-    steps = out.report["steps_run"]
+            if accel is not None:
+                hooked_out = out  # untouched runs may carry no report (the UNet's has no run state)
+    steps = hooked_out.report["steps_run"]
     ratio = sum(hooked) / sum(plain)
     pair = statistics.median(h / p for h, p in zip(hooked, plain))
     step_ms = 1000 * statistics.median(plain) / steps
