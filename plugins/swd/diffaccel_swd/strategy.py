@@ -36,7 +36,7 @@ from diffaccel.validators import in_range, one_of
 #: positions; its default asks for an unchanged top-1 only (0.01 is below the top-1
 #: probabilities seen there).
 DEFAULTS: dict[str, dict[str, Any]] = {
-    "masked": {"tau": 0.01, "K": 3, "R": 1, "R_end": None},
+    "masked": {"tau": 0.01, "K": 2, "R": 1, "R_end": None},
     "continuous": {"tau": 0.5, "K": 3, "R": 1, "R_end": None},
 }
 
@@ -48,7 +48,7 @@ class SWDConfig:
     tau: float | None = attrs.field(default=None, validator=in_range(0.0, 1.0, lo_open=True))
     """Stable needs the mean top-1 probability over the last K steps to be at least tau, in (0, 1]. Default per sampler: masked 0.01 (an unchanged top-1 is what counts), ddim/ddpm/hybrid 0.5."""
     K: int | None = attrs.field(default=None, validator=in_range(1, None))
-    """Stable needs the same top-1 token for the last K steps (K >= 1). Default 3."""
+    """Stable needs the same top-1 token for the last K steps (K >= 1). Default per sampler: masked 2, ddim/ddpm/hybrid 3."""
     R: int | None = attrs.field(default=None, validator=in_range(0, None))
     """Each unstable position is widened by R positions on both sides (clipped to the sequence), R >= 0. Default 1."""
     R_end: int | None = attrs.field(default=None, validator=in_range(0, None))
