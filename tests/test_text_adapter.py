@@ -368,3 +368,24 @@ def test_clean_estimate_and_draw_from_topk_logits():
     assert torch.equal(tok, tok_d) and torch.allclose(conf, conf_d) and int(tok[0]) != banned[0]
     drawn = torch.stack([draw(tk.rows(1, torch.arange(5)), [], 1.0, g)[1] for _ in range(50)])
     assert bool((drawn.unsqueeze(-1) == idx[1]).any(-1).all())  # each position draws from its own kept tokens
+
+
+def test_partial_step_refreshes_only_the_computed_clean_estimates():
+    """Continuous samplers: after a partial step, the clean estimate is recomputed at the computed
+    positions only, and equals the full recomputation (the other logits did not change)."""
+    from types import SimpleNamespace
+
+    from diffaccel.adapters.text.logits import clean_estimate
+    from diffaccel.adapters.text.pipeline import TextDiffusionPipeline
+
+    g = torch.Generator().manual_seed(0)
+    logits, E = torch.randn(2, 6, 20, generator=g), torch.randn(20, 3, generator=g)
+    prev = clean_estimate(logits, E, 0.7)
+    idx = torch.tensor([[1, 4], [0, 5]])
+    logits.scatter_(1, idx.unsqueeze(-1).expand(-1, -1, 20), torch.randn(2, 2, 20, generator=g))
+    ctx = SimpleNamespace(step_idx=idx, logits=logits)
+    got = TextDiffusionPipeline._clean_estimate(ctx, logits, E, 0.7, prev)
+    assert torch.allclose(got, clean_estimate(logits, E, 0.7), atol=1e-6)
+    assert torch.equal(got[0, 0], prev[0, 0])  # an uncomputed position keeps its estimate
+    replaced = logits.clone()  # a strategy replaced the logits: everything is recomputed
+    assert torch.allclose(TextDiffusionPipeline._clean_estimate(ctx, replaced, E, 0.7, prev), clean_estimate(replaced, E, 0.7))

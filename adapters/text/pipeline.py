@@ -376,6 +376,16 @@ class TextDiffusionPipeline:
                     return x
         return x
 
+    @staticmethod
+    def _clean_estimate(ctx, logits, E, temperature, x0_prev):
+        """Expected token latents; after a partial step only the computed positions' estimates
+        are refreshed (the others' logits did not change), unless a strategy replaced the logits."""
+        idx = ctx.step_idx
+        if x0_prev is None or idx is None or logits is not ctx.logits:
+            return clean_estimate(logits, E, temperature)
+        part = clean_estimate(_gather_rows(logits, idx), E, temperature)
+        return x0_prev.scatter(1, idx.unsqueeze(-1).expand(-1, -1, part.shape[-1]), part)
+
     # -- continuous (embedding-space) samplers --------------------------------------------------
     def _continuous(self, ctx, accel, base, fixed, steps, sampler, temperature, gens, bar):
         run, den = ctx.run, ctx.den
@@ -387,13 +397,14 @@ class TextDiffusionPipeline:
         z = torch.stack([torch.randn(N, E.shape[1], generator=g) for g in gens]).to(self.device)
         prefix_noise = torch.stack([torch.randn(N, E.shape[1], generator=g) for g in gens]).to(self.device)
         prefix_latent = E[base.clamp(min=0)]
+        x0 = None
         for s, t in enumerate(ts):
             run.step, run.timestep = s, t
             ab = ab_all[t]
             # prompt positions follow the forward process of their known tokens
             z = torch.where(fixed[..., None], ab.sqrt() * prefix_latent + (1 - ab).sqrt() * prefix_noise, z)
             logits = self._step_model(ctx, accel, z, torch.tensor(float(t), device=self.device))
-            x0 = clean_estimate(logits, E, max(temperature, 1e-6))
+            x0 = self._clean_estimate(ctx, logits, E, max(temperature, 1e-6), x0)
             ab_prev = ab_all[ts[s + 1]] if s + 1 < len(ts) else torch.tensor(1.0, device=self.device)
             eps = (z - ab.sqrt() * x0) / (1 - ab).clamp(min=1e-8).sqrt()
             mode = sampler if sampler != "hybrid" else ("ddpm" if steps // 3 <= s < 2 * steps // 3 else "ddim")
