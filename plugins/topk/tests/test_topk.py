@@ -208,3 +208,21 @@ def test_alone_through_a_config_and_the_pipeline_is_untouched_afterwards(pipe):
     assert out.report["strategies"]["topk"]["steps_sampled"] == 16
     assert not math.isnan(out.report["strategies"]["topk"]["seconds"])
     assert torch.equal(generate(pipe, seed=5).tokens, before)
+
+
+@pytest.mark.parametrize("kind", ["masked", "continuous"])
+def test_composes_with_time_anchor_in_one_config(kind):
+    """topk truncation with time-anchor's partial computation: both run, both report, and the
+    sampler still draws only kept tokens."""
+    anchor = pytest.importorskip("diffaccel_time_anchor", reason="the time-anchor plugin is not installed")
+    reg = registry()
+    reg.register_plugin(anchor, name="time-anchor")
+    model = {"adapter": "text", "checkpoint": "unused", "length": N, "steps": 16, "temperature": 0.0}
+    cfg = diffaccel.parse_config({"model": model, "strategy": [{"use": "topk", "k": 3, "k_keep": 8, "at_finalize": False},
+                                                               {"use": "time-anchor", "warmup": 2, "threshold": 0.9, "neighbors": 0}]}, registry=reg)
+    pipe = tiny_pipeline(kind)
+    with diffaccel.apply(pipe, cfg, registry=reg):
+        out = pipe(length=N, steps=16, seed=0, temperature=0.0, progress=False)
+    assert set(out.report["strategies"]) >= {"topk", "time-anchor"}
+    assert out.report["strategies"]["topk"]["steps_truncated"] == 16
+    assert out.report["counters"]["fraction_computed"] < 1.0  # time-anchor really narrowed layers
