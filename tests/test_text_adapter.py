@@ -376,7 +376,7 @@ def test_partial_step_refreshes_only_the_computed_clean_estimates():
     from types import SimpleNamespace
 
     from diffaccel.adapters.text.logits import clean_estimate
-    from diffaccel.adapters.text.pipeline import TextDiffusionPipeline
+    from diffaccel.adapters.text.pipeline import _refresh_computed
 
     g = torch.Generator().manual_seed(0)
     logits, E = torch.randn(2, 6, 20, generator=g), torch.randn(20, 3, generator=g)
@@ -384,8 +384,9 @@ def test_partial_step_refreshes_only_the_computed_clean_estimates():
     idx = torch.tensor([[1, 4], [0, 5]])
     logits.scatter_(1, idx.unsqueeze(-1).expand(-1, -1, 20), torch.randn(2, 2, 20, generator=g))
     ctx = SimpleNamespace(step_idx=idx, logits=logits)
-    got = TextDiffusionPipeline._clean_estimate(ctx, logits, E, 0.7, prev)
+    estimate = lambda lg: clean_estimate(lg, E, 0.7)  # noqa: E731
+    got = _refresh_computed(ctx, logits, prev, estimate)
     assert torch.allclose(got, clean_estimate(logits, E, 0.7), atol=1e-6)
     assert torch.equal(got[0, 0], prev[0, 0])  # an uncomputed position keeps its estimate
     replaced = logits.clone()  # a strategy replaced the logits: everything is recomputed
-    assert torch.allclose(TextDiffusionPipeline._clean_estimate(ctx, replaced, E, 0.7, prev), clean_estimate(replaced, E, 0.7))
+    assert torch.allclose(_refresh_computed(ctx, replaced, prev, estimate), clean_estimate(replaced, E, 0.7))

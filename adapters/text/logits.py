@@ -61,17 +61,26 @@ def clean_estimate(logits: "torch.Tensor | TopKLogits", latents: torch.Tensor, t
     return (logits.float() / temperature).softmax(-1) @ latents
 
 
+def _without_banned(logits: "torch.Tensor | TopKLogits", banned: list[int],
+                    copy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(float logits with the ``banned`` ids at -inf, the kept token ids for a ``TopKLogits`` or
+    None). Dense rows are written in place unless ``copy``: the sampler hands ``draw`` its own
+    gathered copy, so it saves one (M, V) copy per row and step."""
+    if isinstance(logits, TopKLogits):
+        ban = torch.isin(logits.indices, torch.tensor(banned, device=logits.indices.device))
+        return logits.values.float().masked_fill(ban, -math.inf), logits.indices
+    lg = logits.float()
+    if copy:
+        lg = lg.clone()
+    lg[:, banned] = -math.inf
+    return lg, None
+
+
 def draw(logits: "torch.Tensor | TopKLogits", banned: list[int], temperature: float,
          gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """(confidence, token) per row of (M, V) logits or an (M, k) ``TopKLogits`` slice: the argmax at
     temperature 0, else a draw from softmax(logits / T); ``banned`` tokens never come out."""
-    if isinstance(logits, TopKLogits):
-        lg = logits.values.float().masked_fill(torch.isin(logits.indices, torch.tensor(banned, device=logits.indices.device)), -math.inf)
-        ids = logits.indices
-    else:
-        lg = logits.float()
-        lg[:, banned] = -math.inf
-        ids = None
+    lg, ids = _without_banned(logits, banned, copy=False)
     if temperature <= 0:
         conf, choice = lg.softmax(-1).max(-1)
     else:
@@ -95,13 +104,7 @@ def draw_cdf(logits: "torch.Tensor | TopKLogits", banned: list[int], temperature
     ``torch.multinomial``'s exponential per vocabulary entry (a different random stream)."""
     if temperature <= 0:
         return draw(logits, banned, temperature, gen)
-    if isinstance(logits, TopKLogits):
-        lg = logits.values.float().masked_fill(torch.isin(logits.indices, torch.tensor(banned, device=logits.indices.device)), -math.inf)
-        ids = logits.indices
-    else:
-        lg = logits.float().clone()
-        lg[:, banned] = -math.inf
-        ids = None
+    lg, ids = _without_banned(logits, banned, copy=True)
     p = (lg / temperature).softmax(-1)
     cdf = p.cumsum(-1)
     u = torch.rand(p.shape[0], 1, generator=gen).to(p.device) * cdf[:, -1:]

@@ -52,6 +52,25 @@ def mask_to_index(mask: torch.Tensor) -> torch.Tensor:
     return torch.argsort((~mask).to(torch.int8), dim=1, stable=True)[:, : max(m, 1)]
 
 
+def _refresh_computed(ctx: "_RunContext", logits: torch.Tensor, prev: Any, fn):
+    """``fn(logits)``, a per-position function of the logits (a tensor or a tuple of tensors, each
+    (B, N, ...)). After a partial step only the computed positions' logits changed, so ``fn`` runs
+    on those rows alone and ``prev`` (the last result) serves the others; a strategy's replacement
+    logits, a full step, or no ``prev`` get the whole computation."""
+    idx = ctx.step_idx
+    if prev is None or idx is None or logits is not ctx.logits:
+        return fn(logits)
+    part = fn(_gather_rows(logits, idx))
+
+    def merge(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        at = idx.view(*idx.shape, *([1] * (new.dim() - 2))).expand_as(new)
+        return old.scatter(1, at, new)
+
+    if isinstance(part, tuple):
+        return tuple(merge(o, n) for o, n in zip(prev, part))
+    return merge(prev, part)
+
+
 class _RunContext:
     """Per-generation caches: per-layer keys/values and outputs, last logits and top-1."""
 
@@ -323,16 +342,8 @@ class TextDiffusionPipeline:
         if isinstance(logits, TopKLogits):
             topk, logits = logits, ctx.logits
             top1_prob, top1 = topk.top1()
-        elif logits is ctx.logits and ctx.top1 is not None and ctx.step_idx is not None:
-            # only the rows computed this step changed: refresh their top-1, keep the others'
-            idx = ctx.step_idx
-            if idx.shape[1]:
-                p, j = _gather_rows(logits, idx).float().softmax(-1).max(-1)
-                ctx.top1[0].scatter_(1, idx, p)
-                ctx.top1[1].scatter_(1, idx, j)
-            top1_prob, top1 = ctx.top1[0].clone(), ctx.top1[1].clone()
         else:
-            top1_prob, top1 = logits.float().softmax(-1).max(-1)
+            top1_prob, top1 = _refresh_computed(ctx, logits, ctx.top1, lambda lg: tuple(lg.float().softmax(-1).max(-1)))
         ctx.top1 = (top1_prob.clone(), top1.clone()) if logits is ctx.logits and topk is None else None
         accel.post_step(run, TextStepOutput(tokens=tokens, top1=top1, top1_prob=top1_prob, logits=logits,
                                             computed=ctx.step_idx, masked=masked, fixed=fixed, latents=latents,
@@ -376,16 +387,6 @@ class TextDiffusionPipeline:
                     return x
         return x
 
-    @staticmethod
-    def _clean_estimate(ctx, logits, E, temperature, x0_prev):
-        """Expected token latents; after a partial step only the computed positions' estimates
-        are refreshed (the others' logits did not change), unless a strategy replaced the logits."""
-        idx = ctx.step_idx
-        if x0_prev is None or idx is None or logits is not ctx.logits:
-            return clean_estimate(logits, E, temperature)
-        part = clean_estimate(_gather_rows(logits, idx), E, temperature)
-        return x0_prev.scatter(1, idx.unsqueeze(-1).expand(-1, -1, part.shape[-1]), part)
-
     # -- continuous (embedding-space) samplers --------------------------------------------------
     def _continuous(self, ctx, accel, base, fixed, steps, sampler, temperature, gens, bar):
         run, den = ctx.run, ctx.den
@@ -404,7 +405,7 @@ class TextDiffusionPipeline:
             # prompt positions follow the forward process of their known tokens
             z = torch.where(fixed[..., None], ab.sqrt() * prefix_latent + (1 - ab).sqrt() * prefix_noise, z)
             logits = self._step_model(ctx, accel, z, torch.tensor(float(t), device=self.device))
-            x0 = self._clean_estimate(ctx, logits, E, max(temperature, 1e-6), x0)
+            x0 = _refresh_computed(ctx, logits, x0, lambda lg: clean_estimate(lg, E, max(temperature, 1e-6)))
             ab_prev = ab_all[ts[s + 1]] if s + 1 < len(ts) else torch.tensor(1.0, device=self.device)
             eps = (z - ab.sqrt() * x0) / (1 - ab).clamp(min=1e-8).sqrt()
             mode = sampler if sampler != "hybrid" else ("ddpm" if steps // 3 <= s < 2 * steps // 3 else "ddim")
