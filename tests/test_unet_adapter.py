@@ -15,8 +15,9 @@ from diffaccel import ConfigError, DiffaccelError, ModelLoadError, StepPlan, hoo
 from diffaccel.adapters.unet import hooks
 from diffaccel.adapters.unet.adapter import UNetAdapter
 from diffaccel.adapters.unet.metrics import conditioning_accuracy, psnr, psnr_per_image, ssim
-from diffaccel.adapters.unet.pipeline import DigitsPipeline, char_tokenizer, char_vocab, digit_label
+from diffaccel.adapters.unet.pipeline import DigitsPipeline, char_vocab, digit_label
 from diffaccel.cli import main
+from diffaccel.testing import tiny_digits_pipeline
 
 STEPS = 4
 
@@ -54,17 +55,7 @@ def tiny_sd(mid: bool = True):
 
 
 def tiny_digits():
-    from diffusers import DDIMScheduler, UNet2DConditionModel
-
-    torch.manual_seed(0)
-    unet = UNet2DConditionModel(
-        sample_size=16, in_channels=1, out_channels=1, block_out_channels=(16, 32), layers_per_block=1,
-        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
-        cross_attention_dim=16, attention_head_dim=4, norm_num_groups=8,
-    ).eval()
-    sched = DDIMScheduler(num_train_timesteps=1000, beta_schedule="squaredcos_cap_v2", clip_sample=True,
-                          set_alpha_to_one=True, timestep_spacing="trailing")
-    return DigitsPipeline(unet=unet, scheduler=sched, text_encoder=tiny_clip(16, 16), tokenizer=char_tokenizer(16))
+    return tiny_digits_pipeline()
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,10 @@ import torch
 import diffaccel
 from diffaccel import ConfigError, DiffaccelError, load_config
 from diffaccel.adapters.unet.adapter import UNetAdapter
-from diffaccel.adapters.unet.pipeline import DigitsPipeline, char_tokenizer, char_vocab
 from diffaccel.adapters.unet.synthetic import build as build_synthetic
 from diffaccel.config import parse_config
 from diffaccel.errors import ConfigValueError
+from diffaccel.testing import tiny_digits_pipeline
 from diffaccel_dct_anchor import (DCTAnchor, DCTAnchorConfig, band_energy, dct2, dct_basis, decide, low_band,
                                   relative_band_change, relative_energy_change)
 from diffaccel_dct_anchor import tail
@@ -36,22 +36,7 @@ def sd():
 
 
 def tiny_digits():
-    from diffusers import DDIMScheduler, UNet2DConditionModel
-    from transformers import CLIPTextConfig, CLIPTextModel
-
-    torch.manual_seed(0)
-    unet = UNet2DConditionModel(
-        sample_size=16, in_channels=1, out_channels=1, block_out_channels=(16, 32), layers_per_block=1,
-        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
-        cross_attention_dim=16, attention_head_dim=4, norm_num_groups=8,
-    ).eval()
-    torch.manual_seed(0)
-    text = CLIPTextModel(CLIPTextConfig(vocab_size=len(char_vocab()), hidden_size=16, intermediate_size=37,
-                                        num_hidden_layers=1, num_attention_heads=4, max_position_embeddings=16,
-                                        bos_token_id=0, eos_token_id=1, pad_token_id=1)).eval()
-    sched = DDIMScheduler(num_train_timesteps=1000, beta_schedule="squaredcos_cap_v2", clip_sample=True,
-                          set_alpha_to_one=True, timestep_spacing="trailing")
-    return DigitsPipeline(unet=unet, scheduler=sched, text_encoder=text, tokenizer=char_tokenizer(16))
+    return tiny_digits_pipeline(text_layers=1)
 
 
 def cfg(steps=8, checkpoint="synthetic-sd-tiny", batch=1, **options):
