@@ -76,58 +76,70 @@ def _without_banned(logits: "torch.Tensor | TopKLogits", banned: list[int],
     return lg, None
 
 
+def _cdf(lg: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Cumulative softmax(lg / T) along the vocabulary, (M, V) float32."""
+    return (lg / temperature).softmax(-1).cumsum_(-1)
+
+
+def _pick(cdf: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse CDF: (confidence, index) per row of ``cdf`` (M, V) for uniforms ``u`` (M, 1) in
+    [0, 1). The first entry whose cumulative mass passes u * total: never a zero-probability
+    (banned) entry. Its probability is the step of the CDF there."""
+    u = u * cdf[:, -1:]
+    choice = torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.shape[1] - 1)
+    upper = cdf.gather(1, choice)
+    lower = torch.where(choice > 0, cdf.gather(1, (choice - 1).clamp_(min=0)), torch.zeros_like(upper))
+    return (upper - lower).squeeze(1), choice.squeeze(1)
+
+
 def draw(logits: "torch.Tensor | TopKLogits", banned: list[int], temperature: float,
          gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """(confidence, token) per row of (M, V) logits or an (M, k) ``TopKLogits`` slice: the argmax at
-    temperature 0, else a draw from softmax(logits / T); ``banned`` tokens never come out."""
+    temperature 0, else a draw from softmax(logits / T) by inverse CDF (one uniform per row from
+    ``gen``; ``torch.multinomial`` draws an exponential per vocabulary entry, which cost a quarter
+    of a step at vocabulary 4096); ``banned`` tokens never come out."""
     lg, ids = _without_banned(logits, banned, copy=False)
     if temperature <= 0:
         conf, choice = lg.softmax(-1).max(-1)
     else:
-        p = (lg / temperature).softmax(-1)
-        choice = torch.multinomial(p, 1, generator=gen).squeeze(1)
-        conf = p.gather(1, choice[:, None]).squeeze(1)
+        u = torch.rand(lg.shape[0], 1, generator=gen).to(lg.device)
+        conf, choice = _pick(_cdf(lg, temperature), u)
     if ids is not None:
         choice = ids.gather(1, choice[:, None]).squeeze(1)
     return conf, choice
 
 
-def _subset(rows: "torch.Tensor | TopKLogits", keep: torch.Tensor) -> "torch.Tensor | TopKLogits":
-    if isinstance(rows, TopKLogits):
-        return TopKLogits(rows.values[keep], rows.indices[keep], rows.vocab_size)
-    return rows[keep]
+class CdfCache:
+    """The masked sampler's cumulative distributions per position, (B, N, V), kept across steps.
 
+    A position the step did not compute keeps its logits, so its distribution is the same as at
+    the last step: its draw is then one binary search instead of a softmax and a cumulative sum
+    over the vocabulary. Draws are identical to ``draw`` (same uniforms, same arithmetic per row);
+    only the work for unchanged rows is saved. Used on hooked runs, where steps may be partial.
+    """
 
-def draw_cdf(logits: "torch.Tensor | TopKLogits", banned: list[int], temperature: float,
+    def __init__(self, shape: tuple[int, int, int], device):
+        self.cdf = torch.empty(shape, dtype=torch.float32, device=device)
+        self.valid = torch.zeros(shape[:2], dtype=torch.bool, device=device)
+
+    def invalidate(self, computed: torch.Tensor | None) -> None:
+        """Forget the positions a step computed: ``computed`` (B, M) long, or None for all."""
+        if computed is None:
+            self.valid.zero_()
+        elif computed.numel():
+            self.valid.scatter_(1, computed, False)
+
+    def draw(self, logits: torch.Tensor, r: int, cand: torch.Tensor, banned: list[int], temperature: float,
              gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Like ``draw``, from the same distribution, by inverse CDF: one uniform per row instead of
-    ``torch.multinomial``'s exponential per vocabulary entry (a different random stream)."""
-    if temperature <= 0:
-        return draw(logits, banned, temperature, gen)
-    lg, ids = _without_banned(logits, banned, copy=True)
-    p = (lg / temperature).softmax(-1)
-    cdf = p.cumsum(-1)
-    u = torch.rand(p.shape[0], 1, generator=gen).to(p.device) * cdf[:, -1:]
-    # the first entry whose cumulative mass passes u: never a zero-probability (banned) token
-    choice = torch.searchsorted(cdf, u, right=True).clamp_(max=p.shape[1] - 1)
-    conf = p.gather(1, choice).squeeze(1)
-    if ids is not None:
-        choice = ids.gather(1, choice)
-    return conf, choice.squeeze(1)
-
-
-def draw_mixed(logits: "torch.Tensor | TopKLogits", cheap: torch.Tensor, banned: list[int], temperature: float,
-               gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """``draw`` for the rows where ``cheap`` (M,) is False, ``draw_cdf`` where it is True."""
-    if not bool(cheap.any()):
-        return draw(logits, banned, temperature, gen)
-    if bool(cheap.all()):
-        return draw_cdf(logits, banned, temperature, gen)
-    exact = ~cheap
-    conf_e, choice_e = draw(_subset(logits, exact), banned, temperature, gen)
-    conf_c, choice_c = draw_cdf(_subset(logits, cheap), banned, temperature, gen)
-    conf = torch.empty(cheap.shape[0], dtype=conf_e.dtype, device=conf_e.device)
-    choice = torch.empty(cheap.shape[0], dtype=torch.long, device=choice_e.device)
-    conf[exact], choice[exact] = conf_e, choice_e
-    conf[cheap], choice[cheap] = conf_c, choice_c
-    return conf, choice
+        """``draw(logits[r, cand], ...)`` (temperature > 0), from the cache where it is valid."""
+        valid = self.valid[r, cand]
+        if not bool(valid.all()):
+            stale = cand[~valid]
+            lg, _ = _without_banned(logits[r, stale], banned, copy=False)
+            self.cdf[r, stale] = _cdf(lg, temperature)
+            self.valid[r, stale] = True
+        cdf = self.cdf[r]  # (N, V): search every row (cheap) rather than copy the candidates' rows
+        u = torch.zeros(cdf.shape[0], 1, device=cdf.device)
+        u[cand] = torch.rand(cand.numel(), 1, generator=gen).to(cdf.device)
+        conf, choice = _pick(cdf, u)
+        return conf[cand], choice[cand]

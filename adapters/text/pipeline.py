@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from diffaccel.state import Layer, RunState
 
-from .logits import TopKLogits, clean_estimate, draw, draw_mixed
+from .logits import CdfCache, TopKLogits, clean_estimate, draw
 from .model import KVCache, _gather_rows
 
 SAMPLERS = ("masked", "ddim", "ddpm", "hybrid")
@@ -358,6 +358,7 @@ class TextDiffusionPipeline:
         per_block = [steps // len(blocks) + (1 if b < steps % len(blocks) else 0) for b in range(len(blocks))]
         step = 0
         banned = list(ctx.den.special_ids)
+        cdfs = CdfCache((B, N, ctx.den.vocab_size), x.device) if accel.active and temperature > 0 else None
         for (lo, hi), n_steps in zip(blocks, per_block):
             for j in range(n_steps):
                 run.step = step
@@ -365,6 +366,13 @@ class TextDiffusionPipeline:
                 run.timestep = float(masked.float().mean())  # the current mask rate
                 t = torch.tensor(run.timestep * 1000.0, device=self.device) if ctx.den.time_conditioned else None
                 logits = self._step_model(ctx, accel, x, t)
+                cache = None
+                if cdfs is not None:  # hooked run: rows the step did not compute keep their CDF
+                    if logits is ctx.logits:
+                        cdfs.invalidate(ctx.step_idx)
+                        cache = cdfs
+                    else:  # a strategy's replacement logits: every row may have changed
+                        cdfs.invalidate(None)
                 in_block = torch.zeros_like(masked)
                 in_block[:, lo:hi] = True
                 for r in range(B):
@@ -372,12 +380,11 @@ class TextDiffusionPipeline:
                     if cand.numel() == 0:
                         continue
                     k = math.ceil(cand.numel() / (n_steps - j))
-                    rows = logits.rows(r, cand) if isinstance(logits, TopKLogits) else logits[r, cand]
-                    cheap = run.plan.cdf_draw if run.plan is not None else None
-                    if cheap is None:
-                        conf, choice = draw(rows, banned, temperature, gens[r])
+                    if cache is not None:
+                        conf, choice = cache.draw(logits, r, cand, banned, temperature, gens[r])
                     else:
-                        conf, choice = draw_mixed(rows, cheap[r, cand].to(x.device), banned, temperature, gens[r])
+                        rows = logits.rows(r, cand) if isinstance(logits, TopKLogits) else logits[r, cand]
+                        conf, choice = draw(rows, banned, temperature, gens[r])
                     top = torch.topk(conf, k).indices
                     x[r, cand[top]] = choice[top]
                 self._post(ctx, accel, x, logits, x == ctx.den.mask_id, fixed)

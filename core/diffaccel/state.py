@@ -44,10 +44,6 @@ class StepPlan:
       computed this step. ``None`` means every position.
     * ``skip``: names of layers or blocks this strategy is willing to skip this step.
     * ``reuse_step``: the whole denoiser output of the last step may be reused as is.
-    * ``cdf_draw``: text, masked sampler only, a bool tensor (batch, length); True where the
-      sampler may draw the position's token by inverse CDF (one uniform per position: the same
-      distribution as its ``torch.multinomial`` draw, another random stream, far cheaper at a large
-      vocabulary). ``None`` (default): the sampler's own draw everywhere.
 
     Several plans merge so that work any strategy needs is done: positions are OR-ed, only layers
     every plan skips are skipped, and a step is reused only if every plan says so.
@@ -56,7 +52,6 @@ class StepPlan:
     positions: Any = None
     skip: frozenset[str] = frozenset()
     reuse_step: bool = False
-    cdf_draw: Any = None
 
     @staticmethod
     def merge(plans: list["StepPlan"]) -> "StepPlan | None":
@@ -71,12 +66,7 @@ class StepPlan:
             for p in plans[1:]:
                 positions = positions | p.positions
         skip = frozenset.intersection(*[frozenset(p.skip) for p in plans])
-        cdf_draw = None  # the cheaper draw only where every plan allows it
-        if all(p.cdf_draw is not None for p in plans):
-            cdf_draw = plans[0].cdf_draw
-            for p in plans[1:]:
-                cdf_draw = cdf_draw & p.cdf_draw
-        return StepPlan(positions=positions, skip=skip, reuse_step=all(p.reuse_step for p in plans), cdf_draw=cdf_draw)
+        return StepPlan(positions=positions, skip=skip, reuse_step=all(p.reuse_step for p in plans))
 
 
 class Layer:

@@ -55,8 +55,6 @@ class SWDConfig:
     """R at the last step; between the first and the last step R moves linearly from R to R_end (None: R throughout)."""
     stable_latents: str = attrs.field(default="advance", validator=one_of(("advance", "hold")))
     """Continuous samplers: what happens to the latent of a position not computed. advance: the sampler's update from its last clean estimate (closed form, no model call). hold: the latent is frozen."""
-    cdf_draws: bool = True
-    """Masked sampler: a position not computed draws its token again from its unchanged probabilities by inverse CDF (the same distribution as the sampler's torch.multinomial draw, another random stream, far cheaper at a 4096-token vocabulary). false: the sampler's own draw everywhere."""
     exact_skip: bool = True
     """Reuse the whole last forward pass when no input token and no top-1 token changed in a step and the model is not time-conditioned (exact)."""
     early_stop: bool = True
@@ -133,9 +131,8 @@ class SWD:
         st = run.state(self)
         if st["next"] is None:
             return StepPlan()  # first step: every position
-        cheap = ~st["next"] if self.config.cdf_draws else None
         # positions too when reusing: if another strategy's plan does not reuse, the merge computes these
-        return StepPlan(positions=st["next"], reuse_step=st["reuse"], cdf_draw=cheap)
+        return StepPlan(positions=st["next"], reuse_step=st["reuse"])
 
     @hookimpl
     def diffaccel_post_step(self, run, output) -> None:

@@ -12,7 +12,7 @@ import torch
 import diffaccel
 import diffaccel_swd
 from diffaccel import ConfigError, ConfigValueError, hookimpl
-from diffaccel.adapters.text.logits import TopKLogits, draw_cdf, draw_mixed
+from diffaccel.adapters.text.logits import TopKLogits
 from diffaccel.adapters.text.pipeline import TextStepOutput
 from diffaccel.config import parse_config
 from diffaccel.state import RunState, StepPlan
@@ -276,70 +276,6 @@ def test_reruns_start_fresh(masked_pipe):
     a = run_with(masked_pipe, [s], length=24, steps=24, seed=3)
     b = run_with(masked_pipe, [s], length=24, steps=24, seed=3)
     assert torch.equal(a.tokens, b.tokens) and a.report == b.report
-
-
-# ---- the cheaper draw of positions not computed (masked sampler) ----------------------------
-
-def test_cdf_draw_follows_the_softmax_and_never_draws_banned_tokens():
-    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, 3.0]]).repeat(20000, 1)
-    gen = torch.Generator().manual_seed(0)
-    conf, choice = draw_cdf(logits, [4], 1.0, gen)
-    p = torch.tensor([2.0, 1.0, 0.0, -1.0, -math.inf]).softmax(-1)
-    freq = torch.bincount(choice, minlength=5).float() / choice.numel()
-    assert freq[4] == 0
-    assert torch.allclose(freq, p, atol=0.015)
-    assert torch.allclose(conf, p[choice])
-    assert logits[0, 4] == 3.0  # the caller's logits are left alone
-
-
-def test_cdf_draw_on_truncated_logits_returns_token_ids():
-    tk = TopKLogits(values=torch.tensor([[5.0, 4.0]]).repeat(1000, 1), indices=torch.tensor([[17, 3]]).repeat(1000, 1), vocab_size=20)
-    conf, choice = draw_cdf(tk, [3], 1.0, torch.Generator().manual_seed(0))
-    assert set(choice.tolist()) == {17} and torch.allclose(conf, torch.ones(1000))
-
-
-def test_draw_mixed_uses_each_draw_where_asked():
-    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(1))
-    cheap = torch.tensor([True, False, True, False, False, True])
-    conf, choice = draw_mixed(logits, cheap, [0], 1.0, torch.Generator().manual_seed(2))
-    g = torch.Generator().manual_seed(2)
-    from diffaccel.adapters.text.logits import draw
-    c_e, ch_e = draw(logits[~cheap], [0], 1.0, g)
-    c_c, ch_c = draw_cdf(logits[cheap], [0], 1.0, g)
-    assert choice[~cheap].tolist() == ch_e.tolist() and choice[cheap].tolist() == ch_c.tolist()
-    # temperature 0 is the argmax either way
-    _, arg = draw_mixed(logits, cheap, [0], 0.0, g)
-    masked = logits.clone()
-    masked[:, 0] = -math.inf
-    assert arg.tolist() == masked.argmax(-1).tolist()
-
-
-def test_plans_merge_the_cheap_draw_only_where_every_plan_allows_it():
-    a = torch.tensor([[True, True, False]])
-    b = torch.tensor([[True, False, False]])
-    assert StepPlan.merge([StepPlan(cdf_draw=a), StepPlan(cdf_draw=b)]).cdf_draw.tolist() == [[True, False, False]]
-    assert StepPlan.merge([StepPlan(cdf_draw=a), StepPlan()]).cdf_draw is None
-
-
-def test_cdf_draws_switch(masked_pipe):
-    seen = []
-
-    class Spy:
-        name = "spy"
-
-        @hookimpl
-        def diffaccel_pre_step(self, run):
-            return None
-
-        @hookimpl
-        def diffaccel_post_step(self, run, output):
-            seen.append(run.plan.cdf_draw if run.plan is not None else None)
-
-    run_with(masked_pipe, [swd(tau=0.01, K=1, R=0), Spy()], length=16, steps=16, seed=0)
-    assert seen[0] is None and any(c is not None and bool(c.any()) for c in seen[1:])
-    seen.clear()
-    run_with(masked_pipe, [swd(tau=0.01, K=1, R=0, cdf_draws=False), Spy()], length=16, steps=16, seed=0)
-    assert all(c is None for c in seen)
 
 
 # ---- configuration and bad input ------------------------------------------------------------

@@ -56,8 +56,6 @@ class TimeAnchorConfig:
     """Store cached reference states in float16 (half the bytes)."""
     neighbors: int = attrs.field(default=2, validator=non_negative)
     """Text: positions within this distance of a position whose input token changed are recomputed at every layer in that step (a committed token changes its neighbours most)."""
-    cdf_draw: bool = True
-    """Text, masked sampler: positions the step leaves out (anchored at every layer, logits unchanged) draw their token by inverse CDF (StepPlan.cdf_draw: the same distribution, another random stream, cheaper than multinomial over the vocabulary)."""
     stride: int = attrs.field(default=1, validator=_positive_int)
     """Text: cache and anchor only every n-th position (the others are always computed); trades hit rate for memory."""
     clusters: str | None = attrs.field(default=None, validator=_existing_json)

@@ -13,8 +13,8 @@ computed:
   recomputed even when anchored, so a new token climbs the layers at once instead of waiting
   ``max_age`` steps. With the masked sampler, ``pre_step`` also narrows the whole step
   (``StepPlan.positions``) to the positions some layer must compute: the others are not
-  embedded, their logits are kept and drawn by inverse CDF (``StepPlan.cdf_draw``: the same
-  distribution, cheaper than ``multinomial`` over the vocabulary). Another strategy's positions
+  embedded, and their logits are kept (the sampler draws them again from its cached cumulative
+  distribution, a binary search per position). Another strategy's positions
   OR into that plan (the core's merge rule); each layer then computes the plan's positions that
   are not anchored in it.
 * UNet: blocks are grouped by depth: ``down_blocks.d`` and its up counterpart share depth d,
@@ -192,7 +192,7 @@ class TimeAnchor:
     def _text_plan(self, st: _State, run):
         """Which entries may be served at this step, for every layer at once; with the masked
         sampler, the step is narrowed to the positions some layer must compute (the others are
-        anchored at every layer: not embedded, not run, their logits kept, drawn by inverse CDF)."""
+        anchored at every layer: not embedded, not run, their logits kept)."""
         st.live = None
         if st.cache is None or run.step < self.config.warmup:
             return None
@@ -205,7 +205,7 @@ class TimeAnchor:
         need = (~live).any(0)
         st.planned += need.float().mean()
         st.planned_steps += 1
-        return StepPlan(positions=need, cdf_draw=~need if self.config.cdf_draw else None)
+        return StepPlan(positions=need)
 
     def _text_layer(self, run, layer, hidden: torch.Tensor) -> torch.Tensor:
         st = run.state(self)

@@ -1,0 +1,104 @@
+"""The masked sampler's draws: inverse CDF from the softmax, and the per-position CDF cache that
+lets a partial step skip the softmax of the positions it did not compute."""
+
+import math
+
+import pytest
+import torch
+
+from diffaccel import StepPlan, hookimpl
+from diffaccel.adapters.text import logits as draws
+from diffaccel.adapters.text.logits import CdfCache, TopKLogits, draw
+from diffaccel.testing import run_with, tiny_text_pipeline
+
+
+def test_draw_follows_the_softmax_and_never_draws_banned_tokens():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, 3.0]]).repeat(20000, 1)
+    conf, choice = draw(logits.clone(), [4], 1.0, torch.Generator().manual_seed(0))
+    p = torch.tensor([2.0, 1.0, 0.0, -1.0, -math.inf]).softmax(-1)
+    freq = torch.bincount(choice, minlength=5).float() / choice.numel()
+    assert freq[4] == 0
+    assert torch.allclose(freq, p, atol=0.015)
+    assert torch.allclose(conf, p[choice], atol=1e-6)
+
+
+def test_draw_at_temperature_zero_is_the_argmax_without_banned_tokens():
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(1))
+    logits[:, 0] = 100.0
+    _, choice = draw(logits.clone(), [0], 0.0, torch.Generator())
+    logits[:, 0] = -math.inf
+    assert choice.tolist() == logits.argmax(-1).tolist()
+
+
+def test_draw_on_truncated_logits_returns_token_ids():
+    tk = TopKLogits(values=torch.tensor([[5.0, 4.0]]).repeat(1000, 1), indices=torch.tensor([[17, 3]]).repeat(1000, 1),
+                    vocab_size=20)
+    conf, choice = draw(tk, [3], 1.0, torch.Generator().manual_seed(0))
+    assert set(choice.tolist()) == {17} and torch.allclose(conf, torch.ones(1000))
+
+
+def test_cache_draws_exactly_what_draw_does_and_forgets_what_it_is_told():
+    B, N, V = 2, 12, 40
+    logits = torch.randn(B, N, V, generator=torch.Generator().manual_seed(3))
+    cache = CdfCache((B, N, V), torch.device("cpu"))
+    cand = torch.tensor([1, 4, 5, 9])
+    for r in range(B):
+        got = cache.draw(logits, r, cand, [2], 0.7, torch.Generator().manual_seed(r))
+        want = draw(logits[r, cand], [2], 0.7, torch.Generator().manual_seed(r))
+        assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
+    # a row whose logits changed serves the old distribution until it is invalidated
+    logits[0, 4] = -50.0
+    logits[0, 4, 7] = 50.0
+    _, stale = cache.draw(logits, 0, cand, [2], 0.7, torch.Generator().manual_seed(5))
+    cache.invalidate(torch.tensor([[4], [4]]))
+    _, fresh = cache.draw(logits, 0, cand, [2], 0.7, torch.Generator().manual_seed(5))
+    assert stale[1] != 7 and fresh[1] == 7
+    assert torch.equal(fresh[[0, 2, 3]], stale[[0, 2, 3]])  # the other rows came from the cache
+    assert cache.valid[0, cand].all() and not cache.valid[0, 0]
+
+
+class Narrow:
+    """Computes every other position on odd steps (a partial step), everything on even ones."""
+
+    name = "narrow"
+
+    @hookimpl
+    def diffaccel_pre_step(self, run):
+        if run.step % 2 == 0:
+            return None
+        pos = torch.zeros(run.batch_size, run.info["length"], dtype=torch.bool)
+        pos[:, (run.step // 2) % 2::2] = True
+        return StepPlan(positions=pos)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_partial_steps_with_the_cache_draw_what_recomputing_every_cdf_would(monkeypatch, batch):
+    pipe = tiny_text_pipeline("masked")
+    cached = run_with(pipe, [Narrow()], length=20, steps=20, seed=3, batch=batch)
+    calls = []
+
+    def uncached(self, logits, r, cand, banned, temperature, gen):
+        calls.append(r)
+        return draw(logits[r, cand], banned, temperature, gen)
+
+    monkeypatch.setattr(draws.CdfCache, "draw", uncached)
+    plain = run_with(pipe, [Narrow()], length=20, steps=20, seed=3, batch=batch)
+    assert calls  # the hooked run went through the cache
+    assert torch.equal(cached.tokens, plain.tokens)
+
+
+class Watch:
+    """Active, plans nothing: every step is full, so every cached CDF is recomputed."""
+
+    name = "watch"
+
+    @hookimpl
+    def diffaccel_post_step(self, run, output):
+        pass
+
+
+def test_without_partial_steps_the_hooked_run_equals_the_plain_one():
+    pipe = tiny_text_pipeline("masked")
+    hooked = run_with(pipe, [Watch()], length=20, steps=20, seed=1)
+    plain = pipe(length=20, steps=20, seed=1, progress=False)
+    assert torch.equal(hooked.tokens, plain.tokens)
