@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import math
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,6 @@ import torch
 import diffaccel
 import diffaccel_swd
 from diffaccel import ConfigError, ConfigValueError, hookimpl
-from diffaccel.adapters.text.logits import TopKLogits
 from diffaccel.adapters.text.pipeline import TextStepOutput
 from diffaccel.config import parse_config
 from diffaccel.state import RunState, StepPlan
