@@ -61,17 +61,14 @@ def clean_estimate(logits: "torch.Tensor | TopKLogits", latents: torch.Tensor, t
     return (logits.float() / temperature).softmax(-1) @ latents
 
 
-def _without_banned(logits: "torch.Tensor | TopKLogits", banned: list[int],
-                    copy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _without_banned(logits: "torch.Tensor | TopKLogits", banned: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(float logits with the ``banned`` ids at -inf, the kept token ids for a ``TopKLogits`` or
-    None). Dense rows are written in place unless ``copy``: the sampler hands ``draw`` its own
-    gathered copy, so it saves one (M, V) copy per row and step."""
+    None). Dense float32 rows are written in place: every caller passes its own gathered copy
+    (``logits[r, cand]``), so no further (M, V) copy is made per row and step."""
     if isinstance(logits, TopKLogits):
         ban = torch.isin(logits.indices, torch.tensor(banned, device=logits.indices.device))
         return logits.values.float().masked_fill(ban, -math.inf), logits.indices
     lg = logits.float()
-    if copy:
-        lg = lg.clone()
     lg[:, banned] = -math.inf
     return lg, None
 
@@ -98,7 +95,7 @@ def draw(logits: "torch.Tensor | TopKLogits", banned: list[int], temperature: fl
     temperature 0, else a draw from softmax(logits / T) by inverse CDF (one uniform per row from
     ``gen``; ``torch.multinomial`` draws an exponential per vocabulary entry, which cost a quarter
     of a step at vocabulary 4096); ``banned`` tokens never come out."""
-    lg, ids = _without_banned(logits, banned, copy=False)
+    lg, ids = _without_banned(logits, banned)
     if temperature <= 0:
         conf, choice = lg.softmax(-1).max(-1)
     else:
@@ -135,7 +132,7 @@ class CdfCache:
         valid = self.valid[r, cand]
         if not bool(valid.all()):
             stale = cand[~valid]
-            lg, _ = _without_banned(logits[r, stale], banned, copy=False)
+            lg, _ = _without_banned(logits[r, stale], banned)
             self.cdf[r, stale] = _cdf(lg, temperature)
             self.valid[r, stale] = True
         cdf = self.cdf[r]  # (N, V): search every row (cheap) rather than copy the candidates' rows
