@@ -46,7 +46,7 @@ EXAMPLES = {
         examples:
           diffaccel train text --kind masked --out runs/text-masked
           diffaccel train text --kind continuous --tokenizer runs/text-masked/tokenizer.json --out runs/text-continuous
-          diffaccel train digits --out runs/digits --max-minutes 22
+          diffaccel train digits --out runs/digits --max-minutes 27
         Trains the reference text diffusion LM on WordNet glosses (apt-get install wordnet-base), or
         the default image model (a 1.7M-parameter class-conditional UNet) on scikit-learn's digits.""",
     "fluency": """
@@ -107,7 +107,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--kind", choices=["masked", "continuous"], default="masked")
     t.add_argument("--out", required=True, help="output folder")
     t.add_argument("--steps", type=int, help="optimiser steps (text default 1400; digits: as many as --max-minutes allow)")
-    t.add_argument("--max-minutes", type=float, help="stop after this many minutes (text default 0: no limit; digits default 22)")
+    t.add_argument("--max-minutes", type=float, help="stop after this many minutes (text default 0: no limit; digits default 27)")
     t.add_argument("--threads", type=int, default=2, help="digits: torch threads (default 2)")
     t.add_argument("--tokenizer", help="reuse this tokenizer.json")
     t.add_argument("--freq-weight", type=float, default=0.0, help="rare-token loss weighting exponent")
@@ -200,7 +200,7 @@ def _train(args) -> int:
         from diffaccel.adapters.unet.digits import TrainDigitsConfig, train_digits
 
         cfg = TrainDigitsConfig(out=args.out, seed=args.seed, threads=args.threads,
-                                max_minutes=22.0 if args.max_minutes is None else args.max_minutes,
+                                max_minutes=27.0 if args.max_minutes is None else args.max_minutes,
                                 init=args.init, **({} if args.lr is None else {"lr": args.lr}),
                                 **({} if args.steps is None else {"steps": args.steps}))
         print(f"wrote {train_digits(cfg)}")
