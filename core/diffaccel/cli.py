@@ -199,10 +199,8 @@ def _train(args) -> int:
     if args.what == "digits":
         from diffaccel.adapters.unet.digits import TrainDigitsConfig, train_digits
 
-        cfg = TrainDigitsConfig(out=args.out, seed=args.seed, threads=args.threads,
-                                max_minutes=27.0 if args.max_minutes is None else args.max_minutes,
-                                init=args.init, **({} if args.lr is None else {"lr": args.lr}),
-                                **({} if args.steps is None else {"steps": args.steps}))
+        given = {k: v for k, v in (("lr", args.lr), ("steps", args.steps), ("max_minutes", args.max_minutes)) if v is not None}
+        cfg = TrainDigitsConfig(out=args.out, seed=args.seed, threads=args.threads, init=args.init, **given)
         print(f"wrote {train_digits(cfg)}")
         return 0
     from diffaccel.adapters.text.train import TrainConfig, train
