@@ -181,6 +181,41 @@ def test_partial_step_is_exact_for_a_single_layer():
     torch.testing.assert_close(ctx.logits[0, 5], ref.logits[0, 5], rtol=1e-5, atol=1e-5)
 
 
+def test_rope_is_the_textbook_rotation():
+    """The complex form turns each pair (x[2j], x[2j+1]) by pos * freq_j, as the real form does."""
+    from diffaccel.adapters.text.model import apply_rope, rope_tables
+
+    dh, M = 8, 5
+    x = torch.randn(2, 3, M, dh, generator=torch.Generator().manual_seed(0))
+    inv = 1.0 / (10000 ** (torch.arange(0, dh, 2, dtype=torch.float32) / dh))
+    ang = torch.arange(M, dtype=torch.float32)[:, None] * inv[None]
+    cos, sin = torch.cos(ang), torch.sin(ang)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    want = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+    torch.testing.assert_close(apply_rope(x, rope_tables(M, dh)), want, rtol=1e-5, atol=1e-6)
+
+
+def test_modulation_cache_follows_condition_and_weights():
+    """The denoiser computes a block's modulation once per condition vector, and again when the
+    condition or the weights change (never a stale value)."""
+    pipe = tiny_text_pipeline("masked")
+    den, blk = pipe.denoiser, pipe.denoiser.model.blocks[0]
+    h = torch.randn(1, 16, blk.qkv.in_features, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        c = den.condition(None, 1)
+        assert den.condition(None, 1) is c  # same vector: the same tensor, so the cache serves it
+        first = den._modulation(0, c)
+        assert den._modulation(0, c) is first
+        blk.mod.bias.add_(0.5)  # in place, as an optimiser step would
+        fresh = den._modulation(0, c)
+        assert fresh is not first
+        torch.testing.assert_close(fresh[0], blk.modulation(c)[0])
+        from diffaccel.adapters.text.model import KVCache
+        torch.testing.assert_close(den.block(0, h, c, KVCache()), blk(h, c, KVCache()))
+        other = den.condition(None, 2)  # another batch size: another vector
+        assert other is not c and other.shape[0] == 2
+
+
 # ---- BERT-family masked LMs -------------------------------------------------------------------
 
 def _tiny_bert(tmp_path, family="bert"):

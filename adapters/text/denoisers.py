@@ -16,7 +16,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .model import KVCache, TextDiffusionLM, _gather_rows
+from .model import KVCache, TextDiffusionLM, _gather_rows, _scatter_positions_
 
 
 class ReferenceDenoiser:
@@ -32,15 +32,37 @@ class ReferenceDenoiser:
         self.num_timesteps = cfg.num_timesteps
         self.special_ids: set[int] = {cfg.mask_id, cfg.pad_id}
         self.cond_dim = cfg.cond_dim  # size of the external condition vector (0: none)
+        self._c: torch.Tensor | None = None
+        self._mods: list = []
 
     def condition(self, t, batch: int, cond=None):
-        return self.model.condition(t, batch, cond)
+        """The condition vector (B, D). When it equals the last one (a model that is not
+        time-conditioned gets the same vector at every step), the last tensor itself is returned,
+        so ``block`` can serve the blocks' modulation from its cache."""
+        c = self.model.condition(t, batch, cond)
+        if self._c is not None and self._c.shape == c.shape and torch.equal(self._c, c):
+            return self._c
+        self._c, self._mods = c, [None] * self.n_layers
+        return c
+
+    def _modulation(self, i: int, c):
+        """Block i's ``modulation(c)``, computed once per condition vector and weights: the
+        version counters of the modulation weights key the cache, so an in-place update of the
+        weights (an optimiser step, ``load_state_dict``) is never served stale."""
+        blk = self.model.blocks[i]
+        if c is not self._c:
+            return blk.modulation(c)
+        key = (blk.mod.weight._version, blk.mod.bias._version)
+        hit = self._mods[i]
+        if hit is None or hit[0] != key:
+            hit = self._mods[i] = (key, blk.modulation(c))
+        return hit[1]
 
     def embed(self, x, idx=None):
         return self.model.embed(x, idx)
 
     def block(self, i: int, h, c, kv: KVCache, idx=None):
-        return self.model.blocks[i](h, c, kv, idx)
+        return self.model.blocks[i](h, c, kv, idx, mods=self._modulation(i, c))
 
     def logits(self, h):
         return self.model.logits(h)
@@ -101,9 +123,8 @@ class BertDenoiser:
         if idx is None:
             kv.k, kv.v = k, v
         else:
-            gidx = idx[:, None, :, None].expand(-1, heads, -1, dh)
-            kv.k.scatter_(2, gidx, k)
-            kv.v.scatter_(2, gidx, v)
+            _scatter_positions_(kv.k, idx, k)
+            _scatter_positions_(kv.v, idx, v)
         ctx = F.scaled_dot_product_attention(q, kv.k, kv.v, scale=1.0 / math.sqrt(dh))
         ctx = ctx.transpose(1, 2).reshape(B, M, heads * dh)
         attn_out = layer.attention.output(ctx, h)

@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from diffaccel.state import Layer, RunState
 
 from .logits import CdfCache, TopKLogits, clean_estimate, draw
-from .model import KVCache, _gather_rows
+from .model import KVCache, _gather_rows, _scatter_rows_
 
 SAMPLERS = ("masked", "ddim", "ddpm", "hybrid")
 
@@ -63,8 +63,7 @@ def _refresh_computed(ctx: "_RunContext", logits: torch.Tensor, prev: Any, fn):
     part = fn(_gather_rows(logits, idx))
 
     def merge(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-        at = idx.view(*idx.shape, *([1] * (new.dim() - 2))).expand_as(new)
-        return old.scatter(1, at, new)
+        return _scatter_rows_(old.clone(), idx, new)
 
     if isinstance(part, tuple):
         return tuple(merge(o, n) for o, n in zip(prev, part))
@@ -113,7 +112,7 @@ class TextLayer(Layer):
         else:
             y = ctx.den.block(i, _gather_rows(hidden, idx), ctx.c, ctx.kv[i], idx)
             # in place: copying the whole cache every layer would eat the saving at small models
-            out = ctx.out[i].scatter_(1, idx.unsqueeze(-1).expand(-1, -1, y.shape[-1]), y)
+            out = _scatter_rows_(ctx.out[i], idx, y)
             counters.positions_computed += idx.numel()
         ctx.out[i] = out
         return out
@@ -232,7 +231,8 @@ class TextDiffusionPipeline:
         ctx.c = den.condition(t, B, run.condition)
         run.positions_per_layer = B * N
         plan = run.plan
-        if ctx.logits is None or plan is None or plan.positions is None:
+        # a plan naming every position is a full step: the full path skips the gathers and scatters
+        if ctx.logits is None or plan is None or plan.positions is None or bool(plan.positions.all()):
             ctx.step_idx = None
             h = ctx.h0 = den.embed(x_in)
             for layer in ctx.layers:
@@ -241,11 +241,10 @@ class TextDiffusionPipeline:
             return
         idx = ctx.step_idx = mask_to_index(plan.positions.to(self.device))
         e = den.embed(x_in, idx)
-        h = ctx.h0.scatter_(1, idx.unsqueeze(-1).expand(-1, -1, e.shape[-1]), e)
+        h = _scatter_rows_(ctx.h0, idx, e)
         for layer in ctx.layers:
             h = accel.layer_output(run, layer, h)
-        lg = den.logits(_gather_rows(h, idx))
-        ctx.logits.scatter_(1, idx.unsqueeze(-1).expand(-1, -1, lg.shape[-1]), lg)
+        _scatter_rows_(ctx.logits, idx, den.logits(_gather_rows(h, idx)))
 
     def _step_model(self, ctx, accel, x_in, t) -> torch.Tensor:
         run = ctx.run
