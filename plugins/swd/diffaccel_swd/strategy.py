@@ -59,6 +59,8 @@ class SWDConfig:
     """Reuse the whole last forward pass when no input token and no top-1 token changed in a step and the model is not time-conditioned (exact)."""
     early_stop: bool = True
     """End the generation once every position is stable (masked sampler: and nothing is left to commit); the report says at which step."""
+    widen_committed: bool = False
+    """Masked sampler: the R-widening around an unstable position also recomputes committed neighbours. false (default): only masked neighbours; a committed token is recomputed at the step after its commit (so its keys and values see it), and not again because a neighbour moved (its prediction is the token)."""
     max_age: int = attrs.field(default=0, validator=in_range(0, None))
     """A position whose logits are max_age steps old counts as unstable and is computed again (0: no limit). Masked sampler: committed tokens are exempt (their estimate is the token)."""
 
@@ -175,7 +177,10 @@ class SWD:
             old = st["age"] >= c.max_age
             stable &= ~(old & output.masked) if masked_sampler else ~old
         st["first_stable"].masked_fill_(stable & (st["first_stable"] < 0), run.step)
-        st["next"] = widen(~stable, radius_at(run.step + 1, run.num_steps, st["R"], st["R_end"]))
+        nxt = widen(~stable, radius_at(run.step + 1, run.num_steps, st["R"], st["R_end"]))
+        if masked_sampler and not c.widen_committed:
+            nxt = (nxt & output.masked) | ~stable  # the widening reaches masked neighbours only
+        st["next"] = nxt
         st["reuse"] = bool(c.exact_skip and input_changed is not None and not run.info.get("time_conditioned", True)
                            and not input_changed.any() and not (top1_changed & computed).any())
         st["computed"].append(float(computed.float().mean()))
