@@ -125,6 +125,8 @@ class KVCache:
 
 def _flat_rows(idx: torch.Tensor, n: int) -> torch.Tensor:
     """(B, M) positions in rows of length n -> (B * M,) indices into the (B * n) flattened rows."""
+    if idx.shape[0] == 1:
+        return idx.reshape(-1)
     return (idx + torch.arange(idx.shape[0], device=idx.device)[:, None] * n).reshape(-1)
 
 
