@@ -124,7 +124,7 @@ class TextStepOutput:
 
     tokens: torch.Tensor
     """Current sequence (B, N); masked positions hold the mask id (masked sampler) or the
-    current argmax (continuous samplers)."""
+    current top-1 (continuous samplers)."""
     top1: torch.Tensor
     """Most probable token per position (B, N)."""
     top1_prob: torch.Tensor
@@ -344,6 +344,8 @@ class TextDiffusionPipeline:
         else:
             top1_prob, top1 = _refresh_computed(ctx, logits, ctx.top1, lambda lg: tuple(lg.float().softmax(-1).max(-1)))
         ctx.top1 = (top1_prob.clone(), top1.clone()) if logits is ctx.logits and topk is None else None
+        if tokens is None:  # continuous samplers: the current top-1, computed only on hooked runs
+            tokens = top1
         accel.post_step(run, TextStepOutput(tokens=tokens, top1=top1, top1_prob=top1_prob, logits=logits,
                                             computed=ctx.step_idx, masked=masked, fixed=fixed, latents=latents,
                                             topk=topk))
@@ -421,7 +423,7 @@ class TextDiffusionPipeline:
                 sigma = ((1 - ab_prev) / (1 - ab) * (1 - ab / ab_prev)).clamp(min=0).sqrt()
                 noise = torch.stack([torch.randn(N, E.shape[1], generator=g) for g in gens]).to(self.device)
                 z = ab_prev.sqrt() * x0 + (1 - ab_prev - sigma**2).clamp(min=0).sqrt() * eps + sigma * noise
-            self._post(ctx, accel, logits.argmax(-1), logits, None, fixed, latents=z)
+            self._post(ctx, accel, None, logits, None, fixed, latents=z)  # tokens: the top-1, found there
             bar.update(1)
             if run.stop:  # a strategy ended the run early
                 break
