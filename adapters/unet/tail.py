@@ -1,5 +1,7 @@
 """Run only the last layers of a UNet up block, on the cached features entering them.
 
+Shared by the strategies that reuse the deep path of a UNet (``dct-anchor``, ``time-anchor``).
+
 diffusers' ``UpBlock2D`` / ``CrossAttnUpBlock2D`` forward is a loop over layers ``i``: concatenate
 the running features with the skip sample ``res_hidden_states_tuple[n-1-i]``, run
 ``resnets[i]`` (and ``attentions[i]``), then the upsamplers. In the last up block only the tail

@@ -12,7 +12,7 @@ from diffaccel.validators import in_range, non_negative, one_of, positive
 from .dct import CRITERIA
 
 # Up-block classes whose last layers the strategy can run alone (their forward is a loop of
-# resnet [+ attention] layers, then upsamplers; see tail.py).
+# resnet [+ attention] layers, then upsamplers; see diffaccel.adapters.unet.tail).
 TAIL_BLOCK_TYPES = ("UpBlock2D", "CrossAttnUpBlock2D")
 
 

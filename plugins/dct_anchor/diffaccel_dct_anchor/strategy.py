@@ -12,7 +12,7 @@ by the next strategy or the default.
 With ``signal = "input"`` anchors cascade: a block fed by an anchored block gets the very tensors
 of its cached step (recognised by identity, no DCT needed). The last up block is never served
 whole (that would freeze the model's output): when anchored it runs its last ``tail_layers``
-layers on the cached features entering them and the fresh skip samples (``tail.py``).
+layers on the cached features entering them and the fresh skip samples (``diffaccel.adapters.unet.tail``).
 
 Guards: ``warmup`` first steps and ``final_full`` last steps in full; a block reused
 ``max_reuse`` times in a row is recomputed. A block runs on the whole batch, so it is anchored
@@ -30,7 +30,7 @@ import torch
 from diffaccel import hookimpl
 from diffaccel.errors import DiffaccelError
 
-from . import tail
+from diffaccel.adapters.unet import tail
 from .config import DCTAnchorConfig, check_against_model
 from .dct import CRITERIA, CRITERION_POWER, low_band
 

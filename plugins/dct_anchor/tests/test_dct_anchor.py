@@ -20,7 +20,7 @@ from diffaccel.errors import ConfigValueError
 from diffaccel.testing import tiny_digits_pipeline
 from diffaccel_dct_anchor import (DCTAnchor, DCTAnchorConfig, band_energy, dct2, dct_basis, decide, low_band,
                                   relative_band_change, relative_energy_change)
-from diffaccel_dct_anchor import tail
+from diffaccel.adapters.unet import tail
 from diffaccel_dct_anchor.strategy import BlockState
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # also when run from the plugin's folder, without the repository's conftest

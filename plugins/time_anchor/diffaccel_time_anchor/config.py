@@ -66,10 +66,14 @@ class TimeAnchorConfig:
     """With a gate: anchor where sigmoid(W.E(t) + b) is above this; in (0, 1)."""
     min_depth: int = attrs.field(default=1, validator=non_negative)
     """UNet: the shallowest depth that may be skipped (0: the outermost down/up pair too; 1 keeps the shallow branch, as DeepCache does)."""
+    tail_layers: int = attrs.field(default=0, validator=non_negative)
+    """UNet, with min_depth 0: when the outermost depth is anchored, the last up block runs only its last tail_layers layers, on the features that entered them at its last full run and the fresh skip samples (DeepCache's shallow branch); every other block is skipped. 0: it is served whole (the model's output is reused)."""
     sketch: int = attrs.field(default=1024, validator=in_range(16, 65536))
     """UNet: coordinates per row sampled from a block's output for the change test (the reference states the cache holds)."""
 
     def __attrs_post_init__(self):
+        if self.tail_layers and self.min_depth != 0:
+            raise ConfigValueError("tail_layers", f"needs min_depth = 0 (the outermost depth is the one with a tail), got min_depth {self.min_depth}")
         if self.stride > 1 and self.clusters is not None:
             raise ConfigValueError("stride", "cannot be combined with clusters (keys are either every n-th position or clusters)")
 

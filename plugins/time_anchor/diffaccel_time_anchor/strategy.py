@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from diffaccel import StepPlan, hookimpl
+from diffaccel.adapters.unet import tail
 from diffaccel.errors import ConfigValueError
 
 from .cache import LatentCache
@@ -91,6 +92,9 @@ class _State:
         self.coords: dict[int, torch.Tensor] = {}
         self.levels: list[tuple[int, list[int]]] = []
         self.skipped: list[int] = []
+        self.last_up: str | None = None  # with tail_layers: the up block that runs its tail alone
+        self.tail_h: torch.Tensor | None = None  # the features entering its tail at its last full run
+        self.tailed = 0
 
 
 class TimeAnchor:
@@ -310,6 +314,9 @@ class TimeAnchor:
                                max_age=cfg.max_age, fp16=cfg.fp16, device=device)
         st.anchored = torch.zeros(L, run.num_steps, device=device)
         st.skipped = [0] * L
+        st.tailed = 0
+        ups = [n for n in names if n.startswith("up_blocks.")]
+        st.last_up = ups[-1] if cfg.tail_layers and ups else None
         if self.gate is not None:
             st.gate_open = (self.gate.probs(run.num_steps) > cfg.gate_threshold).to(device)
 
@@ -333,16 +340,46 @@ class TimeAnchor:
         if st.cache is not None and run.step >= self.config.warmup:
             st.lookups += st.keys.shape[0]
             if layer.name in st.skip:
-                cached = layer.cached_output
-                if cached is not None:
+                if layer.name == st.last_up:
+                    out = self._unet_tail(st, run, layer, hidden)
+                    if out is not None:
+                        return out
+                elif layer.cached_output is not None:
                     st.hits += st.keys.shape[0]
                     st.skipped[layer.index] += 1
-                    return cached  # the block does not run
-        out = layer.compute(hidden)
+                    return layer.cached_output  # the block does not run
+        if st.cache is not None and layer.name == st.last_up:
+            # computed in full: keep the features entering its tail for the steps that run the tail only
+            start = self._tail_start(layer)
+            res = hidden["res_hidden_states_tuple"]
+            with tail.capture_tail_input(layer.module, start, res[tail.n_layers(layer.module) - 1 - start].shape[1], {}) as got:
+                out = layer.compute(hidden)
+            st.tail_h = got.get("h")
+        else:
+            out = layer.compute(hidden)
         main = out[0] if isinstance(out, tuple) else out
         if st.cache is None:
             self._init_unet(st, run, main.shape[0], main.device)
         self._record_unet(st, layer.index, run.step, main)
+        return out
+
+    def _tail_start(self, layer) -> int:
+        n = tail.n_layers(layer.module)
+        if self.config.tail_layers > n:
+            raise ConfigValueError("tail_layers", f"{self.config.tail_layers} is more than the {n} layers of '{layer.name}'; use 1 to {n}")
+        return n - self.config.tail_layers
+
+    def _unet_tail(self, st: _State, run, layer, hidden):
+        """The last up block at an anchored outermost depth: its tail layers only, on the features
+        that entered them at its last full run (None when there are none: it is computed)."""
+        if st.tail_h is None or "*args" in hidden or tail.freeu_enabled(layer.module):
+            return None
+        out = tail.run_tail(layer.module, hidden, st.tail_h, self._tail_start(layer))
+        st.hits += st.keys.shape[0]
+        st.tailed += 1
+        c = run.counters  # the block ran, partly; its entry is not rewritten (the deep path was not)
+        c.layers_computed += 1
+        c.positions_computed += run.positions_per_layer
         return out
 
     def _record_unet(self, st: _State, j: int, step: int, main: torch.Tensor) -> None:
@@ -391,6 +428,7 @@ class TimeAnchor:
             m["step_positions"] = round(float(sum(s.planned for s in states)) / planned, 4) if planned else 1.0
         if run.adapter == "unet":
             m["skipped_per_block"] = [sum(s.skipped[j] for s in states if s.skipped) for j in range(len(layers))]
+            m["tail_only"] = sum(s.tailed for s in states)  # calls where the last up block ran its tail alone
         return m
 
     def bench_plot(self, reports: list[dict[str, Any]], path) -> None:

@@ -82,6 +82,31 @@ def test_min_depth_0_may_skip_every_block(pipe):
     assert m["skipped_per_block"][0] > 0
 
 
+def test_tail_layers_run_the_last_up_block_tail_alone(pipe):
+    """min_depth 0 with a tail: at an anchored outermost depth every block is skipped but the last
+    up block, whose last layer runs on the cached features entering it (DeepCache's shallow branch)."""
+    last = pipe.unet.up_blocks[-1]
+    head, end = count_calls(last.resnets[0]), count_calls(last.resnets[-1])
+    first = count_calls(pipe.unet.down_blocks[0].resnets[0])
+    base, _ = generate(pipe)
+    head[0] = end[0] = first[0] = 0
+    out, rep = generate(pipe, [anchor(min_depth=0, tail_layers=1, threshold=0.9)])
+    m = rep["strategies"]["time-anchor"]
+    skipped = dict(zip(m["layers"], m["skipped_per_block"]))
+    assert m["tail_only"] > 0 and skipped["up_blocks.2"] == 0
+    assert end[0] == STEPS  # the tail ran at every step
+    assert head[0] == STEPS - m["tail_only"]  # the rest of the block did not, at tail-only steps
+    assert first[0] == STEPS - skipped["down_blocks.0"] and skipped["down_blocks.0"] == m["tail_only"]
+    assert not torch.equal(out, base) and torch.isfinite(out).all()
+
+
+def test_tail_layers_bounds(pipe):
+    with pytest.raises(diffaccel.ConfigValueError, match="tail_layers.*min_depth"):
+        TimeAnchorConfig(tail_layers=1)
+    with pytest.raises(diffaccel.ConfigValueError, match="tail_layers.*more than the"):
+        generate(pipe, [anchor(min_depth=0, tail_layers=9, threshold=0.9)])
+
+
 def test_tiny_threshold_skips_nothing_and_matches_the_baseline(pipe):
     base, _ = generate(pipe)
     out, rep = generate(pipe, [anchor(threshold=1e-9)])
