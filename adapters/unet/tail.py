@@ -31,6 +31,26 @@ def freeu_enabled(block: torch.nn.Module) -> bool:
     return bool(getattr(block, "s1", None) and getattr(block, "s2", None) and getattr(block, "b1", None) and getattr(block, "b2", None))
 
 
+def tail_start(block: torch.nn.Module, tail_layers: int, name: str) -> int:
+    """Index of the first of the block's last ``tail_layers`` layers; ValueError (naming the block
+    ``name``) when it has fewer layers."""
+    n = n_layers(block)
+    if tail_layers > n:
+        raise ValueError(f"{tail_layers} is more than the {n} layers of '{name}'; use 1 to {n}")
+    return n - tail_layers
+
+
+def can_run_tail(block: torch.nn.Module, hidden: dict[str, Any]) -> bool:
+    """Whether ``run_tail`` can stand in for the block's forward on these arguments: not with
+    positional extras it does not know, nor with FreeU's scaling of the skip samples."""
+    return "*args" not in hidden and not freeu_enabled(block)
+
+
+def skip_channels(block: torch.nn.Module, hidden: dict[str, Any], start: int) -> int:
+    """Channels of the skip sample that layer ``start`` concatenates to the running features."""
+    return hidden["res_hidden_states_tuple"][n_layers(block) - 1 - start].shape[1]
+
+
 @contextmanager
 def capture_tail_input(block: torch.nn.Module, start: int, res_channels: int, into: dict[str, Any]):
     """While the ``with`` body runs the whole block, store in ``into["h"]`` the running features

@@ -169,8 +169,7 @@ class DCTAnchor:
             bs.x0_ref = st.get("x0_low")
         bs.step, bs.reused = step, 0
         if is_last_up:  # computed here, to keep the features entering its tail
-            res = hidden["res_hidden_states_tuple"]
-            with tail.capture_tail_input(layer.module, start, res[tail.n_layers(layer.module) - 1 - start].shape[1], {}) as got:
+            with tail.capture_tail_input(layer.module, start, tail.skip_channels(layer.module, hidden, start), {}) as got:
                 out = layer.compute(hidden)
             bs.tail_h = got.get("h")
             if self._signal == "output":
@@ -258,17 +257,16 @@ class DCTAnchor:
         bs.out_low = low
 
     def _tail_start(self, layer) -> int:
-        n = tail.n_layers(layer.module)
-        if self.config.tail_layers > n:
-            raise DiffaccelError(f"dct-anchor: key 'tail_layers': {self.config.tail_layers} is more than the {n} layers of "
-                                 f"'{layer.name}'; use 1 to {n}")
-        return n - self.config.tail_layers
+        try:
+            return tail.tail_start(layer.module, self.config.tail_layers, layer.name)
+        except ValueError as exc:
+            raise DiffaccelError(f"dct-anchor: key 'tail_layers': {exc}") from None
 
     def _reuse(self, run, layer, hidden, bs: BlockState, start: int, is_last_up: bool):
         """The anchored block's output without running it (the last up block: its tail only)."""
         if not is_last_up:
             return layer.cached_output
-        if bs.tail_h is None or "*args" in hidden or tail.freeu_enabled(layer.module):
+        if bs.tail_h is None or not tail.can_run_tail(layer.module, hidden):
             return None
         out = tail.run_tail(layer.module, hidden, bs.tail_h, start)
         c = run.counters  # the block ran, partly

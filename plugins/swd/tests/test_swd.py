@@ -177,33 +177,27 @@ def test_committed_positions_are_recomputed_at_the_next_step():
         assert run.state(s)["next"][0].nonzero().squeeze(1).tolist() == changed
 
 
-@pytest.mark.parametrize("widen_committed", [False, True])
-def test_widening_reaches_committed_neighbours_only_when_asked(widen_committed):
-    s = swd(tau=0.01, K=2, R=1, early_stop=False, widen_committed=widen_committed)
+def _window_after_a_flip(R: int, widen_committed: bool) -> list[int]:
+    """The next step's positions on a masked row where positions 0 and 4 were committed earlier and
+    position 2 (masked) flips its top-1 at the last of three steps."""
+    s = swd(tau=0.01, K=2, R=R, early_stop=False, widen_committed=widen_committed)
     run = RunState(adapter="text", num_steps=4, batch_size=1)
     run.info.update(sampler="masked", time_conditioned=False)
     s.diffaccel_run_start(run)
     M = 2  # mask id
-    # positions 0 and 4 committed earlier; position 2 (masked) flips its top-1 at the last step
     for step, top2 in enumerate([7, 7, 8]):
         run.step = step
         s.diffaccel_pre_step(run)
         t = torch.tensor([[5, M, M, M, 6, M]])
         s.diffaccel_post_step(run, _step_output([[5, 7, top2, 7, 6, 7]], [[0.9] * 6], tokens=t, masked=t == M))
-    nxt = run.state(s)["next"][0].nonzero().squeeze(1).tolist()
+    return run.state(s)["next"][0].nonzero().squeeze(1).tolist()
+
+
+@pytest.mark.parametrize("widen_committed", [False, True])
+def test_widening_reaches_committed_neighbours_only_when_asked(widen_committed):
     # position 2 and its masked neighbours 1 and 3; committed 0 and 4 are not neighbours of 2
-    assert nxt == [1, 2, 3]
-    s2 = swd(tau=0.01, K=2, R=2, early_stop=False, widen_committed=widen_committed)
-    run2 = RunState(adapter="text", num_steps=4, batch_size=1)
-    run2.info.update(sampler="masked", time_conditioned=False)
-    s2.diffaccel_run_start(run2)
-    for step, top2 in enumerate([7, 7, 8]):
-        run2.step = step
-        s2.diffaccel_pre_step(run2)
-        t = torch.tensor([[5, M, M, M, 6, M]])
-        s2.diffaccel_post_step(run2, _step_output([[5, 7, top2, 7, 6, 7]], [[0.9] * 6], tokens=t, masked=t == M))
-    nxt2 = run2.state(s2)["next"][0].nonzero().squeeze(1).tolist()
-    assert nxt2 == ([0, 1, 2, 3, 4] if widen_committed else [1, 2, 3])
+    assert _window_after_a_flip(1, widen_committed) == [1, 2, 3]
+    assert _window_after_a_flip(2, widen_committed) == ([0, 1, 2, 3, 4] if widen_committed else [1, 2, 3])
 
 
 def test_early_stop_when_every_position_is_stable(cont_pipe):

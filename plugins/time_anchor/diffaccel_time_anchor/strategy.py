@@ -344,15 +344,16 @@ class TimeAnchor:
                     out = self._unet_tail(st, run, layer, hidden)
                     if out is not None:
                         return out
-                elif layer.cached_output is not None:
-                    st.hits += st.keys.shape[0]
-                    st.skipped[layer.index] += 1
-                    return layer.cached_output  # the block does not run
+                else:
+                    cached = layer.cached_output
+                    if cached is not None:
+                        st.hits += st.keys.shape[0]
+                        st.skipped[layer.index] += 1
+                        return cached  # the block does not run
         if st.cache is not None and layer.name == st.last_up:
             # computed in full: keep the features entering its tail for the steps that run the tail only
             start = self._tail_start(layer)
-            res = hidden["res_hidden_states_tuple"]
-            with tail.capture_tail_input(layer.module, start, res[tail.n_layers(layer.module) - 1 - start].shape[1], {}) as got:
+            with tail.capture_tail_input(layer.module, start, tail.skip_channels(layer.module, hidden, start), {}) as got:
                 out = layer.compute(hidden)
             st.tail_h = got.get("h")
         else:
@@ -364,15 +365,15 @@ class TimeAnchor:
         return out
 
     def _tail_start(self, layer) -> int:
-        n = tail.n_layers(layer.module)
-        if self.config.tail_layers > n:
-            raise ConfigValueError("tail_layers", f"{self.config.tail_layers} is more than the {n} layers of '{layer.name}'; use 1 to {n}")
-        return n - self.config.tail_layers
+        try:
+            return tail.tail_start(layer.module, self.config.tail_layers, layer.name)
+        except ValueError as exc:
+            raise ConfigValueError("tail_layers", str(exc)) from None
 
     def _unet_tail(self, st: _State, run, layer, hidden):
         """The last up block at an anchored outermost depth: its tail layers only, on the features
         that entered them at its last full run (None when there are none: it is computed)."""
-        if st.tail_h is None or "*args" in hidden or tail.freeu_enabled(layer.module):
+        if st.tail_h is None or not tail.can_run_tail(layer.module, hidden):
             return None
         out = tail.run_tail(layer.module, hidden, st.tail_h, self._tail_start(layer))
         st.hits += st.keys.shape[0]
