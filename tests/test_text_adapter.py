@@ -10,6 +10,7 @@ from diffaccel import StepPlan, hookimpl
 from diffaccel.adapters.text.model import (SCHEDULES, TextDiffusionConfig, TextDiffusionLM, alphas_cumprod,
                                            mask_rate)
 from diffaccel.adapters.text.pipeline import mask_to_index
+from diffaccel.cli import main
 from diffaccel.errors import ModelLoadError
 from diffaccel.testing import run_with, tiny_text_pipeline
 
@@ -159,26 +160,34 @@ def test_partial_step_matches_full_on_computed_positions():
     assert not torch.allclose(partial[:, 3], full[:, 3])
 
 
-def test_partial_step_is_exact_for_a_single_layer():
+@pytest.mark.parametrize("batch", [1, 3])
+def test_partial_step_is_exact_for_a_single_layer(batch):
+    """Rows may compute different positions: each row's keys and values land in its own cache row."""
     from diffaccel.adapters.text.pipeline import _NoAccelerator, _RunContext
     from diffaccel.state import RunState
 
     pipe = tiny_text_pipeline("masked", n_layers=1)
-    x = torch.randint(4, 64, (1, 16), generator=torch.Generator().manual_seed(1))
+    x = torch.randint(4, 64, (batch, 16), generator=torch.Generator().manual_seed(1))
+    changed = [[5], [2, 11], [15]][:batch]
     with torch.no_grad():
-        run = RunState(adapter="text", num_steps=1, batch_size=1)
+        run = RunState(adapter="text", num_steps=1, batch_size=batch)
         ctx = _RunContext(pipe.denoiser, run)
         pipe._denoise(ctx, _NoAccelerator(), x, None)
         x2 = x.clone()
-        x2[0, 5] = 7
-        mask = torch.zeros(1, 16, dtype=torch.bool)
-        mask[0, 5] = True
+        mask = torch.zeros(batch, 16, dtype=torch.bool)
+        for r, pos in enumerate(changed):
+            x2[r, pos] = 7
+            mask[r, pos] = True
         run.plan = StepPlan(positions=mask)
         pipe._denoise(ctx, _NoAccelerator(), x2, None)
-        ref = _RunContext(pipe.denoiser, RunState(adapter="text", num_steps=1, batch_size=1))
+        ref = _RunContext(pipe.denoiser, RunState(adapter="text", num_steps=1, batch_size=batch))
         pipe._denoise(ref, _NoAccelerator(), x2, None)
-    # with one layer, position 5's output depends only on fresh K/V of itself and cached (unchanged) others
-    torch.testing.assert_close(ctx.logits[0, 5], ref.logits[0, 5], rtol=1e-5, atol=1e-5)
+    # with one layer, a changed position's output depends only on its fresh K/V and the cached
+    # (unchanged) others; the cache then holds the full step's keys and values in every row
+    for r, pos in enumerate(changed):
+        torch.testing.assert_close(ctx.logits[r, pos], ref.logits[r, pos], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ctx.kv[0].k, ref.kv[0].k, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ctx.kv[0].v, ref.kv[0].v, rtol=1e-5, atol=1e-6)
 
 
 def test_rope_is_the_textbook_rotation():
@@ -302,8 +311,6 @@ def test_not_a_masked_lm_is_rejected(tmp_path):
 
 
 def test_cli_missing_checkpoint_exits_2(tmp_path, capsys):
-    from diffaccel.cli import main
-
     cfg = tmp_path / "c.toml"
     cfg.write_text('[model]\nadapter = "text"\ncheckpoint = "nobody/no-such-model-xyz"\n')
     assert main(["generate", str(cfg), "--no-progress"]) == 2
@@ -418,10 +425,25 @@ def test_partial_step_refreshes_only_the_computed_clean_estimates():
     prev = clean_estimate(logits, E, 0.7)
     idx = torch.tensor([[1, 4], [0, 5]])
     logits.scatter_(1, idx.unsqueeze(-1).expand(-1, -1, 20), torch.randn(2, 2, 20, generator=g))
-    ctx = SimpleNamespace(step_idx=idx, logits=logits)
+    ctx = SimpleNamespace(step_idx=idx, logits=logits, step_logits=None)
     estimate = lambda lg: clean_estimate(lg, E, 0.7)  # noqa: E731
     got = _refresh_computed(ctx, logits, prev, estimate)
     assert torch.allclose(got, clean_estimate(logits, E, 0.7), atol=1e-6)
     assert torch.equal(got[0, 0], prev[0, 0])  # an uncomputed position keeps its estimate
+    # the step's fresh rows, when the adapter kept them, serve instead of gathering them again
+    ctx.step_logits = torch.gather(logits, 1, idx.unsqueeze(-1).expand(-1, -1, 20))
+    assert torch.equal(_refresh_computed(ctx, logits, prev, estimate), got)
+    ctx.step_logits = None
     replaced = logits.clone()  # a strategy replaced the logits: everything is recomputed
     assert torch.allclose(_refresh_computed(ctx, replaced, prev, estimate), clean_estimate(replaced, E, 0.7))
+
+
+def test_partial_command_prints_every_fraction_down_to_the_floor(tmp_path, capsys):
+    cfg = tmp_path / "b2.toml"
+    cfg.write_text('[model]\nadapter = "text"\ncheckpoint = "wordnet-masked"\nlength = 32\nbatch = 2\n')
+    assert main(["partial", str(cfg), "--repeats", "2", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "batch 2, 32 positions" in out
+    rows = [line.split() for line in out.splitlines()[2:]]
+    assert [r[0] for r in rows] == ["100%", "50%", "25%", "15%", "10%", "5%", "1"]
+    assert rows[0][-1] == "1.00x" and all(r[-1].endswith("x") for r in rows)

@@ -41,20 +41,24 @@ def test_cache_draws_exactly_what_draw_does_and_forgets_what_it_is_told():
     B, N, V = 2, 12, 40
     logits = torch.randn(B, N, V, generator=torch.Generator().manual_seed(3))
     cache = CdfCache((B, N, V), torch.device("cpu"))
-    cand = torch.tensor([1, 4, 5, 9])
+    cand_pos = torch.tensor([1, 4, 5, 9])
+    cand = torch.zeros(B, N, dtype=torch.bool)
+    cand[:, cand_pos] = True
+    cand[1, 0] = True  # rows may have different candidates
+    gens = lambda *seeds: [torch.Generator().manual_seed(s) for s in seeds]  # noqa: E731
+    conf, choice = cache.draw(logits, cand, [2], 0.7, gens(0, 1))
     for r in range(B):
-        got = cache.draw(logits, r, cand, [2], 0.7, torch.Generator().manual_seed(r))
-        want = draw(logits[r, cand], [2], 0.7, torch.Generator().manual_seed(r))
-        assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
+        want = draw(logits[r, cand[r]], [2], 0.7, torch.Generator().manual_seed(r))
+        assert torch.equal(choice[r, cand[r]], want[1]) and torch.equal(conf[r, cand[r]], want[0])
     # a row whose logits changed serves the old distribution until it is invalidated
     logits[0, 4] = -50.0
     logits[0, 4, 7] = 50.0
-    _, stale = cache.draw(logits, 0, cand, [2], 0.7, torch.Generator().manual_seed(5))
+    _, stale = cache.draw(logits, cand, [2], 0.7, gens(5, 6))
     cache.invalidate(torch.tensor([[4], [4]]))
-    _, fresh = cache.draw(logits, 0, cand, [2], 0.7, torch.Generator().manual_seed(5))
-    assert stale[1] != 7 and fresh[1] == 7
-    assert torch.equal(fresh[[0, 2, 3]], stale[[0, 2, 3]])  # the other rows came from the cache
-    assert cache.valid[0, cand].all() and not cache.valid[0, 0]
+    _, fresh = cache.draw(logits, cand, [2], 0.7, gens(5, 6))
+    assert stale[0, 4] != 7 and fresh[0, 4] == 7
+    assert torch.equal(fresh[0, [1, 5, 9]], stale[0, [1, 5, 9]])  # the other rows came from the cache
+    assert cache.valid[0, cand_pos].all() and not cache.valid[0, 0] and cache.valid[1, 0]
 
 
 class Narrow:
@@ -77,9 +81,13 @@ def test_partial_steps_with_the_cache_draw_what_recomputing_every_cdf_would(monk
     cached = run_with(pipe, [Narrow()], length=20, steps=20, seed=3, batch=batch)
     calls = []
 
-    def uncached(self, logits, r, cand, banned, temperature, gen):
-        calls.append(r)
-        return draw(logits[r, cand], banned, temperature, gen)
+    def uncached(self, logits, cand, banned, temperature, gens):
+        calls.append(len(gens))
+        conf, choice = torch.zeros(cand.shape), torch.zeros(cand.shape, dtype=torch.long)
+        for r, gen in enumerate(gens):
+            if cand[r].any():
+                conf[r, cand[r]], choice[r, cand[r]] = draw(logits[r, cand[r]], banned, temperature, gen)
+        return conf, choice
 
     monkeypatch.setattr(draws.CdfCache, "draw", uncached)
     plain = run_with(pipe, [Narrow()], length=20, steps=20, seed=3, batch=batch)

@@ -123,8 +123,7 @@ class BertDenoiser:
         if idx is None:
             kv.k, kv.v = k, v
         else:
-            _scatter_positions_(kv.k, idx, k)
-            _scatter_positions_(kv.v, idx, v)
+            _scatter_positions_(kv, idx, k, v)
         ctx = F.scaled_dot_product_attention(q, kv.k, kv.v, scale=1.0 / math.sqrt(dh))
         ctx = ctx.transpose(1, 2).reshape(B, M, heads * dh)
         attn_out = layer.attention.output(ctx, h)

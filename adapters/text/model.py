@@ -149,10 +149,24 @@ def _scatter_rows_(dst: torch.Tensor, idx: torch.Tensor, src: torch.Tensor) -> t
     return dst.scatter_(1, idx.view(*idx.shape, *([1] * (dst.dim() - 2))).expand(-1, -1, *dst.shape[2:]), src)
 
 
-def _scatter_positions_(cache: torch.Tensor, idx: torch.Tensor, new: torch.Tensor) -> None:
-    """Keys or values (B, H, N, dh): write ``new`` (B, H, M, dh) at positions idx (B, M), in place."""
-    for b in range(cache.shape[0]):  # batch rows are few; index_copy_ copies whole rows
-        cache[b].index_copy_(1, idx[b], new[b])
+def _scatter_positions_(kv: KVCache, idx: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Write keys and values ``k``, ``v`` (B, H, M, dh) into ``kv`` (B, H, N, dh each) at positions
+    idx (B, M), in place: one ``index_copy_`` per tensor over the flattened (B * H * N) rows
+    (a call per batch row and tensor cost 3 ms of a 35 ms partial step at batch 8)."""
+    B, H, N, dh = kv.k.shape
+    if B == 1:
+        kv.k[0].index_copy_(1, idx[0], k[0])
+        kv.v[0].index_copy_(1, idx[0], v[0])
+        return
+    # a full step leaves the values as a strided view of its qkv product: make them one block once
+    if not kv.k.is_contiguous():
+        kv.k = kv.k.contiguous()
+    if not kv.v.is_contiguous():
+        kv.v = kv.v.contiguous()
+    base = torch.arange(B * H, device=idx.device).view(B, H, 1) * N
+    flat = (base + idx[:, None, :]).reshape(-1)
+    kv.k.view(B * H * N, dh).index_copy_(0, flat, k.reshape(-1, dh))
+    kv.v.view(B * H * N, dh).index_copy_(0, flat, v.reshape(-1, dh))
 
 
 def rope_tables(max_len: int, head_dim: int) -> torch.Tensor:
@@ -218,8 +232,7 @@ class Block(nn.Module):
                 kv.k, kv.v = k, v
             keys, values = k, v
         else:
-            _scatter_positions_(kv.k, idx, k)
-            _scatter_positions_(kv.v, idx, v)
+            _scatter_positions_(kv, idx, k, v)
             keys, values = kv.k, kv.v
         a = F.scaled_dot_product_attention(q, keys, values)
         x = torch.addcmul(x, g1, self.proj(a.transpose(1, 2).reshape(B, M, D)))
@@ -283,7 +296,11 @@ class TextDiffusionLM(nn.Module):
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         clip = self.config.logit_clip
-        return clip * torch.tanh(self.head(self.ln_f(h)) / clip)
+        y = self.head(self.ln_f(h))
+        if torch.is_grad_enabled():
+            return clip * torch.tanh(y / clip)
+        # sampling: the same arithmetic in place, sparing two (B, N, V) buffers per step
+        return y.div_(clip).tanh_().mul_(clip)
 
     def forward(self, x: torch.Tensor, t: torch.Tensor | None = None, cond: torch.Tensor | None = None) -> torch.Tensor:
         """Full forward pass: logits (B, N, V)."""

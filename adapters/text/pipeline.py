@@ -60,7 +60,8 @@ def _refresh_computed(ctx: "_RunContext", logits: torch.Tensor, prev: Any, fn):
     idx = ctx.step_idx
     if prev is None or idx is None or logits is not ctx.logits:
         return fn(logits)
-    part = fn(_gather_rows(logits, idx))
+    rows = ctx.step_logits if ctx.step_logits is not None else _gather_rows(logits, idx)
+    part = fn(rows)
 
     def merge(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
         return _scatter_rows_(old.clone(), idx, new)
@@ -82,6 +83,7 @@ class _RunContext:
         self.c = None
         self.step_idx: torch.Tensor | None = None
         self.logits: torch.Tensor | None = None
+        self.step_logits: torch.Tensor | None = None  # a partial step's fresh rows of ``logits`` (B, M, V)
         self.top1: tuple[torch.Tensor, torch.Tensor] | None = None  # (prob, token) of ``logits``, for post_step
         self.layers = [TextLayer(i, self) for i in range(den.n_layers)]
 
@@ -232,6 +234,7 @@ class TextDiffusionPipeline:
         run.positions_per_layer = B * N
         plan = run.plan
         # a plan naming every position is a full step: the full path skips the gathers and scatters
+        ctx.step_logits = None
         if ctx.logits is None or plan is None or plan.positions is None or bool(plan.positions.all()):
             ctx.step_idx = None
             h = ctx.h0 = den.embed(x_in)
@@ -244,7 +247,8 @@ class TextDiffusionPipeline:
         h = _scatter_rows_(ctx.h0, idx, e)
         for layer in ctx.layers:
             h = accel.layer_output(run, layer, h)
-        _scatter_rows_(ctx.logits, idx, den.logits(_gather_rows(h, idx)))
+        ctx.step_logits = den.logits(_gather_rows(h, idx))
+        _scatter_rows_(ctx.logits, idx, ctx.step_logits)
 
     def _step_model(self, ctx, accel, x_in, t) -> torch.Tensor:
         run = ctx.run
@@ -252,6 +256,7 @@ class TextDiffusionPipeline:
         if run.plan is not None and run.plan.reuse_step and ctx.logits is not None:
             run.counters.steps_reused += 1
             ctx.step_idx = torch.empty(x_in.shape[0], 0, dtype=torch.long, device=self.device)
+            ctx.step_logits = None
         else:
             self._denoise(ctx, accel, x_in, t)
         logits = ctx.logits
@@ -376,13 +381,16 @@ class TextDiffusionPipeline:
                         cdfs.invalidate(None)
                 in_block = torch.zeros_like(masked)
                 in_block[:, lo:hi] = True
+                candidates = masked & in_block
+                if cache is not None:
+                    confs, choices = cache.draw(logits, candidates, banned, temperature, gens)
                 for r in range(B):
-                    cand = (masked[r] & in_block[r]).nonzero().squeeze(1)
+                    cand = candidates[r].nonzero().squeeze(1)
                     if cand.numel() == 0:
                         continue
                     k = math.ceil(cand.numel() / (n_steps - j))
                     if cache is not None:
-                        conf, choice = cache.draw(logits, r, cand, banned, temperature, gens[r])
+                        conf, choice = confs[r, cand], choices[r, cand]
                     else:
                         rows = logits.rows(r, cand) if isinstance(logits, TopKLogits) else logits[r, cand]
                         conf, choice = draw(rows, banned, temperature, gens[r])

@@ -31,8 +31,11 @@ EXAMPLES = {
     "partial": """
         example:
           diffaccel partial configs/text-default.toml
-        Times one denoiser step computing 100%, 50%, 25% and 10% of the positions (the others served
-        from the per-layer key/value cache), interleaved, and prints the ratios.""",
+          diffaccel partial configs/batch8/text-default.toml --threads 1
+        Times one denoiser step computing 100%, 50%, 25%, 15%, 10% and 5% of the positions, and
+        one position per row (the others served from the per-layer key/value cache), at the
+        config's batch size, interleaved, and prints the ratios. The last row is the floor: no
+        strategy that skips positions can make a step cheaper than that.""",
     "plugins": """
         example:
           diffaccel plugins
@@ -91,7 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("config")
     o.add_argument("--repeats", type=int, default=10, help="interleaved pairs of runs (default 10)")
 
-    pa = cmd("partial", "benchmark partial computation: a step at 100%%, 50%%, 25%%, 10%% of positions")
+    pa = cmd("partial", "benchmark partial computation: a step at 100%% down to one position per row")
     pa.add_argument("config")
     pa.add_argument("--repeats", type=int, default=30)
     pa.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")

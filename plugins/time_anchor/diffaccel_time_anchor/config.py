@@ -56,6 +56,8 @@ class TimeAnchorConfig:
     """Store cached reference states in float16 (half the bytes)."""
     neighbors: int = attrs.field(default=2, validator=non_negative)
     """Text: positions within this distance of a position whose input token changed are recomputed at every layer in that step (a committed token changes its neighbours most)."""
+    narrow_step: bool = True
+    """Text, masked sampler: narrow the whole step to the positions some layer must compute (``pre_step``'s plan). false: leave the step's positions to the strategies before it in the config (e.g. swd's window) and only leave anchored states out within them; the core ORs plans, so a plan of its own would add every position whose entry expired."""
     stride: int = attrs.field(default=1, validator=_positive_int)
     """Text: cache and anchor only every n-th position (the others are always computed); trades hit rate for memory."""
     clusters: str | None = attrs.field(default=None, validator=_existing_json)

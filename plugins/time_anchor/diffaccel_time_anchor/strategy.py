@@ -204,7 +204,7 @@ class TimeAnchor:
         if st.token_moved is not None:
             live &= ~st.token_moved
         st.live = live
-        if run.info.get("sampler") != "masked":
+        if run.info.get("sampler") != "masked" or not self.config.narrow_step:
             return None  # continuous inputs move at every position: layer 0 tests them itself
         need = (~live).any(0)
         st.planned += need.float().mean()

@@ -294,6 +294,25 @@ def test_another_strategys_positions_compose(pipe):
     assert m["hits"] > 0 and comp[3:].float().mean() < 0.5
 
 
+def test_narrow_step_false_leaves_the_steps_positions_to_the_other_plan(pipe):
+    """narrow_step = false: the merged plan is the other strategy's exactly (time-anchor adds no
+    expired position to it), and layers still leave anchored states out within it."""
+    window = list(range(0, N, 2))
+    other = PlanSpy(narrow=window)
+    with BlockSpy(pipe) as blocks:
+        out = generate(pipe, [anchor(threshold=0.5, warmup=3, max_age=6, narrow_step=False), other])
+    comp = blocks.computed(N)
+    odd = torch.arange(N) % 2 == 1
+    for s in range(1, STEPS):
+        assert torch.equal(other.plans[s].positions[0], ~odd)
+        assert not comp[s][:, odd].any()
+    assert out.report["strategies"]["time-anchor"]["hits"] > 0
+    assert comp[3:][:, :, ~odd].float().mean() < 1  # some anchored states inside the window skipped
+    alone = PlanSpy()
+    generate(pipe, [anchor(threshold=0.5, warmup=3, max_age=6, narrow_step=False), alone])
+    assert all(p is None for p in alone.plans)
+
+
 def test_continuous_sampler_skips_per_layer_without_narrowing_the_step():
     cont = tiny_text_pipeline("continuous", n_layers=L, max_len=32)
     spy = PlanSpy()
