@@ -440,10 +440,27 @@ def test_partial_step_refreshes_only_the_computed_clean_estimates():
 
 def test_partial_command_prints_every_fraction_down_to_the_floor(tmp_path, capsys):
     cfg = tmp_path / "b2.toml"
-    cfg.write_text('[model]\nadapter = "text"\ncheckpoint = "wordnet-masked"\nlength = 32\nbatch = 2\n')
-    assert main(["partial", str(cfg), "--repeats", "2", "--threads", "1"]) == 0
+    cfg.write_text('[model]\nadapter = "text"\ncheckpoint = "wordnet-masked"\nlength = 32\n')
+    assert main(["partial", str(cfg), "--repeats", "2", "--threads", "1", "--batch", "2"]) == 0
     out = capsys.readouterr().out
     assert "batch 2, 32 positions" in out
     rows = [line.split() for line in out.splitlines()[2:]]
     assert [r[0] for r in rows] == ["100%", "50%", "25%", "15%", "10%", "5%", "1"]
     assert rows[0][-1] == "1.00x" and all(r[-1].endswith("x") for r in rows)
+
+
+def test_bench_batch_overrides_every_configs_batch(tmp_path, capsys):
+    from diffaccel.bench import run_bench
+
+    model = '[model]\nadapter = "text"\ncheckpoint = "wordnet-masked"\nlength = 16\nsteps = 4\n'
+    (tmp_path / "base.toml").write_text(model)
+    (tmp_path / "swd.toml").write_text(model + '[[strategy]]\nuse = "swd"\n')
+    result = run_bench([str(tmp_path / "base.toml"), str(tmp_path / "swd.toml")], seeds=2, batch=3,
+                       noise_floor=False, progress=False)
+    assert result["model"]["batch"] == 3 and result["seeds"] == [0, 3]  # no row generated twice
+    assert [e["name"] for e in result["entries"]] == ["baseline", "swd"]
+    base = result["entries"][0]["reports"]
+    assert all(r["counters"]["positions_total"] == 3 * 16 * 4 * 4 for r in base)  # rows x positions x layers x steps
+    assert main(["bench", str(tmp_path / "base.toml"), "--batch", "0", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "--batch must be 1 or more, got 0" in err and "Traceback" not in err

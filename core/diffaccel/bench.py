@@ -32,6 +32,13 @@ def entry_name(config: RunConfig) -> str:
     return Path(config.source).stem
 
 
+def with_batch(config: RunConfig, batch: int) -> RunConfig:
+    """The config with ``[model] batch`` replaced (``--batch`` of ``bench`` and ``partial``)."""
+    if batch < 1:
+        raise ConfigError(f"--batch must be 1 or more, got {batch}")
+    return attrs.evolve(config, model=attrs.evolve(config.model, batch=batch))
+
+
 def load_bench_configs(paths: list[str], registry: Registry) -> list[RunConfig]:
     configs = [load_config(p, registry) for p in paths]
     first = configs[0]
@@ -47,9 +54,13 @@ def load_bench_configs(paths: list[str], registry: Registry) -> list[RunConfig]:
 
 def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: str | None = None,
               noise_floor: bool = True, progress: bool = True, registry: Registry | None = None,
-              plot_dir: str | None = None) -> dict[str, Any]:
+              plot_dir: str | None = None, batch: int | None = None) -> dict[str, Any]:
+    """``batch`` overrides every config's ``[model] batch`` (rows per call; seed k of the bench
+    starts at ``seed + k * batch``, so no row is generated twice)."""
     registry = registry or Registry()
     configs = load_bench_configs(paths, registry)
+    if batch is not None:
+        configs = [with_batch(c, batch) for c in configs]
     base = configs[0]
     adapter = get_adapter(base.model.adapter)
     pipe = adapter.load(base)

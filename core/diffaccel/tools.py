@@ -104,6 +104,10 @@ def partial(args) -> int:
     cfg, adapter, pipe = _load(args.config)
     if cfg.model.adapter != "text":
         raise ConfigError(f"{cfg.source}: [model] key 'adapter': partial computation is benchmarked on text models")
+    if getattr(args, "batch", None) is not None:
+        from .bench import with_batch
+
+        cfg = with_batch(cfg, args.batch)
     den, B, N = pipe.denoiser, cfg.model.batch, cfg.options.length
     gen = torch.Generator().manual_seed(0)
     if den.kind == "masked":
