@@ -81,7 +81,7 @@ def test_partial_steps_with_the_cache_draw_what_recomputing_every_cdf_would(monk
     cached = run_with(pipe, [Narrow()], length=20, steps=20, seed=3, batch=batch)
     calls = []
 
-    def uncached(self, logits, cand, banned, temperature, gens):
+    def uncached(self, logits, cand, banned, temperature, gens, counts=None):
         calls.append(len(gens))
         conf, choice = torch.zeros(cand.shape), torch.zeros(cand.shape, dtype=torch.long)
         for r, gen in enumerate(gens):

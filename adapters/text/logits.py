@@ -127,12 +127,12 @@ class CdfCache:
             self.valid.scatter_(1, computed, False)
 
     def draw(self, logits: torch.Tensor, cand: torch.Tensor, banned: list[int], temperature: float,
-             gens: list[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
+             gens: list[torch.Generator], counts: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``draw(logits[r, cand[r]], ..., gens[r])`` for every batch row r at once (temperature > 0),
         from the cache where it is valid. ``cand`` (B, N) bool marks the candidates; returns
         (confidence, token), both (B, N), meaningful at the candidates. One softmax for the stale
         candidates of every row and one search over all rows: at batch 8 the per-row calls were
-        a fifth of a partial step."""
+        a fifth of a partial step. ``counts``: candidates per row, when the caller has them."""
         B, N, V = self.cdf.shape
         flat_cdf = self.cdf.view(B * N, V)
         stale = cand & ~self.valid
@@ -141,10 +141,9 @@ class CdfCache:
             lg, _ = _without_banned(logits.reshape(B * N, V).index_select(0, rows), banned)
             flat_cdf.index_copy_(0, rows, _cdf(lg, temperature))
             self.valid |= stale
+        counts = cand.sum(1).tolist() if counts is None else counts
         u = torch.zeros(B, N, 1, device=self.cdf.device)
-        for r, gen in enumerate(gens):  # each row's uniforms from its own generator, in position order
-            n = int(cand[r].sum())
-            if n:
-                u[r, cand[r]] = torch.rand(n, 1, generator=gen).to(u.device)
+        # each row's uniforms from its own generator, in position order (a boolean index is row-major)
+        u[cand] = torch.cat([torch.rand(n, 1, generator=gen) for n, gen in zip(counts, gens)]).to(u.device)
         conf, choice = _pick(flat_cdf, u.view(B * N, 1))  # searching every row is cheaper than copying some
         return conf.view(B, N), choice.view(B, N)

@@ -71,6 +71,21 @@ def _refresh_computed(ctx: "_RunContext", logits: torch.Tensor, prev: Any, fn):
     return merge(prev, part)
 
 
+def commit_most_confident_(x: torch.Tensor, candidates: torch.Tensor, confs: torch.Tensor, choices: torch.Tensor,
+                           ks: list[int]) -> None:
+    """In place: in each row r of ``x`` (B, N), the ``ks[r]`` candidates with the highest
+    confidence take their drawn tokens (low-confidence remasking). One top-k over all rows; the
+    per-row loop it replaces cost a few milliseconds a step at batch 8."""
+    kmax = max(ks, default=0)
+    if kmax == 0:
+        return
+    B = x.shape[0]
+    top = confs.masked_fill(~candidates, -math.inf).topk(kmax, dim=1).indices  # best first
+    keep = torch.arange(kmax, device=x.device)[None, :] < torch.tensor(ks, device=x.device)[:, None]
+    rows = torch.arange(B, device=x.device)[:, None].expand(-1, kmax)
+    x[rows[keep], top[keep]] = choices.gather(1, top)[keep]
+
+
 class _RunContext:
     """Per-generation caches: per-layer keys/values and outputs, last logits and top-1."""
 
@@ -382,20 +397,18 @@ class TextDiffusionPipeline:
                 in_block = torch.zeros_like(masked)
                 in_block[:, lo:hi] = True
                 candidates = masked & in_block
+                counts = candidates.sum(1).tolist()
                 if cache is not None:
-                    confs, choices = cache.draw(logits, candidates, banned, temperature, gens)
-                for r in range(B):
-                    cand = candidates[r].nonzero().squeeze(1)
-                    if cand.numel() == 0:
-                        continue
-                    k = math.ceil(cand.numel() / (n_steps - j))
-                    if cache is not None:
-                        conf, choice = confs[r, cand], choices[r, cand]
-                    else:
-                        rows = logits.rows(r, cand) if isinstance(logits, TopKLogits) else logits[r, cand]
-                        conf, choice = draw(rows, banned, temperature, gens[r])
-                    top = torch.topk(conf, k).indices
-                    x[r, cand[top]] = choice[top]
+                    confs, choices = cache.draw(logits, candidates, banned, temperature, gens, counts)
+                else:
+                    confs = torch.zeros(B, N, device=x.device)
+                    choices = torch.zeros(B, N, dtype=torch.long, device=x.device)
+                    for r, n in enumerate(counts):
+                        if n:
+                            cand = candidates[r].nonzero().squeeze(1)
+                            rows = logits.rows(r, cand) if isinstance(logits, TopKLogits) else logits[r, cand]
+                            confs[r, cand], choices[r, cand] = draw(rows, banned, temperature, gens[r])
+                commit_most_confident_(x, candidates, confs, choices, [math.ceil(n / (n_steps - j)) for n in counts])
                 self._post(ctx, accel, x, logits, x == ctx.den.mask_id, fixed)
                 step += 1
                 bar.update(1)
