@@ -110,3 +110,17 @@ def test_without_partial_steps_the_hooked_run_equals_the_plain_one():
     hooked = run_with(pipe, [Watch()], length=20, steps=20, seed=1)
     plain = pipe(length=20, steps=20, seed=1, progress=False)
     assert torch.equal(hooked.tokens, plain.tokens)
+
+
+def test_commit_takes_each_rows_own_number_of_most_confident_candidates():
+    from diffaccel.adapters.text.pipeline import commit_most_confident_
+
+    x = torch.full((3, 6), 2)
+    candidates = torch.tensor([[1, 1, 1, 0, 1, 0], [1, 1, 0, 0, 0, 0], [0, 0, 1, 1, 1, 1]], dtype=torch.bool)
+    confs = torch.tensor([[0.1, 0.9, 0.5, 0.99, 0.7, 0.0], [0.3, 0.2, 0.0, 0.0, 0.0, 0.0], [0.9, 0.9, 0.2, 0.4, 0.3, 0.1]])
+    choices = torch.arange(18).view(3, 6) + 100
+    commit_most_confident_(x, candidates, confs, choices, [2, 0, 1])
+    # row 0: the two best candidates (0.9 at 1, 0.7 at 4); position 3 (0.99) is no candidate
+    assert x[0].tolist() == [2, 101, 2, 2, 104, 2]
+    assert x[1].tolist() == [2] * 6  # k = 0: nothing committed
+    assert x[2].tolist() == [2, 2, 2, 115, 2, 2]  # non-candidates 0 and 1 (0.9) are passed over
