@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from diffaccel import StepPlan, hookimpl
+from diffaccel.adapters.text.pipeline import mask_to_index  # the positions exactly as the adapter narrows a step
 from diffaccel.adapters.unet import tail
 from diffaccel.errors import ConfigValueError
 
@@ -49,13 +50,6 @@ BRANCHES = ("main", "uncond", "cond")
 def _gather(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """x (B, N, D), idx (B, M) -> (B, M, D)."""
     return torch.gather(x, 1, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
-
-
-def mask_to_index(mask: torch.Tensor) -> torch.Tensor:
-    """(B, N) bool -> (B, M) long positions, as the text adapter narrows a step (rows with fewer
-    True positions are padded with others: computing a position more is harmless)."""
-    m = int(mask.sum(1).max())
-    return torch.argsort((~mask).to(torch.int8), dim=1, stable=True)[:, : max(m, 1)]
 
 
 def depth_of(name: str, n_down: int) -> int:
