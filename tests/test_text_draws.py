@@ -22,6 +22,40 @@ def test_draw_follows_the_softmax_and_never_draws_banned_tokens():
     assert torch.allclose(conf, p[choice], atol=1e-6)
 
 
+@pytest.mark.parametrize("V", [64, 53, 50])  # block width divides V, does not (padded), a divisor below sqrt
+def test_most_probable_is_the_softmax_maximum(V):
+    logits = torch.randn(300, V, generator=torch.Generator().manual_seed(V)) * 4
+    logits[7, V - 1] = 40.0  # a maximum in the last (possibly padded) block
+    prob, token = draws.most_probable(logits.view(3, 100, V))
+    want_p, want_t = logits.softmax(-1).max(-1)
+    assert prob.shape == token.shape == (3, 100)
+    assert torch.equal(token.view(-1), want_t) and torch.allclose(prob.view(-1), want_p, rtol=1e-5)
+
+
+@pytest.mark.parametrize("V", [53, 64])
+def test_two_level_draw_follows_the_softmax_on_any_vocabulary_size(V):
+    logits = torch.randn(V, generator=torch.Generator().manual_seed(2)).repeat(40000, 1)
+    banned = [0, V - 1, V - 2]  # the last (padded) block holds banned ids
+    conf, choice = draw(logits.clone(), banned, 0.8, torch.Generator().manual_seed(0))
+    masked = logits[0].clone()
+    masked[banned] = -math.inf
+    p = (masked / 0.8).softmax(-1)
+    freq = torch.bincount(choice, minlength=V).float() / choice.numel()
+    assert freq[banned].sum() == 0
+    assert (freq - p).abs().max() < 0.01
+    assert torch.allclose(conf, p[choice], rtol=1e-5)
+
+
+def test_a_uniform_at_the_ends_of_the_range_draws_the_first_or_last_entry_with_mass():
+    V = 53
+    lg = torch.randn(V, generator=torch.Generator().manual_seed(4)).repeat(4, 1)
+    lg[:, 40:] = -math.inf  # the last blocks carry no mass
+    lg[:, 0] = -math.inf
+    conf, choice = draws._pick(draws._cdf(lg.clone(), 1.0), torch.tensor([[1.0], [1.0 - 2**-24], [0.0], [0.5]]))
+    assert choice[:3].tolist() == [39, 39, 1]
+    assert 1 <= choice[3] <= 39 and (conf > 0).all()
+
+
 def test_draw_at_temperature_zero_is_the_argmax_without_banned_tokens():
     logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(1))
     logits[:, 0] = 100.0

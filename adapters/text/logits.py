@@ -12,6 +12,7 @@ softmax over the vocabulary; the dense form (-inf outside the k) is built only o
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import attrs
 import torch
@@ -73,20 +74,81 @@ def _without_banned(logits: "torch.Tensor | TopKLogits", banned: list[int]) -> t
     return lg, None
 
 
-def _cdf(lg: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Cumulative softmax(lg / T) along the vocabulary, (M, V) float32."""
-    return (lg / temperature).softmax(-1).cumsum_(-1)
+def _block_width(V: int) -> int:
+    """Width of the vocabulary blocks of the two-level searches: a divisor of V near sqrt(V)
+    when there is one, else ceil(sqrt(V)) (the last block is then padded)."""
+    w = math.isqrt(V - 1) + 1 if V > 1 else 1
+    for d in range(w, max(w // 2, 1) - 1, -1):
+        if V % d == 0:
+            return d
+    return w
 
 
-def _pick(cdf: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inverse CDF: (confidence, index) per row of ``cdf`` (M, V) for uniforms ``u`` (M, 1) in
-    [0, 1). The first entry whose cumulative mass passes u * total: never a zero-probability
-    (banned) entry. Its probability is the step of the CDF there."""
-    u = u * cdf[:, -1:]
-    choice = torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.shape[1] - 1)
-    upper = cdf.gather(1, choice)
-    lower = torch.where(choice > 0, cdf.gather(1, (choice - 1).clamp_(min=0)), torch.zeros_like(upper))
-    return (upper - lower).squeeze(1), choice.squeeze(1)
+def _blocked(x: torch.Tensor, w: int, fill: float) -> torch.Tensor:
+    """(R, V) -> (R, ceil(V / w), w), padded with ``fill`` when w does not divide V."""
+    R, V = x.shape
+    if V % w:
+        x = torch.nn.functional.pad(x, (0, w - V % w), value=fill)
+    return x.reshape(R, -(-V // w), w)
+
+
+def most_probable(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(probability, token) of the largest entry of each row of float logits (..., V): what
+    ``logits.softmax(-1).max(-1)`` gives, without the softmax's full-size output. The argmax is
+    taken per block of about sqrt(V) entries, then within the best block: on a CPU, ``max`` with
+    indices over 4096 entries cost six times a plain ``amax``."""
+    lead, V = logits.shape[:-1], logits.shape[-1]
+    lg = logits.reshape(-1, V)
+    R = lg.shape[0]
+    w = _block_width(V)
+    blocks = _blocked(lg, w, -math.inf)
+    best, j = blocks.amax(-1).max(-1)  # the best block per row
+    i = blocks[torch.arange(R, device=lg.device), j].max(-1).indices
+    prob = (lg - best[:, None]).exp_().sum(-1).reciprocal_()
+    return prob.view(lead), (j * w + i).view(lead)
+
+
+class Cdf(NamedTuple):
+    """Unnormalised cumulative distributions of R rows in two levels: the probabilities ``e``
+    (R, nb, w) (up to the row's factor; 0 for banned tokens), and their cumulative sums per block
+    ``C`` (R, nb). A search finds the block in C, then the entry in one block's cumsum: a full
+    cumulative sum over the vocabulary is sequential per row and cost more than the softmax."""
+
+    e: torch.Tensor
+    C: torch.Tensor
+
+
+def _cdf(lg: torch.Tensor, temperature: float) -> Cdf:
+    """The two-level CDF of softmax(lg / T) for float logits (R, V), banned ids at -inf. ``lg``
+    is overwritten: every caller passes its own gathered copy (see ``_without_banned``)."""
+    lg = lg.sub_(lg.amax(-1, keepdim=True))
+    if temperature != 1.0:
+        lg.div_(temperature)
+    e = _blocked(lg.exp_(), _block_width(lg.shape[1]), 0.0)
+    return Cdf(e, e.sum(-1).cumsum_(-1))
+
+
+def _last_positive(c: torch.Tensor) -> torch.Tensor:
+    """Per row of a cumulative sum (R, n): the first index where it reaches its total, i.e. the
+    last entry with positive mass, (R, 1)."""
+    return torch.searchsorted(c, c[:, -1:].contiguous(), right=False)
+
+
+def _pick(cdf: Cdf, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse CDF: (probability, index) per row for uniforms ``u`` (R, 1) in [0, 1). The first
+    entry whose cumulative mass passes u * total: never a zero-probability (banned) entry, even
+    where rounding puts the target at the total."""
+    e, C = cdf
+    R, nb, w = e.shape
+    total = C[:, -1:]
+    target = u * total
+    # clamped: rows of a cache that were never filled (zeros) are searched too, then ignored
+    j = torch.minimum(torch.searchsorted(C, target, right=True), _last_positive(C)).clamp_(max=nb - 1)  # (R, 1)
+    below = torch.where(j > 0, C.gather(1, (j - 1).clamp_(min=0)), torch.zeros_like(target))
+    block = e.gather(1, j[:, :, None].expand(-1, -1, w)).squeeze(1)  # (R, w)
+    c = block.cumsum(-1)
+    i = torch.minimum(torch.searchsorted(c, target - below, right=True), _last_positive(c)).clamp_(max=w - 1)
+    return (block.gather(1, i) / total).squeeze(1), (j * w + i).squeeze(1)
 
 
 def draw(logits: "torch.Tensor | TopKLogits", banned: list[int], temperature: float,
@@ -97,7 +159,7 @@ def draw(logits: "torch.Tensor | TopKLogits", banned: list[int], temperature: fl
     of a step at vocabulary 4096); ``banned`` tokens never come out."""
     lg, ids = _without_banned(logits, banned)
     if temperature <= 0:
-        conf, choice = lg.softmax(-1).max(-1)
+        conf, choice = most_probable(lg)
     else:
         u = torch.rand(lg.shape[0], 1, generator=gen).to(lg.device)
         conf, choice = _pick(_cdf(lg, temperature), u)
@@ -110,13 +172,16 @@ class CdfCache:
     """The masked sampler's cumulative distributions per position, (B, N, V), kept across steps.
 
     A position the step did not compute keeps its logits, so its distribution is the same as at
-    the last step: its draw is then one binary search instead of a softmax and a cumulative sum
-    over the vocabulary. Draws are identical to ``draw`` (same uniforms, same arithmetic per row);
+    the last step: its draw is then two short binary searches instead of an exponential over the
+    vocabulary. Draws are identical to ``draw`` (same uniforms, same arithmetic per row);
     only the work for unchanged rows is saved. Used on hooked runs, where steps may be partial.
     """
 
     def __init__(self, shape: tuple[int, int, int], device):
-        self.cdf = torch.empty(shape, dtype=torch.float32, device=device)
+        B, N, V = shape
+        w = _block_width(V)
+        nb = -(-V // w)
+        self.cdf = Cdf(torch.zeros(B * N, nb, w, device=device), torch.zeros(B * N, nb, device=device))
         self.valid = torch.zeros(shape[:2], dtype=torch.bool, device=device)
 
     def invalidate(self, computed: torch.Tensor | None) -> None:
@@ -130,20 +195,21 @@ class CdfCache:
              gens: list[torch.Generator], counts: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``draw(logits[r, cand[r]], ..., gens[r])`` for every batch row r at once (temperature > 0),
         from the cache where it is valid. ``cand`` (B, N) bool marks the candidates; returns
-        (confidence, token), both (B, N), meaningful at the candidates. One softmax for the stale
+        (confidence, token), both (B, N), meaningful at the candidates. One exponential for the stale
         candidates of every row and one search over all rows: at batch 8 the per-row calls were
         a fifth of a partial step. ``counts``: candidates per row, when the caller has them."""
-        B, N, V = self.cdf.shape
-        flat_cdf = self.cdf.view(B * N, V)
+        B, N, V = logits.shape
         stale = cand & ~self.valid
         if bool(stale.any()):
             rows = stale.view(-1).nonzero().squeeze(1)
             lg, _ = _without_banned(logits.reshape(B * N, V).index_select(0, rows), banned)
-            flat_cdf.index_copy_(0, rows, _cdf(lg, temperature))
+            fresh = _cdf(lg, temperature)
+            self.cdf.e.index_copy_(0, rows, fresh.e)
+            self.cdf.C.index_copy_(0, rows, fresh.C)
             self.valid |= stale
         counts = cand.sum(1).tolist() if counts is None else counts
-        u = torch.zeros(B, N, 1, device=self.cdf.device)
+        u = torch.zeros(B, N, 1, device=logits.device)
         # each row's uniforms from its own generator, in position order (a boolean index is row-major)
         u[cand] = torch.cat([torch.rand(n, 1, generator=gen) for n, gen in zip(counts, gens)]).to(u.device)
-        conf, choice = _pick(flat_cdf, u.view(B * N, 1))  # searching every row is cheaper than copying some
+        conf, choice = _pick(self.cdf, u.view(B * N, 1))  # searching every row is cheaper than copying some
         return conf.view(B, N), choice.view(B, N)

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from diffaccel.state import Layer, RunState
 
-from .logits import CdfCache, TopKLogits, clean_estimate, draw
+from .logits import CdfCache, TopKLogits, clean_estimate, draw, most_probable
 from .model import KVCache, _gather_rows, _scatter_rows_
 
 SAMPLERS = ("masked", "ddim", "ddpm", "hybrid")
@@ -362,7 +362,7 @@ class TextDiffusionPipeline:
             topk, logits = logits, ctx.logits
             top1_prob, top1 = topk.top1()
         else:
-            top1_prob, top1 = _refresh_computed(ctx, logits, ctx.top1, lambda lg: tuple(lg.float().softmax(-1).max(-1)))
+            top1_prob, top1 = _refresh_computed(ctx, logits, ctx.top1, lambda lg: most_probable(lg.float()))
         ctx.top1 = (top1_prob.clone(), top1.clone()) if logits is ctx.logits and topk is None else None
         if tokens is None:  # continuous samplers: the current top-1, computed only on hooked runs
             tokens = top1
