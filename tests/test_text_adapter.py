@@ -9,7 +9,7 @@ import diffaccel
 from diffaccel import StepPlan, hookimpl
 from diffaccel.adapters.text.model import (SCHEDULES, TextDiffusionConfig, TextDiffusionLM, alphas_cumprod,
                                            mask_rate)
-from diffaccel.adapters.text.pipeline import mask_to_index
+from diffaccel.adapters.text.positions import Positions
 from diffaccel.cli import main
 from diffaccel.errors import ModelLoadError
 from diffaccel.testing import run_with, tiny_text_pipeline
@@ -124,11 +124,23 @@ def test_unknown_schedule_is_rejected():
         mask_rate("sigmoid", torch.zeros(1))
 
 
-def test_mask_to_index_pads_with_real_positions():
-    mask = torch.tensor([[True, False, True, False], [False, False, False, True]])
-    idx = mask_to_index(mask)
-    assert idx.shape == (2, 2)
-    assert set(idx[0].tolist()) == {0, 2} and 3 in idx[1].tolist()
+def test_positions_are_ragged_and_pad_only_for_attention():
+    mask = torch.tensor([[True, False, True, False], [False, False, False, True], [False] * 4])
+    sel = Positions(mask)
+    assert sel.count == 3 and sel.M == 2
+    assert sel.flat.tolist() == [0, 2, 7] and sel.rows.tolist() == [0, 0, 1] and sel.pos.tolist() == [0, 2, 3]
+    assert torch.equal(sel.mask(), mask)
+    x = torch.arange(3 * 4 * 2, dtype=torch.float32).view(3, 4, 2)
+    rows = sel.gather(x)
+    assert torch.equal(rows, x[mask])
+    padded = sel.pad(rows)  # (B, M, 2): row 1 holds one pair, row 2 none
+    assert padded.shape == (3, 2, 2) and torch.equal(padded[1, 0], x[1, 3]) and not padded[1, 1].any() and not padded[2].any()
+    assert torch.equal(sel.unpad(padded), rows)
+    dst = torch.zeros_like(x)
+    assert torch.equal(sel.scatter_(dst, rows)[mask], rows) and not dst[~mask].any()
+    # (row, position) -> rows of a (B, H, N, dh) cache, in the order of a (T, H, dh) tensor
+    assert sel.kv_index(2).tolist() == [0, 4, 2, 6, 11, 15]
+    assert torch.equal(Positions.from_index(torch.tensor([[2, 0, 0], [3, 3, 3], [1, 1, 1]]), 4).mask()[:2], mask[:2])
 
 
 def test_partial_step_matches_full_on_computed_positions():
@@ -425,13 +437,14 @@ def test_partial_step_refreshes_only_the_computed_clean_estimates():
     prev = clean_estimate(logits, E, 0.7)
     idx = torch.tensor([[1, 4], [0, 5]])
     logits.scatter_(1, idx.unsqueeze(-1).expand(-1, -1, 20), torch.randn(2, 2, 20, generator=g))
-    ctx = SimpleNamespace(step_idx=idx, logits=logits, step_logits=None)
+    sel = Positions.from_index(idx, 6)
+    ctx = SimpleNamespace(step_sel=sel, logits=logits, step_logits=None)
     estimate = lambda lg: clean_estimate(lg, E, 0.7)  # noqa: E731
     got = _refresh_computed(ctx, logits, prev, estimate)
     assert torch.allclose(got, clean_estimate(logits, E, 0.7), atol=1e-6)
     assert torch.equal(got[0, 0], prev[0, 0])  # an uncomputed position keeps its estimate
     # the step's fresh rows, when the adapter kept them, serve instead of gathering them again
-    ctx.step_logits = torch.gather(logits, 1, idx.unsqueeze(-1).expand(-1, -1, 20))
+    ctx.step_logits = sel.gather(logits)
     assert torch.equal(_refresh_computed(ctx, logits, prev, estimate), got)
     ctx.step_logits = None
     replaced = logits.clone()  # a strategy replaced the logits: everything is recomputed

@@ -51,7 +51,7 @@ def test_a_uniform_at_the_ends_of_the_range_draws_the_first_or_last_entry_with_m
     lg = torch.randn(V, generator=torch.Generator().manual_seed(4)).repeat(4, 1)
     lg[:, 40:] = -math.inf  # the last blocks carry no mass
     lg[:, 0] = -math.inf
-    conf, choice = draws._pick(draws._cdf(lg.clone(), 1.0), torch.tensor([[1.0], [1.0 - 2**-24], [0.0], [0.5]]))
+    conf, choice = draws._pick(*draws._cdf(lg.clone(), 1.0), torch.tensor([[1.0], [1.0 - 2**-24], [0.0], [0.5]]))
     assert choice[:3].tolist() == [39, 39, 1]
     assert 1 <= choice[3] <= 39 and (conf > 0).all()
 
@@ -71,8 +71,9 @@ def test_draw_on_truncated_logits_returns_token_ids():
     assert set(choice.tolist()) == {17} and torch.allclose(conf, torch.ones(1000))
 
 
-def test_cache_draws_exactly_what_draw_does_and_forgets_what_it_is_told():
-    B, N, V = 2, 12, 40
+@pytest.mark.parametrize("V", [40, 53])  # blocks that tile the vocabulary, and a padded last block
+def test_cache_draws_exactly_what_draw_does_and_forgets_what_it_is_told(V):
+    B, N = 2, 12
     logits = torch.randn(B, N, V, generator=torch.Generator().manual_seed(3))
     cache = CdfCache((B, N, V), torch.device("cpu"))
     cand_pos = torch.tensor([1, 4, 5, 9])
@@ -84,11 +85,12 @@ def test_cache_draws_exactly_what_draw_does_and_forgets_what_it_is_told():
     for r in range(B):
         want = draw(logits[r, cand[r]], [2], 0.7, torch.Generator().manual_seed(r))
         assert torch.equal(choice[r, cand[r]], want[1]) and torch.equal(conf[r, cand[r]], want[0])
-    # a row whose logits changed serves the old distribution until it is invalidated
+    # a row whose logits changed keeps its cached block sums until it is invalidated (the sampler
+    # invalidates every computed row; the others' logits do not change)
     logits[0, 4] = -50.0
     logits[0, 4, 7] = 50.0
     _, stale = cache.draw(logits, cand, [2], 0.7, gens(5, 6))
-    cache.invalidate(torch.tensor([[4], [4]]))
+    cache.invalidate(torch.tensor([4, N + 4]))  # position 4 of both rows, as flat B * N indices
     _, fresh = cache.draw(logits, cand, [2], 0.7, gens(5, 6))
     assert stale[0, 4] != 7 and fresh[0, 4] == 7
     assert torch.equal(fresh[0, [1, 5, 9]], stale[0, [1, 5, 9]])  # the other rows came from the cache

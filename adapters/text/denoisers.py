@@ -16,7 +16,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .model import KVCache, TextDiffusionLM, _gather_rows, _scatter_positions_
+from .model import KVCache, TextDiffusionLM, attend_positions
+from .positions import Positions
 
 
 class ReferenceDenoiser:
@@ -58,11 +59,11 @@ class ReferenceDenoiser:
             hit = self._mods[i] = (key, blk.modulation(c))
         return hit[1]
 
-    def embed(self, x, idx=None):
-        return self.model.embed(x, idx)
+    def embed(self, x, positions: Positions | None = None):
+        return self.model.embed(x, positions)
 
-    def block(self, i: int, h, c, kv: KVCache, idx=None):
-        return self.model.blocks[i](h, c, kv, idx, mods=self._modulation(i, c))
+    def block(self, i: int, h, c, kv: KVCache, positions: Positions | None = None):
+        return self.model.blocks[i](h, c, kv, positions, mods=self._modulation(i, c))
 
     def logits(self, h):
         return self.model.logits(h)
@@ -105,27 +106,27 @@ class BertDenoiser:
     def condition(self, t, batch: int, cond=None):
         return None
 
-    def embed(self, x, idx=None):
-        if idx is None:
-            idx = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
-        else:
-            x = torch.gather(x, 1, idx)
-        return self.base.embeddings(input_ids=x, position_ids=idx + self.pos_offset, token_type_ids=torch.zeros_like(x))
+    def embed(self, x, positions: Positions | None = None):
+        if positions is None:
+            ids, pos = x, torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
+        else:  # (1, T): the embeddings module wants a batch dimension
+            ids, pos = x.reshape(-1)[positions.flat][None], positions.pos[None]
+        h = self.base.embeddings(input_ids=ids, position_ids=pos + self.pos_offset, token_type_ids=torch.zeros_like(ids))
+        return h if positions is None else h[0]
 
-    def block(self, i: int, h, c, kv: KVCache, idx=None):
+    def block(self, i: int, h, c, kv: KVCache, positions: Positions | None = None):
         layer = self.layers[i]
         att = layer.attention.self
-        B, M, _ = h.shape
         heads, dh = att.num_attention_heads, att.attention_head_size
-        q = att.query(h).view(B, M, heads, dh).transpose(1, 2)
-        k = att.key(h).view(B, M, heads, dh).transpose(1, 2)
-        v = att.value(h).view(B, M, heads, dh).transpose(1, 2)
-        if idx is None:
+        scale = 1.0 / math.sqrt(dh)
+        lead = h.shape[:-1]  # (B, N), or (T,) with positions
+        q, k, v = (f(h).view(*lead, heads, dh) for f in (att.query, att.key, att.value))
+        if positions is None:
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))
             kv.k, kv.v = k, v
+            ctx = F.scaled_dot_product_attention(q, k, v, scale=scale).transpose(1, 2).reshape(*lead, heads * dh)
         else:
-            _scatter_positions_(kv, idx, k, v)
-        ctx = F.scaled_dot_product_attention(q, kv.k, kv.v, scale=1.0 / math.sqrt(dh))
-        ctx = ctx.transpose(1, 2).reshape(B, M, heads * dh)
+            ctx = attend_positions(q, k, v, kv, positions, scale=scale)
         attn_out = layer.attention.output(ctx, h)
         return layer.output(layer.intermediate(attn_out), attn_out)
 
@@ -133,4 +134,4 @@ class BertDenoiser:
         return self.head(h)
 
 
-__all__ = ["ReferenceDenoiser", "BertDenoiser", "_gather_rows"]
+__all__ = ["ReferenceDenoiser", "BertDenoiser"]

@@ -109,23 +109,27 @@ def most_probable(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class Cdf(NamedTuple):
-    """Unnormalised cumulative distributions of R rows in two levels: the probabilities ``e``
-    (R, nb, w) (up to the row's factor; 0 for banned tokens), and their cumulative sums per block
-    ``C`` (R, nb). A search finds the block in C, then the entry in one block's cumsum: a full
-    cumulative sum over the vocabulary is sequential per row and cost more than the softmax."""
+    """Two-level cumulative distributions of R rows of logits: ``C`` (R, nb), the cumulative sums
+    over blocks of w entries of exp((lg - m) / T) (0 for banned tokens), relative to ``m`` (R, 1),
+    each row's largest logit. A search finds the block in C, then the entry in that one block's
+    cumsum (a full cumulative sum over the vocabulary is sequential per row and cost more than
+    the softmax). The block's entries are recomputed from the logits when a draw needs them, so
+    a cache keeps nb + 1 numbers per row, not V."""
 
-    e: torch.Tensor
     C: torch.Tensor
+    m: torch.Tensor
 
 
-def _cdf(lg: torch.Tensor, temperature: float) -> Cdf:
-    """The two-level CDF of softmax(lg / T) for float logits (R, V), banned ids at -inf. ``lg``
-    is overwritten: every caller passes its own gathered copy (see ``_without_banned``)."""
-    lg = lg.sub_(lg.amax(-1, keepdim=True))
+def _cdf(lg: torch.Tensor, temperature: float) -> tuple[Cdf, torch.Tensor]:
+    """(the two-level CDF, the blocked probabilities e (R, nb, w)) of softmax(lg / T) for float
+    logits (R, V), banned ids at -inf. ``lg`` is overwritten (e lives in its storage): every
+    caller passes its own gathered copy (see ``_without_banned``)."""
+    m = lg.amax(-1, keepdim=True)
+    lg.sub_(m)
     if temperature != 1.0:
         lg.div_(temperature)
     e = _blocked(lg.exp_(), _block_width(lg.shape[1]), 0.0)
-    return Cdf(e, e.sum(-1).cumsum_(-1))
+    return Cdf(e.sum(-1).cumsum_(-1), m), e
 
 
 def _last_positive(c: torch.Tensor) -> torch.Tensor:
@@ -134,21 +138,42 @@ def _last_positive(c: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(c, c[:, -1:].contiguous(), right=False)
 
 
-def _pick(cdf: Cdf, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inverse CDF: (probability, index) per row for uniforms ``u`` (R, 1) in [0, 1). The first
-    entry whose cumulative mass passes u * total: never a zero-probability (banned) entry, even
-    where rounding puts the target at the total."""
-    e, C = cdf
-    R, nb, w = e.shape
+def _find_block(C: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """For uniforms u (R, 1) in [0, 1): (block j, mass below it, total, target u * total), each
+    (R, 1). j is the first block whose cumulative mass passes the target, clamped to the last
+    block with mass (rounding may put the target at the total; never-filled cache rows are
+    searched too, then ignored)."""
     total = C[:, -1:]
     target = u * total
-    # clamped: rows of a cache that were never filled (zeros) are searched too, then ignored
-    j = torch.minimum(torch.searchsorted(C, target, right=True), _last_positive(C)).clamp_(max=nb - 1)  # (R, 1)
+    j = torch.minimum(torch.searchsorted(C, target, right=True), _last_positive(C)).clamp_(max=C.shape[1] - 1)
     below = torch.where(j > 0, C.gather(1, (j - 1).clamp_(min=0)), torch.zeros_like(target))
-    block = e.gather(1, j[:, :, None].expand(-1, -1, w)).squeeze(1)  # (R, w)
+    return j, below, total, target
+
+
+def _pick_in_block(block: torch.Tensor, j, below, total, target) -> tuple[torch.Tensor, torch.Tensor]:
+    """(probability, index) from the chosen blocks' probabilities (R, w): the first entry whose
+    cumulative mass passes the target, never one without mass."""
     c = block.cumsum(-1)
-    i = torch.minimum(torch.searchsorted(c, target - below, right=True), _last_positive(c)).clamp_(max=w - 1)
-    return (block.gather(1, i) / total).squeeze(1), (j * w + i).squeeze(1)
+    i = torch.minimum(torch.searchsorted(c, target - below, right=True), _last_positive(c)).clamp_(max=block.shape[1] - 1)
+    return (block.gather(1, i) / total).squeeze(1), (j * block.shape[1] + i).squeeze(1)
+
+
+def _pick(cdf: Cdf, e: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse CDF of fresh rows whose blocked probabilities ``e`` (R, nb, w) are at hand."""
+    j, below, total, target = _find_block(cdf.C, u)
+    R, nb, w = e.shape
+    block = e.view(-1, w).index_select(0, torch.arange(R, device=e.device) * nb + j.squeeze(1))
+    return _pick_in_block(block, j, below, total, target)
+
+
+def _logit_blocks(logits: torch.Tensor, rows: torch.Tensor, j: torch.Tensor, w: int) -> torch.Tensor:
+    """(R, w): block j[r] of row rows[r] of logits (Rx, V) contiguous, -inf past the last id."""
+    V = logits.shape[1]
+    if V % w == 0:
+        return logits.view(-1, w).index_select(0, rows * (V // w) + j.squeeze(1))
+    cols = j * w + torch.arange(w, device=logits.device)
+    out = logits.reshape(-1)[rows[:, None] * V + cols.clamp(max=V - 1)]
+    return out.masked_fill_(cols >= V, -math.inf)
 
 
 def draw(logits: "torch.Tensor | TopKLogits", banned: list[int], temperature: float,
@@ -162,54 +187,76 @@ def draw(logits: "torch.Tensor | TopKLogits", banned: list[int], temperature: fl
         conf, choice = most_probable(lg)
     else:
         u = torch.rand(lg.shape[0], 1, generator=gen).to(lg.device)
-        conf, choice = _pick(_cdf(lg, temperature), u)
+        conf, choice = _pick(*_cdf(lg, temperature), u)
     if ids is not None:
         choice = ids.gather(1, choice[:, None]).squeeze(1)
     return conf, choice
 
 
 class CdfCache:
-    """The masked sampler's cumulative distributions per position, (B, N, V), kept across steps.
+    """The masked sampler's two-level distributions per position (``Cdf`` of B * N rows), kept
+    across steps.
 
     A position the step did not compute keeps its logits, so its distribution is the same as at
-    the last step: its draw is then two short binary searches instead of an exponential over the
-    vocabulary. Draws are identical to ``draw`` (same uniforms, same arithmetic per row);
-    only the work for unchanged rows is saved. Used on hooked runs, where steps may be partial.
+    the last step: its draw is then two short binary searches and the exponentials of one block
+    instead of an exponential over the vocabulary. Draws are identical to ``draw`` (same
+    uniforms, same arithmetic per row); only the work for unchanged rows is saved. Used on
+    hooked runs, where steps may be partial.
     """
 
     def __init__(self, shape: tuple[int, int, int], device):
         B, N, V = shape
-        w = _block_width(V)
-        nb = -(-V // w)
-        self.cdf = Cdf(torch.zeros(B * N, nb, w, device=device), torch.zeros(B * N, nb, device=device))
-        self.valid = torch.zeros(shape[:2], dtype=torch.bool, device=device)
+        self.w = _block_width(V)
+        self.cdf = Cdf(torch.zeros(B * N, -(-V // self.w), device=device), torch.zeros(B * N, 1, device=device))
+        self.valid = torch.zeros(B, N, dtype=torch.bool, device=device)
+        self._ban: tuple[tuple[int, ...], torch.Tensor] | None = None
 
     def invalidate(self, computed: torch.Tensor | None) -> None:
-        """Forget the positions a step computed: ``computed`` (B, M) long, or None for all."""
+        """Forget the positions a step computed: ``computed`` (T,) long indices into the B * N
+        rows (``Positions.flat``), or None for all."""
         if computed is None:
             self.valid.zero_()
         elif computed.numel():
-            self.valid.scatter_(1, computed, False)
+            self.valid.view(-1).index_fill_(0, computed, False)
+
+    def _banned_blocks(self, banned: list[int], V: int, device) -> torch.Tensor:
+        """(nb, w) bool: the banned ids and the padding past the last id, in the block layout."""
+        key = tuple(banned)
+        if self._ban is None or self._ban[0] != key:
+            ban = torch.zeros(self.cdf.C.shape[1] * self.w, dtype=torch.bool, device=device)
+            ban[V:] = True
+            ban[list(banned)] = True
+            self._ban = (key, ban.view(-1, self.w))
+        return self._ban[1]
 
     def draw(self, logits: torch.Tensor, cand: torch.Tensor, banned: list[int], temperature: float,
              gens: list[torch.Generator], counts: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``draw(logits[r, cand[r]], ..., gens[r])`` for every batch row r at once (temperature > 0),
         from the cache where it is valid. ``cand`` (B, N) bool marks the candidates; returns
         (confidence, token), both (B, N), meaningful at the candidates. One exponential for the stale
-        candidates of every row and one search over all rows: at batch 8 the per-row calls were
+        candidates of every row and one search over all candidates: at batch 8 the per-row calls were
         a fifth of a partial step. ``counts``: candidates per row, when the caller has them."""
         B, N, V = logits.shape
+        flat_logits = logits.reshape(B * N, V)
         stale = cand & ~self.valid
         if bool(stale.any()):
             rows = stale.view(-1).nonzero().squeeze(1)
-            lg, _ = _without_banned(logits.reshape(B * N, V).index_select(0, rows), banned)
-            fresh = _cdf(lg, temperature)
-            self.cdf.e.index_copy_(0, rows, fresh.e)
+            lg, _ = _without_banned(flat_logits.index_select(0, rows), banned)
+            fresh, _ = _cdf(lg, temperature)
             self.cdf.C.index_copy_(0, rows, fresh.C)
+            self.cdf.m.index_copy_(0, rows, fresh.m)
             self.valid |= stale
         counts = cand.sum(1).tolist() if counts is None else counts
-        u = torch.zeros(B, N, 1, device=logits.device)
-        # each row's uniforms from its own generator, in position order (a boolean index is row-major)
-        u[cand] = torch.cat([torch.rand(n, 1, generator=gen) for n, gen in zip(counts, gens)]).to(u.device)
-        conf, choice = _pick(self.cdf, u.view(B * N, 1))  # searching every row is cheaper than copying some
-        return conf.view(B, N), choice.view(B, N)
+        rows = cand.view(-1).nonzero().squeeze(1)  # row-major: each batch row's candidates in order
+        # each row's uniforms from its own generator, in position order
+        u = torch.cat([torch.rand(n, 1, generator=gen) for n, gen in zip(counts, gens)]).to(logits.device)
+        j, below, total, target = _find_block(self.cdf.C.index_select(0, rows), u)
+        # the chosen block's probabilities, recomputed from the logits as ``_cdf`` computed them
+        block = _logit_blocks(flat_logits, rows, j, self.w).sub_(self.cdf.m.index_select(0, rows))
+        if temperature != 1.0:
+            block.div_(temperature)
+        block = block.exp_().masked_fill_(self._banned_blocks(banned, V, logits.device)[j.squeeze(1)], 0.0)
+        conf, choice = _pick_in_block(block, j, below, total, target)
+        confs = torch.zeros(B * N, device=logits.device).index_copy_(0, rows, conf)
+        choices = torch.zeros(B * N, dtype=torch.long, device=logits.device).index_copy_(0, rows, choice)
+        return confs.view(B, N), choices.view(B, N)

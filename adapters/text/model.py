@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .positions import Positions
+
 SCHEDULES = ("linear", "cosine", "scaled-linear")
 
 
@@ -123,50 +125,23 @@ class KVCache:
         self.v: torch.Tensor | None = None
 
 
-def _flat_rows(idx: torch.Tensor, n: int) -> torch.Tensor:
-    """(B, M) positions in rows of length n -> (B * M,) indices into the (B * n) flattened rows."""
-    if idx.shape[0] == 1:
-        return idx.reshape(-1)
-    return (idx + torch.arange(idx.shape[0], device=idx.device)[:, None] * n).reshape(-1)
-
-
-def _gather_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """x (B, N, ...), idx (B, M) -> (B, M, ...). Whole rows at once (``index_select``): an
-    element-wise ``gather`` with an expanded index cost ten times more on logits-sized rows."""
-    B, N = x.shape[:2]
-    if x.is_contiguous():
-        return x.view(B * N, *x.shape[2:]).index_select(0, _flat_rows(idx, N)).view(B, idx.shape[1], *x.shape[2:])
-    return torch.gather(x, 1, idx.view(*idx.shape, *([1] * (x.dim() - 2))).expand(-1, -1, *x.shape[2:]))
-
-
-def _scatter_rows_(dst: torch.Tensor, idx: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
-    """In place ``dst[b, idx[b]] = src[b]`` for dst (B, N, ...), src (B, M, ...); returns dst.
-    Positions within a row are distinct (``mask_to_index`` pads with other positions)."""
-    B, N = dst.shape[:2]
-    if dst.is_contiguous():
-        dst.view(B * N, *dst.shape[2:]).index_copy_(0, _flat_rows(idx, N), src.reshape(-1, *dst.shape[2:]))
-        return dst
-    return dst.scatter_(1, idx.view(*idx.shape, *([1] * (dst.dim() - 2))).expand(-1, -1, *dst.shape[2:]), src)
-
-
-def _scatter_positions_(kv: KVCache, idx: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """Write keys and values ``k``, ``v`` (B, H, M, dh) into ``kv`` (B, H, N, dh each) at positions
-    idx (B, M), in place: one ``index_copy_`` per tensor over the flattened (B * H * N) rows
-    (a call per batch row and tensor cost 3 ms of a 35 ms partial step at batch 8)."""
-    B, H, N, dh = kv.k.shape
-    if B == 1:
-        kv.k[0].index_copy_(1, idx[0], k[0])
-        kv.v[0].index_copy_(1, idx[0], v[0])
-        return
+def attend_positions(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache, sel: Positions,
+                     scale: float | None = None) -> torch.Tensor:
+    """Attention for the T positions ``sel`` of a partial step: their keys and values ``k``, ``v``
+    (T, H, dh) are written into ``kv`` (B, H, N, dh each) in place, one ``index_copy_`` per tensor,
+    and their queries ``q`` (T, H, dh) attend over every position of their row. Returns (T, H * dh).
+    Queries are padded to the longest row for the one attention call only."""
+    T, H, dh = q.shape
     # a full step leaves the values as a strided view of its qkv product: make them one block once
     if not kv.k.is_contiguous():
         kv.k = kv.k.contiguous()
     if not kv.v.is_contiguous():
         kv.v = kv.v.contiguous()
-    base = torch.arange(B * H, device=idx.device).view(B, H, 1) * N
-    flat = (base + idx[:, None, :]).reshape(-1)
-    kv.k.view(B * H * N, dh).index_copy_(0, flat, k.reshape(-1, dh))
-    kv.v.view(B * H * N, dh).index_copy_(0, flat, v.reshape(-1, dh))
+    rows = sel.kv_index(H)
+    kv.k.view(-1, dh).index_copy_(0, rows, k.reshape(T * H, dh))
+    kv.v.view(-1, dh).index_copy_(0, rows, v.reshape(T * H, dh))
+    a = F.scaled_dot_product_attention(sel.pad(q).transpose(1, 2), kv.k, kv.v, scale=scale)  # (B, H, M, dh)
+    return sel.unpad(a.transpose(1, 2)).reshape(T, H * dh)
 
 
 def rope_tables(max_len: int, head_dim: int) -> torch.Tensor:
@@ -203,40 +178,45 @@ class Block(nn.Module):
         nn.init.zeros_(self.mod.weight)
         nn.init.zeros_(self.mod.bias)
 
-    def modulation(self, c: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """(shift1, 1 + scale1, gate1, shift2, 1 + scale2, gate2), each (B, 1, D), from the
-        condition c (B, D). A function of c alone: a caller whose c does not change between
-        steps computes it once (``ReferenceDenoiser`` does)."""
-        sh1, sc1, g1, sh2, sc2, g2 = self.mod(F.silu(c)).unsqueeze(1).chunk(6, dim=-1)
-        return sh1, 1 + sc1, g1, sh2, 1 + sc2, g2
+    def modulation(self, c: torch.Tensor) -> torch.Tensor:
+        """(B, 6, D) from the condition c (B, D): shift1, 1 + scale1, gate1, shift2, 1 + scale2,
+        gate2 per row. A function of c alone: a caller whose c does not change between steps
+        computes it once (``ReferenceDenoiser`` does); one tensor, so a partial step takes each
+        computed position's six vectors with one gather."""
+        m = self.mod(F.silu(c)).view(c.shape[0], 6, -1)
+        m[:, 1] += 1
+        m[:, 4] += 1
+        return m
 
-    def forward(self, x: torch.Tensor, c: torch.Tensor, kv: KVCache | None = None, idx: torch.Tensor | None = None,
-                mods: tuple[torch.Tensor, ...] | None = None):
-        """Run the block on ``x``.
+    def forward(self, x: torch.Tensor, c: torch.Tensor, kv: KVCache | None = None, positions: Positions | None = None,
+                mods: torch.Tensor | None = None):
+        """Run the block.
 
-        ``x`` is (B, M, D): all positions (``idx`` None, M = N) or the positions ``idx`` (B, M).
-        With ``idx``, queries come from those positions only; their fresh keys and values are
-        written into ``kv`` and attention reads every position from ``kv``, so the cost scales
-        with M. Without ``idx``, ``kv`` (when given) is refilled for all positions. ``mods`` is
+        Without ``positions``, ``x`` is (B, N, D), every position; ``kv`` (when given) is refilled.
+        With ``positions`` (T pairs of a (B, N) batch), ``x`` is (T, D), those positions' inputs:
+        queries come from them only, their fresh keys and values are written into ``kv`` and
+        attention reads every position from ``kv``, so the cost scales with T. ``mods`` is
         ``modulation(c)`` when the caller has it already.
         """
-        B, M, D = x.shape
-        h = self.heads
-        sh1, sc1, g1, sh2, sc2, g2 = mods if mods is not None else self.modulation(c)
-        qkv = self.qkv(torch.addcmul(sh1, self.ln1(x), sc1)).view(B, M, 3, h, D // h).permute(2, 0, 3, 1, 4)
-        rot = self.rope[:M] if idx is None else self.rope[idx][:, None]
-        qk = apply_rope(qkv[:2], rot)  # queries and keys turned together
-        q, k, v = qk[0], qk[1], qkv[2]
-        if idx is None:
+        m = mods if mods is not None else self.modulation(c)
+        h, D = self.heads, x.shape[-1]
+        if positions is None:
+            B, N, _ = x.shape
+            m = m[:, None]  # (B, 1, 6, D): broadcast over positions
+            qkv = self.qkv(torch.addcmul(m[..., 0, :], self.ln1(x), m[..., 1, :])).view(B, N, 3, h, D // h).permute(2, 0, 3, 1, 4)
+            qk = apply_rope(qkv[:2], self.rope[:N])  # queries and keys turned together
+            q, k, v = qk[0], qk[1], qkv[2]
             if kv is not None:
                 kv.k, kv.v = k, v
-            keys, values = k, v
+            a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, N, D)
         else:
-            _scatter_positions_(kv, idx, k, v)
-            keys, values = kv.k, kv.v
-        a = F.scaled_dot_product_attention(q, keys, values)
-        x = torch.addcmul(x, g1, self.proj(a.transpose(1, 2).reshape(B, M, D)))
-        return torch.addcmul(x, g2, self.fc2(F.gelu(self.fc1(torch.addcmul(sh2, self.ln2(x), sc2)))))
+            T = x.shape[0]
+            m = m.index_select(0, positions.rows) if m.shape[0] > 1 else m  # (T or 1, 6, D)
+            qkv = self.qkv(torch.addcmul(m[:, 0], self.ln1(x), m[:, 1])).view(T, 3, h, D // h).transpose(0, 1)
+            qk = apply_rope(qkv[:2], self.rope[positions.pos][:, None])
+            a = attend_positions(qk[0], qk[1], qkv[2], kv, positions)
+        x = torch.addcmul(x, m[..., 2, :], self.proj(a))
+        return torch.addcmul(x, m[..., 5, :], self.fc2(F.gelu(self.fc1(torch.addcmul(m[..., 3, :], self.ln2(x), m[..., 4, :])))))
 
 
 class TextDiffusionLM(nn.Module):
@@ -272,11 +252,12 @@ class TextDiffusionLM(nn.Module):
         norm = self.config.latent_norm or math.sqrt(self.config.embed_dim)
         return F.normalize(self.latent_emb, dim=-1) * norm
 
-    def embed(self, x: torch.Tensor, idx: torch.Tensor | None = None) -> torch.Tensor:
-        """Input embedding of tokens (B, N) or latents (B, N, E); with ``idx``, of those positions only."""
-        if idx is not None:
-            x = torch.gather(x, 1, idx) if x.dim() == 2 else _gather_rows(x, idx)
-            pos = self.pos_emb[idx]
+    def embed(self, x: torch.Tensor, positions: Positions | None = None) -> torch.Tensor:
+        """Input embedding of tokens (B, N) or latents (B, N, E): (B, N, D); with ``positions``,
+        of those positions only, (T, D)."""
+        if positions is not None:
+            x = x.reshape(-1)[positions.flat] if x.dim() == 2 else positions.gather(x)
+            pos = self.pos_emb[positions.pos]
         else:
             pos = self.pos_emb[: x.shape[1]].unsqueeze(0)
         h = self.tok_emb(x) if self.config.kind == "masked" else self.in_proj(x)

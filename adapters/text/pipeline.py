@@ -30,7 +30,8 @@ from tqdm.auto import tqdm
 from diffaccel.state import Layer, RunState
 
 from .logits import CdfCache, TopKLogits, clean_estimate, draw, most_probable
-from .model import KVCache, _gather_rows, _scatter_rows_
+from .model import KVCache
+from .positions import Positions
 
 SAMPLERS = ("masked", "ddim", "ddpm", "hybrid")
 
@@ -42,29 +43,21 @@ def row_seed(seed: int) -> int:
     return (seed * 0x9E3779B97F4A7C15 + 0x5DEECE66D) % (2**63 - 1)
 
 
-def mask_to_index(mask: torch.Tensor) -> torch.Tensor:
-    """(B, N) bool -> (B, M) long positions to compute, M = most True in a row.
-
-    Rows with fewer True positions are padded with some of their other positions (computing a
-    position more is harmless; leaving one out would not be).
-    """
-    m = int(mask.sum(1).max())
-    return torch.argsort((~mask).to(torch.int8), dim=1, stable=True)[:, : max(m, 1)]
-
-
 def _refresh_computed(ctx: "_RunContext", logits: torch.Tensor, prev: Any, fn):
     """``fn(logits)``, a per-position function of the logits (a tensor or a tuple of tensors, each
-    (B, N, ...)). After a partial step only the computed positions' logits changed, so ``fn`` runs
-    on those rows alone and ``prev`` (the last result) serves the others; a strategy's replacement
-    logits, a full step, or no ``prev`` get the whole computation."""
-    idx = ctx.step_idx
-    if prev is None or idx is None or logits is not ctx.logits:
+    (B, N, ...); ``fn`` must also take (T, V) rows). After a partial step only the computed
+    positions' logits changed, so ``fn`` runs on those rows alone and ``prev`` (the last result)
+    serves the others; a strategy's replacement logits, a full step, or no ``prev`` get the whole
+    computation."""
+    sel = ctx.step_sel
+    if prev is None or sel is None or logits is not ctx.logits:
         return fn(logits)
-    rows = ctx.step_logits if ctx.step_logits is not None else _gather_rows(logits, idx)
-    part = fn(rows)
+    if sel.count == 0:  # a reused step: nothing changed
+        return prev
+    part = fn(ctx.step_logits if ctx.step_logits is not None else sel.gather(logits))
 
     def merge(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-        return _scatter_rows_(old.clone(), idx, new)
+        return sel.scatter_(old.clone(), new)
 
     if isinstance(part, tuple):
         return tuple(merge(o, n) for o, n in zip(prev, part))
@@ -96,9 +89,9 @@ class _RunContext:
         self.out: list[torch.Tensor | None] = [None] * den.n_layers
         self.h0: torch.Tensor | None = None
         self.c = None
-        self.step_idx: torch.Tensor | None = None
+        self.step_sel: Positions | None = None  # a partial step's positions; None: every position
         self.logits: torch.Tensor | None = None
-        self.step_logits: torch.Tensor | None = None  # a partial step's fresh rows of ``logits`` (B, M, V)
+        self.step_logits: torch.Tensor | None = None  # a partial step's fresh rows of ``logits`` (T, V)
         self.top1: tuple[torch.Tensor, torch.Tensor] | None = None  # (prob, token) of ``logits``, for post_step
         self.layers = [TextLayer(i, self) for i in range(den.n_layers)]
 
@@ -117,20 +110,31 @@ class TextLayer(Layer):
         """The layer's output at every position as of its last computation."""
         return self.ctx.out[self.index]
 
-    def compute(self, hidden: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Run the block; ``positions`` (B, M) long narrows it further than the step's plan."""
+    @property
+    def step_positions(self) -> torch.Tensor | None:
+        """The positions the current step computes, (B, N) bool, or None for every position."""
+        sel = self.ctx.step_sel
+        return None if sel is None else sel.mask()
+
+    def compute(self, hidden: torch.Tensor, positions: "torch.Tensor | Positions | None" = None) -> torch.Tensor:
+        """Run the block. ``positions`` narrows it further than the step's plan: a (B, N) bool mask
+        (preferred), a (B, M) long index, or a ``Positions``; the other positions keep their
+        cached outputs, keys and values. With no position left the block does not run."""
         ctx, i = self.ctx, self.index
-        idx = positions if positions is not None else ctx.step_idx
+        sel = ctx.step_sel if positions is None else Positions.coerce(positions, hidden.shape[1])
         counters = ctx.run.counters
-        counters.layers_computed += 1
-        if idx is None:
+        if sel is None:
+            counters.layers_computed += 1
             out = ctx.den.block(i, hidden, ctx.c, ctx.kv[i])
             counters.positions_computed += hidden.shape[0] * hidden.shape[1]
+        elif sel.count == 0:
+            return ctx.out[i]
         else:
-            y = ctx.den.block(i, _gather_rows(hidden, idx), ctx.c, ctx.kv[i], idx)
+            counters.layers_computed += 1
+            y = ctx.den.block(i, sel.gather(hidden), ctx.c, ctx.kv[i], sel)
             # in place: copying the whole cache every layer would eat the saving at small models
-            out = _scatter_rows_(ctx.out[i], idx, y)
-            counters.positions_computed += idx.numel()
+            out = sel.scatter_(ctx.out[i], y)
+            counters.positions_computed += sel.count
         ctx.out[i] = out
         return out
 
@@ -152,7 +156,8 @@ class TextStepOutput:
     are what the sampler used, except when a strategy truncated them to a ``TopKLogits`` (then
     the denoiser's own logits; the truncated ones are in ``topk``)."""
     computed: torch.Tensor | None
-    """Positions computed this step (B, M) long, or None for all."""
+    """Positions whose logits were computed this step (B, N) bool, or None for all (a reused
+    step: all False)."""
     masked: torch.Tensor | None = None
     """Masked sampler: positions still masked after this step (B, N) bool."""
     fixed: torch.Tensor | None = None
@@ -251,26 +256,25 @@ class TextDiffusionPipeline:
         # a plan naming every position is a full step: the full path skips the gathers and scatters
         ctx.step_logits = None
         if ctx.logits is None or plan is None or plan.positions is None or bool(plan.positions.all()):
-            ctx.step_idx = None
+            ctx.step_sel = None
             h = ctx.h0 = den.embed(x_in)
             for layer in ctx.layers:
                 h = accel.layer_output(run, layer, h)
             ctx.logits = den.logits(h)
             return
-        idx = ctx.step_idx = mask_to_index(plan.positions.to(self.device))
-        e = den.embed(x_in, idx)
-        h = _scatter_rows_(ctx.h0, idx, e)
+        sel = ctx.step_sel = Positions(plan.positions.to(self.device))
+        h = sel.scatter_(ctx.h0, den.embed(x_in, sel))
         for layer in ctx.layers:
             h = accel.layer_output(run, layer, h)
-        ctx.step_logits = den.logits(_gather_rows(h, idx))
-        _scatter_rows_(ctx.logits, idx, ctx.step_logits)
+        ctx.step_logits = den.logits(sel.gather(h))  # (T, V): the head runs on the computed rows only
+        sel.scatter_(ctx.logits, ctx.step_logits)
 
     def _step_model(self, ctx, accel, x_in, t) -> torch.Tensor:
         run = ctx.run
         accel.pre_step(run)
         if run.plan is not None and run.plan.reuse_step and ctx.logits is not None:
             run.counters.steps_reused += 1
-            ctx.step_idx = torch.empty(x_in.shape[0], 0, dtype=torch.long, device=self.device)
+            ctx.step_sel = Positions(torch.zeros(x_in.shape[:2], dtype=torch.bool, device=self.device))
             ctx.step_logits = None
         else:
             self._denoise(ctx, accel, x_in, t)
@@ -367,7 +371,7 @@ class TextDiffusionPipeline:
         if tokens is None:  # continuous samplers: the current top-1, computed only on hooked runs
             tokens = top1
         accel.post_step(run, TextStepOutput(tokens=tokens, top1=top1, top1_prob=top1_prob, logits=logits,
-                                            computed=ctx.step_idx, masked=masked, fixed=fixed, latents=latents,
+                                            computed=None if ctx.step_sel is None else ctx.step_sel.mask(), masked=masked, fixed=fixed, latents=latents,
                                             topk=topk))
 
     # -- masked (absorbing) sampler -------------------------------------------------------------
@@ -390,7 +394,7 @@ class TextDiffusionPipeline:
                 cache = None
                 if cdfs is not None:  # hooked run: rows the step did not compute keep their CDF
                     if logits is ctx.logits:
-                        cdfs.invalidate(ctx.step_idx)
+                        cdfs.invalidate(None if ctx.step_sel is None else ctx.step_sel.flat)
                         cache = cdfs
                     else:  # a strategy's replacement logits: every row may have changed
                         cdfs.invalidate(None)

@@ -174,10 +174,10 @@ class BertCond:
         if output.computed is None:
             st["pin_computed"] += int(pin.sum())
             st["free_computed"] += int((~pin).sum())
-        elif output.computed.shape[1]:
-            hit = pin.gather(1, output.computed.to(pin.device))
-            st["pin_computed"] += int(hit.sum())
-            st["free_computed"] += int((~hit).sum())
+        else:
+            computed = output.computed.to(pin.device)  # (B, N) bool
+            st["pin_computed"] += int((computed & pin).sum())
+            st["free_computed"] += int((computed & ~pin).sum())
         st["steps_seen"] += 1
 
     @hookimpl(wrapper=True)

@@ -396,7 +396,7 @@ def test_composes_with_swd_and_pinned_positions_are_computed_only_as_neighbours(
             if computed is None:
                 continue
             fx = fixed[0]
-            idx = computed[0].tolist()
+            idx = computed[0].nonzero().squeeze(1).tolist()
             own = [p for p in idx if not fx[p]]  # positions computed for their own sake
             for p in idx:
                 if fx[p]:

@@ -119,7 +119,7 @@ class SWD:
 
     def new_state(self, run) -> dict[str, Any]:
         return {**self.resolved(run.info.get("sampler", "masked")), "run_len": None, "probs": None, "top1": None, "tokens": None, "latents": None,
-                "next": None, "reuse": False, "first_stable": None, "computed": [], "stable": [],
+                "next": None, "reuse": False, "asked_reuse": False, "first_stable": None, "computed": [], "stable": [],
                 "reused": 0, "stopped_at": None}
 
     @hookimpl
@@ -134,6 +134,7 @@ class SWD:
         if st["next"] is None:
             return StepPlan()  # first step: every position
         # positions too when reusing: if another strategy's plan does not reuse, the merge computes these
+        st["asked_reuse"] = st["reuse"]
         return StepPlan(positions=st["next"], reuse_step=st["reuse"])
 
     @hookimpl
@@ -185,7 +186,9 @@ class SWD:
                            and not input_changed.any() and not (top1_changed & computed).any())
         st["computed"].append(float(computed.float().mean()))
         st["stable"].append(float(stable.float().mean()))
-        st["reused"] += int(output.computed is not None and output.computed.shape[1] == 0)
+        # an exact skip that took effect (a step whose window was empty computed nothing either,
+        # but reused nothing on purpose)
+        st["reused"] += int(st["asked_reuse"] and output.computed is not None and not bool(output.computed.any()))
         if c.early_stop and bool(stable.all()) and not (masked_sampler and bool(output.masked.any())):
             run.stop = True
             st["stopped_at"] = run.step
@@ -229,8 +232,7 @@ class SWD:
 
 
 def _computed_mask(computed: torch.Tensor | None, B: int, N: int, device) -> torch.Tensor:
-    """(B, M) long positions computed at this step (None: all) -> (B, N) bool."""
+    """The positions computed at this step, (B, N) bool (``computed`` None: all)."""
     if computed is None:
         return torch.ones(B, N, dtype=torch.bool, device=device)
-    mask = torch.zeros(B, N, dtype=torch.bool, device=device)
-    return mask.scatter_(1, computed, True) if computed.shape[1] else mask
+    return computed.to(device)

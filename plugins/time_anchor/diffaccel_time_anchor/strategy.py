@@ -36,7 +36,6 @@ from typing import Any
 import torch
 
 from diffaccel import StepPlan, hookimpl
-from diffaccel.adapters.text.pipeline import mask_to_index  # the positions exactly as the adapter narrows a step
 from diffaccel.adapters.unet import tail
 from diffaccel.errors import ConfigValueError
 
@@ -45,11 +44,6 @@ from .config import TimeAnchorConfig, load_clusters
 from .gate import Gate
 
 BRANCHES = ("main", "uncond", "cond")
-
-
-def _gather(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """x (B, N, D), idx (B, M) -> (B, M, D)."""
-    return torch.gather(x, 1, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
 
 
 def depth_of(name: str, n_down: int) -> int:
@@ -80,6 +74,8 @@ class _State:
         self.token_moved: torch.Tensor | None = None  # positions committed at the last step, widened
         self.live: torch.Tensor | None = None  # (L, B, N) entries that may be served at this step
         self.planned = 0.0  # sum over narrowed steps of the share of positions planned
+        self.served: list[tuple[int, torch.Tensor]] = []  # this step's (layer, served mask), counted at its last layer
+        self.pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # this step's cache writes
         self.planned_steps = 0
         # unet
         self.skip: frozenset[str] = frozenset()
@@ -134,6 +130,9 @@ class TimeAnchor:
             tokens = output.tokens
             if st.tokens is not None:
                 st.token_moved = self._widen(tokens != st.tokens)
+            else:  # the first input was [MASK] wherever the sequence is not fixed
+                moved = ~output.masked if output.fixed is None else ~output.masked & ~output.fixed
+                st.token_moved = self._widen(moved)
             st.tokens = tokens.clone()  # the sampler edits its sequence in place
 
     @hookimpl
@@ -210,72 +209,92 @@ class TimeAnchor:
         if st.cache is None:
             self._init_text(st, run, hidden)
         i, step = layer.index, run.step
-        plan = run.plan
-        plan_pos = None if plan is None or plan.positions is None else plan.positions.to(hidden.device)
+        step_pos = layer.step_positions  # (B, N) bool, None: every position
         if i == 0:
-            st.dirty = st.input_moved = self._input_moved(st, hidden)
+            st.dirty = st.input_moved = self._input_moved(st, run, hidden)
+        computed = step_pos
         if st.live is not None and layer.cached_output is not None:
             live = st.live[i]
             if st.dirty is not None:
                 live &= ~st.dirty
-            st.anchored[i, step] = live.float().mean()
-            st.hits += live.sum()
-            st.lookups += live.numel()
-            if not bool(live.any()):  # nothing to serve: the plain path, exactly the default's
-                idx = None if plan_pos is None else mask_to_index(plan_pos)
+            st.served.append((i, live))
+            if bool(live.any()):
+                computed = ~live if step_pos is None else step_pos & ~live
+                out = layer.compute(hidden, positions=computed)
+            else:  # nothing to serve: the plain path, exactly the default's
                 out = layer.compute(hidden)
-            else:
-                idx = mask_to_index(~live if plan_pos is None else plan_pos & ~live)
-                out = layer.compute(hidden, positions=idx)
         else:
-            idx = None if plan_pos is None else mask_to_index(plan_pos)
-            out = layer.compute(hidden)  # the adapter narrows it to the plan's positions itself
-        self._record_text(st, i, step, out, idx)
+            out = layer.compute(hidden)  # the adapter narrows it to the step's positions itself
+        self._record_text(st, i, step, out, computed)
+        if i == run.info["n_layers"] - 1:
+            self._end_text_step(st, step)
         return out
 
-    def _input_moved(self, st: _State, h0: torch.Tensor) -> torch.Tensor | None:
-        """Positions whose input embedding moved by more than the threshold since the last step."""
+    def _end_text_step(self, st: _State, step: int) -> None:
+        """After the last layer: the step's statistics and cache writes, each in one go (per layer
+        they were a fifth of the strategy's cost). Writes can wait: a layer reads only its own keys."""
+        if st.served:
+            layers = torch.tensor([i for i, _ in st.served], device=st.anchored.device)
+            served = torch.stack([m for _, m in st.served])
+            st.anchored[layers, step] = served.flatten(1).float().mean(1)
+            st.hits += served.sum()
+            st.lookups += served.numel()
+            st.served.clear()
+        if st.pending:
+            keys, anchored, values = (torch.cat(t) for t in zip(*st.pending))
+            st.pending.clear()
+            if keys.numel():
+                st.cache.put(keys, step, anchored, values)
+
+    def _input_moved(self, st: _State, run, h0: torch.Tensor) -> torch.Tensor | None:
+        """Positions whose input embedding moved by more than the threshold since the last step.
+        With the masked sampler an input moves exactly where a token was committed, which
+        ``post_step`` recorded already: no comparison of the embeddings is needed."""
+        if run.info.get("sampler") == "masked":
+            return st.token_moved
         prev, st.h0_ref = st.h0_ref, h0.clone()
         if prev is None:
             return None
         return self._widen(_rel_change(h0, prev) >= self.config.threshold)
 
-    def _record_text(self, st: _State, i: int, step: int, out: torch.Tensor, idx: torch.Tensor | None) -> None:
-        """Compare the computed states with their references, write the entries, mark movers."""
+    def _record_text(self, st: _State, i: int, step: int, out: torch.Tensor, computed: torch.Tensor | None) -> None:
+        """Compare the computed states (``computed`` (B, N) bool, None: all) with their
+        references, write the entries, mark movers."""
         cache = st.cache
-        if idx is None:
-            new, keys, ranks = out, st.keys[i], st.ranks.expand(out.shape[0], -1)
+        B, N, D = out.shape
+        if computed is None:
+            new, keys, ranks = out.reshape(B * N, D), st.keys[i].reshape(-1), st.ranks.repeat(B)
+            flat = None
         else:
-            new, keys, ranks = _gather(out, idx), st.keys[i].gather(1, idx), st.ranks[idx]
+            flat = computed.reshape(-1).nonzero().squeeze(1)
+            new, keys, ranks = out.reshape(B * N, D).index_select(0, flat), st.keys[i].reshape(-1)[flat], st.ranks[flat % N]
+        new = new.float()
         ref, has = cache.read(keys, ranks)
-        newf = new.float()
         age = cache.age(keys, step).clamp(min=1)
-        d2 = ((newf - ref) ** 2).sum(-1)
-        r2 = (ref**2).sum(-1).clamp(min=1e-12)
+        d2 = (new - ref).square_().sum(-1)
+        r2 = ref.square().sum(-1).clamp_(min=1e-12)
         # per-position change: positions that moved make the layer above recompute them
         moved = ~has | (torch.sqrt(d2 / r2) / age >= self.config.threshold)
-        dirty = torch.zeros(out.shape[:2], dtype=torch.bool, device=out.device)
-        dirty.scatter_(1, idx if idx is not None else torch.arange(out.shape[1], device=out.device).expand(out.shape[0], -1), moved)
+        dirty = moved.view(B, N) if flat is None else torch.zeros(B * N, dtype=torch.bool, device=out.device).index_put_((flat,), moved).view(B, N)
         # what the next layer must recompute: what moved here, and every position whose input
         # token moved this step (a committed token is seen by every layer at once)
         st.dirty = dirty if st.input_moved is None else dirty | st.input_moved
         if self.clusters is None:
             # one position per key: the per-position test is the key's test
             if st.all_valid:
-                u, v, anchored = keys.reshape(-1), newf.reshape(-1, newf.shape[-1]), ~moved.reshape(-1)
+                u, v, anchored = keys, new, ~moved
             else:
                 valid = keys >= 0
-                u, v, anchored = keys[valid], newf[valid], ~moved[valid]
+                u, v, anchored = keys[valid], new[valid], ~moved[valid]
             if st.gate_open is not None:
                 anchored = st.gate_open[i, step].expand(u.numel())
-            if u.numel():
-                cache.put(u, step, anchored, v)
+            st.pending.append((u, anchored, v))
             return
         valid = keys >= 0
         u, anchored = self._cluster_test(st, i, step, keys[valid], d2[valid], r2[valid], has[valid])
         if u.numel():
             cache.write(u, step, anchored)
-            cache.store(keys, newf, ranks)
+            cache.store(keys, new, ranks)
 
     def _cluster_test(self, st: _State, i: int, step: int, flat, d2, r2, has):
         """A cluster key aggregates its computed positions: the relative change of the group."""

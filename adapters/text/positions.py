@@ -1,0 +1,87 @@
+"""``Positions``: the (row, position) pairs a partial step computes, held ragged.
+
+Rows of a batch rarely need the same number of positions. Padding every row to the longest (as
+a (B, M) index does) made a quarter of a batch-8 partial step's rows padding, run through every
+linear layer and the head for nothing. Here the T pairs are one flat list: per-position work
+(linears, the head, the sampler's per-row maths) runs on exactly T rows, and only attention,
+whose queries must sit in their own row, sees a padded (B, M) layout for the length of one call.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class Positions:
+    """T (row, position) pairs of a (B, N) batch, row-major. Built once per step (or per layer,
+    when a strategy narrows a layer further) and shared by everything that gathers or scatters."""
+
+    __slots__ = ("B", "N", "flat", "rows", "pos", "M", "slot", "_kv")
+
+    def __init__(self, mask: torch.Tensor):
+        """From a (B, N) bool mask of the positions to compute."""
+        self.B, self.N = mask.shape
+        self.flat = mask.reshape(-1).nonzero().squeeze(1)  # (T,) indices into the B * N rows
+        self.rows = torch.div(self.flat, self.N, rounding_mode="floor")
+        self.pos = self.flat - self.rows * self.N
+        counts = mask.sum(1)
+        self.M = int(counts.max()) if self.B else 0
+        # where each pair sits in the padded (B, M) layout of attention: its rank within its row
+        start = torch.cumsum(counts, 0) - counts
+        self.slot = self.rows * self.M + (torch.arange(self.flat.numel(), device=mask.device) - start[self.rows])
+        self._kv: dict[int, torch.Tensor] = {}
+
+    @classmethod
+    def from_index(cls, idx: torch.Tensor, n: int) -> "Positions":
+        """From a (B, M) long index of positions in rows of length n (repeats allowed)."""
+        return cls(torch.zeros(idx.shape[0], n, dtype=torch.bool, device=idx.device).scatter_(1, idx, True))
+
+    @classmethod
+    def coerce(cls, positions: "Positions | torch.Tensor", n: int) -> "Positions":
+        """A ``Positions`` from itself, a (B, n) bool mask or a (B, M) long index."""
+        if isinstance(positions, Positions):
+            return positions
+        if positions.dtype == torch.bool:
+            return cls(positions)
+        return cls.from_index(positions, n)
+
+    @property
+    def count(self) -> int:
+        """T, the number of pairs."""
+        return self.flat.numel()
+
+    def mask(self) -> torch.Tensor:
+        """(B, N) bool."""
+        m = torch.zeros(self.B * self.N, dtype=torch.bool, device=self.flat.device)
+        return m.index_fill_(0, self.flat, True).view(self.B, self.N)
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, N, ...) -> (T, ...)."""
+        return x.reshape(self.B * self.N, *x.shape[2:]).index_select(0, self.flat)
+
+    def scatter_(self, dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+        """In place ``dst[row, pos] = src`` for dst (B, N, ...) contiguous, src (T, ...); returns dst."""
+        dst.view(self.B * self.N, *dst.shape[2:]).index_copy_(0, self.flat, src)
+        return dst
+
+    def pad(self, x: torch.Tensor) -> torch.Tensor:
+        """x (T, ...) -> (B, M, ...), zeros where a row has fewer than M pairs."""
+        if self.B == 1:
+            return x.unsqueeze(0)
+        out = x.new_zeros(self.B * self.M, *x.shape[1:])
+        return out.index_copy_(0, self.slot, x).view(self.B, self.M, *x.shape[1:])
+
+    def unpad(self, y: torch.Tensor) -> torch.Tensor:
+        """y (B, M, ...) -> (T, ...), the inverse of ``pad``."""
+        if self.B == 1:
+            return y.squeeze(0)
+        return y.reshape(self.B * self.M, *y.shape[2:]).index_select(0, self.slot)
+
+    def kv_index(self, heads: int) -> torch.Tensor:
+        """(T * heads,) rows of a (B, heads, N, dh) key or value cache seen as (B * heads * N, dh),
+        in the order of a (T, heads, dh) tensor: where this step's keys and values go."""
+        hit = self._kv.get(heads)
+        if hit is None:
+            h = torch.arange(heads, device=self.flat.device)
+            hit = self._kv[heads] = ((self.rows[:, None] * heads + h) * self.N + self.pos[:, None]).reshape(-1)
+        return hit
