@@ -438,7 +438,7 @@ def test_partial_step_refreshes_only_the_computed_clean_estimates():
     idx = torch.tensor([[1, 4], [0, 5]])
     logits.scatter_(1, idx.unsqueeze(-1).expand(-1, -1, 20), torch.randn(2, 2, 20, generator=g))
     sel = Positions.from_index(idx, 6)
-    ctx = SimpleNamespace(step_sel=sel, logits=logits, step_logits=None)
+    ctx = SimpleNamespace(head_sel=sel, logits=logits, step_logits=None)
     estimate = lambda lg: clean_estimate(lg, E, 0.7)  # noqa: E731
     got = _refresh_computed(ctx, logits, prev, estimate)
     assert torch.allclose(got, clean_estimate(logits, E, 0.7), atol=1e-6)
@@ -477,3 +477,57 @@ def test_bench_batch_overrides_every_configs_batch(tmp_path, capsys):
     assert main(["bench", str(tmp_path / "base.toml"), "--batch", "0", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "--batch must be 1 or more, got 0" in err and "Traceback" not in err
+
+
+class NarrowLastLayer:
+    """From step 1 the last layer runs on every other position (changing each step); the others
+    keep their cached output. Checks, after every step, that the logits are the head of the last
+    layer's outputs, and records how many rows the head ran on."""
+
+    name = "narrow-last"
+
+    def __init__(self, pipe):
+        self.den = pipe.denoiser
+        self.last = None
+        self.checked = 0
+
+    @hookimpl
+    def diffaccel_layer_output(self, run, layer, hidden):
+        if layer.index < run.info["n_layers"] - 1 or run.step == 0:
+            return layer.compute(hidden)
+        self.last = layer
+        mask = torch.zeros(hidden.shape[:2], dtype=torch.bool)
+        mask[:, run.step % 2::2] = True
+        return layer.compute(hidden, positions=mask)
+
+    @hookimpl
+    def diffaccel_post_step(self, run, output):
+        if self.last is not None:
+            want = self.den.model.logits(self.last.cached_output)
+            torch.testing.assert_close(output.logits, want, rtol=1e-5, atol=1e-5)
+            self.checked += 1
+
+
+def test_the_head_runs_only_where_the_last_layer_ran(monkeypatch):
+    pipe = tiny_text_pipeline("masked")
+    rows = []
+    logits = pipe.denoiser.logits
+
+    def counted(h):
+        rows.append(h.shape[0] * h.shape[1] if h.dim() == 3 else h.shape[0])
+        return logits(h)
+
+    monkeypatch.setattr(pipe.denoiser, "logits", counted)
+    spy = NarrowLastLayer(pipe)
+    out = run_with(pipe, [spy], length=20, steps=10, seed=0)
+    assert spy.checked == 9  # the logits equal the head of the last layer's outputs at every step
+    assert rows == [20] + [10] * 9  # the first step in full, then the half the last layer ran on
+    assert out.report["counters"]["fraction_computed"] < 1
+    # a hook that returns something else than the layer's output gets the head everywhere
+    rows.clear()
+    copy = NarrowLastLayer(pipe)
+    inner = copy.diffaccel_layer_output
+    copy.diffaccel_layer_output = lambda run, layer, hidden: inner(run, layer, hidden).clone()
+    copy.diffaccel_layer_output = hookimpl(copy.diffaccel_layer_output)
+    run_with(pipe, [copy], length=20, steps=10, seed=0)
+    assert rows == [20] * 10

@@ -213,7 +213,7 @@ class Block(nn.Module):
             T = x.shape[0]
             m = m.index_select(0, positions.rows) if m.shape[0] > 1 else m  # (T or 1, 6, D)
             qkv = self.qkv(torch.addcmul(m[:, 0], self.ln1(x), m[:, 1])).view(T, 3, h, D // h).transpose(0, 1)
-            qk = apply_rope(qkv[:2], self.rope[positions.pos][:, None])
+            qk = apply_rope(qkv[:2], self.rope.index_select(0, positions.pos)[:, None])
             a = attend_positions(qk[0], qk[1], qkv[2], kv, positions)
         x = torch.addcmul(x, m[..., 2, :], self.proj(a))
         return torch.addcmul(x, m[..., 5, :], self.fc2(F.gelu(self.fc1(torch.addcmul(m[..., 3, :], self.ln2(x), m[..., 4, :])))))
@@ -256,8 +256,9 @@ class TextDiffusionLM(nn.Module):
         """Input embedding of tokens (B, N) or latents (B, N, E): (B, N, D); with ``positions``,
         of those positions only, (T, D)."""
         if positions is not None:
-            x = x.reshape(-1)[positions.flat] if x.dim() == 2 else positions.gather(x)
-            pos = self.pos_emb[positions.pos]
+            # index_select: advanced indexing costs several times more on these few rows
+            x = x.reshape(-1).index_select(0, positions.flat) if x.dim() == 2 else positions.gather(x)
+            pos = self.pos_emb.index_select(0, positions.pos)
         else:
             pos = self.pos_emb[: x.shape[1]].unsqueeze(0)
         h = self.tok_emb(x) if self.config.kind == "masked" else self.in_proj(x)

@@ -45,11 +45,11 @@ def row_seed(seed: int) -> int:
 
 def _refresh_computed(ctx: "_RunContext", logits: torch.Tensor, prev: Any, fn):
     """``fn(logits)``, a per-position function of the logits (a tensor or a tuple of tensors, each
-    (B, N, ...); ``fn`` must also take (T, V) rows). After a partial step only the computed
-    positions' logits changed, so ``fn`` runs on those rows alone and ``prev`` (the last result)
-    serves the others; a strategy's replacement logits, a full step, or no ``prev`` get the whole
-    computation."""
-    sel = ctx.step_sel
+    (B, N, ...); ``fn`` must also take (T, V) rows). After a partial step only the logits of the
+    positions whose last layer ran changed, so ``fn`` runs on those rows alone and ``prev`` (the
+    last result) serves the others; a strategy's replacement logits, a full step, or no ``prev``
+    get the whole computation."""
+    sel = ctx.head_sel
     if prev is None or sel is None or logits is not ctx.logits:
         return fn(logits)
     if sel.count == 0:  # a reused step: nothing changed
@@ -79,6 +79,9 @@ def commit_most_confident_(x: torch.Tensor, candidates: torch.Tensor, confs: tor
     x[rows[keep], top[keep]] = choices.gather(1, top)[keep]
 
 
+_NOT_RUN = object()  # the last layer's ``compute`` was not called at this step
+
+
 class _RunContext:
     """Per-generation caches: per-layer keys/values and outputs, last logits and top-1."""
 
@@ -92,6 +95,9 @@ class _RunContext:
         self.step_sel: Positions | None = None  # a partial step's positions; None: every position
         self.logits: torch.Tensor | None = None
         self.step_logits: torch.Tensor | None = None  # a partial step's fresh rows of ``logits`` (T, V)
+        # the positions whose logits this step recomputed (those the last layer ran on): None, all
+        self.head_sel: Positions | None = None
+        self.last_layer_sel: Any = _NOT_RUN  # what the last layer's ``compute`` ran on this step
         self.top1: tuple[torch.Tensor, torch.Tensor] | None = None  # (prob, token) of ``logits``, for post_step
         self.layers = [TextLayer(i, self) for i in range(den.n_layers)]
 
@@ -111,10 +117,10 @@ class TextLayer(Layer):
         return self.ctx.out[self.index]
 
     @property
-    def step_positions(self) -> torch.Tensor | None:
-        """The positions the current step computes, (B, N) bool, or None for every position."""
-        sel = self.ctx.step_sel
-        return None if sel is None else sel.mask()
+    def step_positions(self) -> Positions | None:
+        """The positions the current step computes (``.mask()`` gives them as (B, N) bool), or
+        None for every position."""
+        return self.ctx.step_sel
 
     def compute(self, hidden: torch.Tensor, positions: "torch.Tensor | Positions | None" = None) -> torch.Tensor:
         """Run the block. ``positions`` narrows it further than the step's plan: a (B, N) bool mask
@@ -128,6 +134,8 @@ class TextLayer(Layer):
             out = ctx.den.block(i, hidden, ctx.c, ctx.kv[i])
             counters.positions_computed += hidden.shape[0] * hidden.shape[1]
         elif sel.count == 0:
+            if i == len(ctx.layers) - 1:
+                ctx.last_layer_sel = sel
             return ctx.out[i]
         else:
             counters.layers_computed += 1
@@ -136,6 +144,8 @@ class TextLayer(Layer):
             out = sel.scatter_(ctx.out[i], y)
             counters.positions_computed += sel.count
         ctx.out[i] = out
+        if i == len(ctx.layers) - 1:
+            ctx.last_layer_sel = sel
         return out
 
 
@@ -255,26 +265,34 @@ class TextDiffusionPipeline:
         plan = run.plan
         # a plan naming every position is a full step: the full path skips the gathers and scatters
         ctx.step_logits = None
+        ctx.last_layer_sel = _NOT_RUN
         if ctx.logits is None or plan is None or plan.positions is None or bool(plan.positions.all()):
-            ctx.step_sel = None
+            sel = ctx.step_sel = None
             h = ctx.h0 = den.embed(x_in)
-            for layer in ctx.layers:
-                h = accel.layer_output(run, layer, h)
-            ctx.logits = den.logits(h)
-            return
-        sel = ctx.step_sel = Positions(plan.positions.to(self.device))
-        h = sel.scatter_(ctx.h0, den.embed(x_in, sel))
+        else:
+            sel = ctx.step_sel = Positions(plan.positions.to(self.device))
+            h = sel.scatter_(ctx.h0, den.embed(x_in, sel))
         for layer in ctx.layers:
             h = accel.layer_output(run, layer, h)
-        ctx.step_logits = den.logits(sel.gather(h))  # (T, V): the head runs on the computed rows only
-        sel.scatter_(ctx.logits, ctx.step_logits)
+        # The head runs where the last layer ran: elsewhere its output, hence the logits, did not
+        # change (a strategy whose hook returned something else than the layer's own output gets
+        # the head on every position of the step).
+        head = sel
+        if ctx.logits is not None and ctx.last_layer_sel is not _NOT_RUN and h is ctx.out[-1]:
+            head = ctx.last_layer_sel
+        ctx.head_sel = head
+        if head is None:
+            ctx.logits = den.logits(h)
+        elif head.count:
+            ctx.step_logits = den.logits(head.gather(h))  # (T, V): the head runs on those rows only
+            head.scatter_(ctx.logits, ctx.step_logits)
 
     def _step_model(self, ctx, accel, x_in, t) -> torch.Tensor:
         run = ctx.run
         accel.pre_step(run)
         if run.plan is not None and run.plan.reuse_step and ctx.logits is not None:
             run.counters.steps_reused += 1
-            ctx.step_sel = Positions(torch.zeros(x_in.shape[:2], dtype=torch.bool, device=self.device))
+            ctx.step_sel = ctx.head_sel = Positions(torch.zeros(x_in.shape[:2], dtype=torch.bool, device=self.device))
             ctx.step_logits = None
         else:
             self._denoise(ctx, accel, x_in, t)
@@ -394,7 +412,7 @@ class TextDiffusionPipeline:
                 cache = None
                 if cdfs is not None:  # hooked run: rows the step did not compute keep their CDF
                     if logits is ctx.logits:
-                        cdfs.invalidate(None if ctx.step_sel is None else ctx.step_sel.flat)
+                        cdfs.invalidate(None if ctx.head_sel is None else ctx.head_sel.flat)
                         cache = cdfs
                     else:  # a strategy's replacement logits: every row may have changed
                         cdfs.invalidate(None)

@@ -28,7 +28,7 @@ class Positions:
         self.M = int(counts.max()) if self.B else 0
         # where each pair sits in the padded (B, M) layout of attention: its rank within its row
         start = torch.cumsum(counts, 0) - counts
-        self.slot = self.rows * self.M + (torch.arange(self.flat.numel(), device=mask.device) - start[self.rows])
+        self.slot = self.rows * self.M + (torch.arange(self.flat.numel(), device=mask.device) - start.index_select(0, self.rows))
         self._kv: dict[int, torch.Tensor] = {}
 
     @classmethod

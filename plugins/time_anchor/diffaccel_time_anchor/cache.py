@@ -89,16 +89,19 @@ class LatentCache:
         """Reference states (``keys.shape + (width,)``, float32, zeros where none) and a mask of
         where an entry exists."""
         valid = keys >= 0
-        rows = self.row_of[keys.clamp(min=0)]
+        rows = self._take(self.row_of, keys.clamp(min=0))
         has = valid & (rows >= 0)
         if self.values is None:
             return torch.zeros(*keys.shape, self.width, device=self.device), has
-        vals = self.values[rows.clamp(min=0), ranks].float()
+        if isinstance(ranks, int) and keys.dim() == 1:  # one state per key: whole rows of the pool
+            vals = self.values[:, ranks].index_select(0, rows.clamp(min=0)).float()
+        else:
+            vals = self.values[rows.clamp(min=0), ranks].float()
         return vals * has.unsqueeze(-1), has
 
     def age(self, keys: torch.Tensor, step: int) -> torch.Tensor:
         """Steps since each key's entry was written (meaningless where there is none)."""
-        return step - self.version[keys.clamp(min=0)]
+        return step - self._take(self.version, keys.clamp(min=0))
 
     # -- writing -----------------------------------------------------------------------------
     def write(self, keys: torch.Tensor, step: int, anchored: torch.Tensor) -> torch.Tensor:
@@ -140,14 +143,18 @@ class LatentCache:
             self.store(keys, values, ranks)
             self.all_held = self.n_entries == self.n_keys
             return
-        k_anchored = self.anchored[keys]
-        self.anchor_id[keys] += (anchored & ~k_anchored).long()
-        self.anchors_made += (anchored & ~k_anchored).sum()
-        self.version[keys] = step
-        self.anchored[keys] = anchored
+        newly = anchored & ~self.anchored.index_select(0, keys)
+        self.anchor_id.index_add_(0, keys, newly.long())
+        self.anchors_made += newly.sum()
+        self.version.index_fill_(0, keys, step)
+        self.anchored.index_copy_(0, keys, anchored)
         self.clock += 1
-        self.last_used[keys] = self.clock
-        self.values[self.row_of[keys], ranks] = values.to(self.dtype)
+        self.last_used.index_fill_(0, keys, self.clock)
+        rows = self.row_of.index_select(0, keys)
+        if isinstance(ranks, int):
+            self.values[:, ranks].index_copy_(0, rows, values.to(self.dtype))
+        else:
+            self.values[rows, ranks] = values.to(self.dtype)
 
     def _ensure_rows(self, keys: torch.Tensor) -> torch.Tensor:
         rows = self.row_of[keys]
@@ -185,6 +192,12 @@ class LatentCache:
         self.anchored[gone_keys] = False
         self.n_entries -= int(gone_rows.numel())
         self.evictions += int(gone_rows.numel())
+
+    @staticmethod
+    def _take(table: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """``table[keys]`` for a 1-D table: ``index_select`` (advanced indexing cost several
+        times more per call on the few hundred keys of a step)."""
+        return table.index_select(0, keys.reshape(-1)).view(keys.shape)
 
     def stats(self) -> dict[str, int]:
         return {"entries": self.n_entries, "peak_entries": self.peak_entries,

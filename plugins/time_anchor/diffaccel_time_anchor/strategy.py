@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from diffaccel import StepPlan, hookimpl
+from diffaccel.adapters.text.positions import Positions
 from diffaccel.adapters.unet import tail
 from diffaccel.errors import ConfigValueError
 
@@ -209,17 +210,17 @@ class TimeAnchor:
         if st.cache is None:
             self._init_text(st, run, hidden)
         i, step = layer.index, run.step
-        step_pos = layer.step_positions  # (B, N) bool, None: every position
+        step_sel = layer.step_positions  # None: every position
         if i == 0:
             st.dirty = st.input_moved = self._input_moved(st, run, hidden)
-        computed = step_pos
+        computed = step_sel
         if st.live is not None and layer.cached_output is not None:
             live = st.live[i]
             if st.dirty is not None:
                 live &= ~st.dirty
             st.served.append((i, live))
             if bool(live.any()):
-                computed = ~live if step_pos is None else step_pos & ~live
+                computed = Positions(~live if step_sel is None else step_sel.mask() & ~live)
                 out = layer.compute(hidden, positions=computed)
             else:  # nothing to serve: the plain path, exactly the default's
                 out = layer.compute(hidden)
@@ -257,17 +258,19 @@ class TimeAnchor:
             return None
         return self._widen(_rel_change(h0, prev) >= self.config.threshold)
 
-    def _record_text(self, st: _State, i: int, step: int, out: torch.Tensor, computed: torch.Tensor | None) -> None:
-        """Compare the computed states (``computed`` (B, N) bool, None: all) with their
-        references, write the entries, mark movers."""
+    def _record_text(self, st: _State, i: int, step: int, out: torch.Tensor, computed: Positions | None) -> None:
+        """Compare the computed states (``computed``, None: all) with their references, write
+        the entries, mark movers."""
         cache = st.cache
         B, N, D = out.shape
+        single = self.clusters is None  # one state per key: every rank is 0
         if computed is None:
-            new, keys, ranks = out.reshape(B * N, D), st.keys[i].reshape(-1), st.ranks.repeat(B)
+            new, keys, ranks = out.reshape(B * N, D), st.keys[i].reshape(-1), 0 if single else st.ranks.repeat(B)
             flat = None
         else:
-            flat = computed.reshape(-1).nonzero().squeeze(1)
-            new, keys, ranks = out.reshape(B * N, D).index_select(0, flat), st.keys[i].reshape(-1)[flat], st.ranks[flat % N]
+            flat = computed.flat
+            new, keys = computed.gather(out), st.keys[i].reshape(-1).index_select(0, flat)
+            ranks = 0 if single else st.ranks.index_select(0, computed.pos)
         new = new.float()
         ref, has = cache.read(keys, ranks)
         age = cache.age(keys, step).clamp(min=1)
