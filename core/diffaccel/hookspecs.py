@@ -54,8 +54,10 @@ def diffaccel_layer_output(run: "RunState", layer: "Layer", hidden: Any) -> Any:
     the block's arguments). The first non-None answer wins, in config order:
 
     * return a cached output without calling ``layer.compute``: the layer is skipped;
-    * return ``layer.compute(hidden, positions=idx)``: the layer runs on those positions only and
-      its cached outputs fill the rest (text adapters);
+    * return ``layer.compute(hidden, positions=mask)``: the layer runs on those positions only
+      ((batch, length) bool; a (batch, m) long index is accepted too) and its cached outputs fill
+      the rest (text adapters). Where the last layer did not run, the head does not either: the
+      logits there stay as they were;
     * return None to let the next strategy, and finally the built-in default, decide. The
       default computes the layer in full.
 

@@ -74,9 +74,9 @@ class Layer:
 
     ``name`` is stable (``block.3`` for text, ``down_blocks.2`` for a UNet), ``index`` is the
     order in the forward pass, ``kind`` says what it is (``transformer-block``, ``down``, ``mid``,
-    ``up``, ...). ``compute(hidden, positions=None)`` runs the layer; with ``positions`` (a long
-    tensor (batch, m) of positions, text only) it runs on those positions and merges the result
-    with the layer's cached outputs for the others. Adapters subclass this.
+    ``up``, ...). ``compute(hidden, positions=None)`` runs the layer; with ``positions`` (text
+    only: a (batch, length) bool mask, or a (batch, m) long index) it runs on those positions and
+    merges the result with the layer's cached outputs for the others. Adapters subclass this.
     """
 
     supports_positions = False
