@@ -166,8 +166,9 @@ class TextStepOutput:
     are what the sampler used, except when a strategy truncated them to a ``TopKLogits`` (then
     the denoiser's own logits; the truncated ones are in ``topk``)."""
     computed: torch.Tensor | None
-    """Positions whose logits were computed this step (B, N) bool, or None for all (a reused
-    step: all False)."""
+    """Positions the step ran through the model (B, N) bool, or None for all (a reused step: all
+    False). Their logits are current: the head ran where the last layer ran, and elsewhere the
+    last layer's output, hence the logits, had not changed."""
     masked: torch.Tensor | None = None
     """Masked sampler: positions still masked after this step (B, N) bool."""
     fixed: torch.Tensor | None = None
