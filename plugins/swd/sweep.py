@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--extra", default="", help="more swd keys for every entry, TOML, e.g. 'early_stop = false'")
     ap.add_argument("--vary-one", action="store_true", help="change one key at a time from the first values")
     ap.add_argument("--seeds", type=int, default=4)
+    ap.add_argument("--batch", type=int, help="rows per call in every entry (bench's --batch), e.g. 8")
     ap.add_argument("--config", action="append", default=[], help="also bench this config (same [model]); repeatable")
     ap.add_argument("--plots", help="bench's --plots: stability curves of every entry into this folder")
     ap.add_argument("--out", help="also write the table to this markdown file")
@@ -76,10 +77,11 @@ def main(argv: list[str] | None = None) -> int:
             p = Path(tmp) / f"tau{tau:g}-K{K}-R{R}.toml"
             p.write_text(f'{model}\n[[strategy]]\nuse = "swd"\ntau = {tau!r}\nK = {K}\nR = {R}\n{args.extra}\n')
             paths.append(str(p))
-        result = run_bench(paths + args.config, seeds=args.seeds, progress=sys.stderr.isatty(), plot_dir=args.plots)
+        result = run_bench(paths + args.config, seeds=args.seeds, progress=sys.stderr.isatty(), plot_dir=args.plots,
+                           batch=args.batch)
     entries = result["entries"]
     base_q = entries[0]["quality"]
-    lines = [f"{result['model']['checkpoint']}, {result['model']['steps']} steps, seeds {result['seeds']}, "
+    lines = [f"{result['model']['checkpoint']}, {result['model']['steps']} steps, batch {result['model'].get('batch', 1)}, seeds {result['seeds']}, "
              f"interleaved; agreement noise floor {base_q.get('agreement_noise_floor', float('nan')):.3f}", "",
              "| tau | K | R | computed | speedup | perplexity (vs baseline) | distinct-2 (vs baseline) | agreement |",
              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
