@@ -531,3 +531,34 @@ def test_the_head_runs_only_where_the_last_layer_ran(monkeypatch):
     copy.diffaccel_layer_output = hookimpl(copy.diffaccel_layer_output)
     run_with(pipe, [copy], length=20, steps=10, seed=0)
     assert rows == [20] * 10
+
+
+@pytest.mark.parametrize("family", ["reference", "bert", "roberta"])
+def test_a_ragged_partial_step_on_unchanged_inputs_reproduces_the_full_step(tmp_path, family):
+    """Rows computing different numbers of positions (one row none at all): every recomputed
+    position must come out as in the full step (its keys, values, rotary position, modulation
+    and attention row all land where they belong)."""
+    from diffaccel.adapters.text.loading import load_pipeline
+    from diffaccel.adapters.text.pipeline import _NoAccelerator, _RunContext
+    from diffaccel.state import RunState
+
+    pipe = tiny_text_pipeline("masked", time_conditioned=True) if family == "reference" else load_pipeline(str(_tiny_bert(tmp_path, family)[0]))
+    x = torch.randint(5, 30, (3, 12), generator=torch.Generator().manual_seed(2))
+    t = torch.tensor(300.0) if family == "reference" else None
+    mask = torch.zeros(3, 12, dtype=torch.bool)
+    mask[0, [0, 3, 4, 11]] = True
+    mask[2, [7]] = True
+    with torch.no_grad():
+        run = RunState(adapter="text", num_steps=2, batch_size=3)
+        ctx = _RunContext(pipe.denoiser, run)
+        pipe._denoise(ctx, _NoAccelerator(), x, t)
+        full = ctx.logits.clone()
+        kv = [(c.k.clone(), c.v.clone()) for c in ctx.kv]
+        ctx.logits[mask] = 0.0  # what the partial step must rewrite
+        run.plan = StepPlan(positions=mask)
+        pipe._denoise(ctx, _NoAccelerator(), x, t)
+    assert ctx.head_sel.count == 5
+    torch.testing.assert_close(ctx.logits, full, rtol=1e-5, atol=1e-5)
+    for c, (k, v) in zip(ctx.kv, kv):
+        torch.testing.assert_close(c.k, k, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(c.v, v, rtol=1e-5, atol=1e-5)
