@@ -77,6 +77,7 @@ class _State:
         self.planned = 0.0  # sum over narrowed steps of the share of positions planned
         self.served: list[tuple[int, torch.Tensor]] = []  # this step's (layer, served mask), counted at its last layer
         self.pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # this step's cache writes
+        self.pending_step = -1  # the step they belong to
         self.planned_steps = 0
         # unet
         self.skip: frozenset[str] = frozenset()
@@ -145,6 +146,9 @@ class TimeAnchor:
     @hookimpl
     def diffaccel_finalize(self, run, final):
         states = _branch_states(run, self)
+        for st in states:
+            if st.cache is not None and run.adapter == "text":
+                self._end_text_step(st)
         if not states:
             return
         m = self.metrics(states, run)
@@ -192,6 +196,7 @@ class TimeAnchor:
         sampler, the step is narrowed to the positions some layer must compute (the others are
         anchored at every layer: not embedded, not run, their logits kept)."""
         st.live = None
+        self._end_text_step(st)  # what a step whose last layer another strategy answered left
         if st.cache is None or run.step < self.config.warmup:
             return None
         live = st.cache.live(st.keys, run.step)  # (L, B, N)
@@ -227,13 +232,17 @@ class TimeAnchor:
         else:
             out = layer.compute(hidden)  # the adapter narrows it to the step's positions itself
         self._record_text(st, i, step, out, computed)
+        st.pending_step = step
         if i == run.info["n_layers"] - 1:
-            self._end_text_step(st, step)
+            self._end_text_step(st)
         return out
 
-    def _end_text_step(self, st: _State, step: int) -> None:
-        """After the last layer: the step's statistics and cache writes, each in one go (per layer
-        they were a fifth of the strategy's cost). Writes can wait: a layer reads only its own keys."""
+    def _end_text_step(self, st: _State) -> None:
+        """After the last layer (or, if another strategy answered for it, at the next step's
+        plan and at the end of the run): the step's statistics and cache writes, each in one go
+        (per layer they were a fifth of the strategy's cost). Writes can wait: a layer reads only
+        its own keys."""
+        step = st.pending_step
         if st.served:
             layers = torch.tensor([i for i, _ in st.served], device=st.anchored.device)
             served = torch.stack([m for _, m in st.served])

@@ -334,3 +334,23 @@ def test_continuous_sampler_skips_per_layer_without_narrowing_the_step():
     m = out.report["strategies"]["time-anchor"]
     assert m["hits"] > 0 and "step_positions" in m
     assert sum(n for _, _, n in blocks.calls) == out.report["counters"]["positions_computed"] < L * N * STEPS
+
+
+class AnswerLastLayer:
+    """Answers the last layer itself (before time-anchor, in config order)."""
+
+    name = "answer-last"
+
+    @diffaccel.hookimpl
+    def diffaccel_layer_output(self, run, layer, hidden):
+        if layer.index == L - 1:
+            return layer.compute(hidden)
+        return None
+
+
+def test_writes_land_when_another_strategy_answers_the_last_layer(pipe):
+    out = generate(pipe, [AnswerLastLayer(), anchor(threshold=0.5, max_age=4, warmup=2)])
+    m = out.report["strategies"]["time-anchor"]
+    # the cache writes and statistics of each step are flushed at the next step's plan
+    assert m["peak_entries"] == (L - 1) * N
+    assert m["hits"] > 0 and m["hits"] == out.report["counters"]["cache_hits"]
