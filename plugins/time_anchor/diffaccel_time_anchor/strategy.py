@@ -14,7 +14,7 @@ computed:
   ``max_age`` steps. With the masked sampler, ``pre_step`` also narrows the whole step
   (``StepPlan.positions``) to the positions some layer must compute: the others are not
   embedded, and their logits are kept (the sampler draws them again from its cached cumulative
-  distribution, a binary search per position). Another strategy's positions
+  distribution, without an exponential over the vocabulary). Another strategy's positions
   OR into that plan (the core's merge rule); each layer then computes the plan's positions that
   are not anchored in it.
 * UNet: blocks are grouped by depth: ``down_blocks.d`` and its up counterpart share depth d,
