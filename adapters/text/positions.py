@@ -16,10 +16,11 @@ class Positions:
     """T (row, position) pairs of a (B, N) batch, row-major. Built once per step (or per layer,
     when a strategy narrows a layer further) and shared by everything that gathers or scatters."""
 
-    __slots__ = ("B", "N", "flat", "rows", "pos", "M", "slot", "_kv")
+    __slots__ = ("B", "N", "flat", "rows", "pos", "M", "slot", "_mask", "_kv")
 
     def __init__(self, mask: torch.Tensor):
-        """From a (B, N) bool mask of the positions to compute."""
+        """From a (B, N) bool mask of the positions to compute (kept, not copied: see ``mask``)."""
+        self._mask = mask
         self.B, self.N = mask.shape
         self.flat = mask.reshape(-1).nonzero().squeeze(1)  # (T,) indices into the B * N rows
         self.rows = torch.div(self.flat, self.N, rounding_mode="floor")
@@ -51,9 +52,9 @@ class Positions:
         return self.flat.numel()
 
     def mask(self) -> torch.Tensor:
-        """(B, N) bool."""
-        m = torch.zeros(self.B * self.N, dtype=torch.bool, device=self.flat.device)
-        return m.index_fill_(0, self.flat, True).view(self.B, self.N)
+        """(B, N) bool: the mask these positions were built from, shared, so read it, don't
+        write it."""
+        return self._mask
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         """x (B, N, ...) -> (T, ...)."""
