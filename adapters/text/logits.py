@@ -120,15 +120,22 @@ class Cdf(NamedTuple):
     m: torch.Tensor
 
 
+def _exp_from_max_(lg: torch.Tensor, m: torch.Tensor, temperature: float) -> torch.Tensor:
+    """In place exp((lg - m) / T): the unnormalised probabilities of a ``Cdf``. One function for
+    the whole rows (``_cdf``) and the single blocks a cached draw recomputes (``CdfCache.draw``),
+    so that both give the same numbers."""
+    lg.sub_(m)
+    if temperature != 1.0:
+        lg.div_(temperature)
+    return lg.exp_()
+
+
 def _cdf(lg: torch.Tensor, temperature: float) -> tuple[Cdf, torch.Tensor]:
     """(the two-level CDF, the blocked probabilities e (R, nb, w)) of softmax(lg / T) for float
     logits (R, V), banned ids at -inf. ``lg`` is overwritten (e lives in its storage): every
     caller passes its own gathered copy (see ``_without_banned``)."""
     m = lg.amax(-1, keepdim=True)
-    lg.sub_(m)
-    if temperature != 1.0:
-        lg.div_(temperature)
-    e = _blocked(lg.exp_(), _block_width(lg.shape[1]), 0.0)
+    e = _blocked(_exp_from_max_(lg, m, temperature), _block_width(lg.shape[1]), 0.0)
     return Cdf(e.sum(-1).cumsum_(-1), m), e
 
 
@@ -252,10 +259,8 @@ class CdfCache:
         u = torch.cat([torch.rand(n, 1, generator=gen) for n, gen in zip(counts, gens)]).to(logits.device)
         j, below, total, target = _find_block(self.cdf.C.index_select(0, rows), u)
         # the chosen block's probabilities, recomputed from the logits as ``_cdf`` computed them
-        block = _logit_blocks(flat_logits, rows, j, self.w).sub_(self.cdf.m.index_select(0, rows))
-        if temperature != 1.0:
-            block.div_(temperature)
-        block = block.exp_().masked_fill_(self._banned_blocks(banned, V, logits.device)[j.squeeze(1)], 0.0)
+        block = _exp_from_max_(_logit_blocks(flat_logits, rows, j, self.w), self.cdf.m.index_select(0, rows), temperature)
+        block.masked_fill_(self._banned_blocks(banned, V, logits.device)[j.squeeze(1)], 0.0)
         conf, choice = _pick_in_block(block, j, below, total, target)
         confs = torch.zeros(B * N, device=logits.device).index_copy_(0, rows, conf)
         choices = torch.zeros(B * N, dtype=torch.long, device=logits.device).index_copy_(0, rows, choice)
