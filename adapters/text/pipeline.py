@@ -131,22 +131,17 @@ class TextLayer(Layer):
         counters = ctx.run.counters
         if sel is None:
             counters.layers_computed += 1
-            out = ctx.den.block(i, hidden, ctx.c, ctx.kv[i])
+            ctx.out[i] = ctx.den.block(i, hidden, ctx.c, ctx.kv[i])
             counters.positions_computed += hidden.shape[0] * hidden.shape[1]
-        elif sel.count == 0:
-            if i == len(ctx.layers) - 1:
-                ctx.last_layer_sel = sel
-            return ctx.out[i]
-        else:
+        elif sel.count:
             counters.layers_computed += 1
             y = ctx.den.block(i, sel.gather(hidden), ctx.c, ctx.kv[i], sel)
             # in place: copying the whole cache every layer would eat the saving at small models
-            out = sel.scatter_(ctx.out[i], y)
+            sel.scatter_(ctx.out[i], y)
             counters.positions_computed += sel.count
-        ctx.out[i] = out
         if i == len(ctx.layers) - 1:
             ctx.last_layer_sel = sel
-        return out
+        return ctx.out[i]
 
 
 @attrs.define
