@@ -75,10 +75,10 @@ class _State:
         self.token_moved: torch.Tensor | None = None  # positions committed at the last step, widened
         self.live: torch.Tensor | None = None  # (L, B, N) entries that may be served at this step
         self.planned = 0.0  # sum over narrowed steps of the share of positions planned
+        self.planned_steps = 0
         self.served: list[tuple[int, torch.Tensor]] = []  # this step's (layer, served mask), counted at its last layer
         self.pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # this step's cache writes
         self.pending_step = -1  # the step they belong to
-        self.planned_steps = 0
         # unet
         self.skip: frozenset[str] = frozenset()
         self.coords: dict[int, torch.Tensor] = {}
