@@ -8,7 +8,7 @@ from typing import Any
 
 import attrs
 
-from diffaccel.errors import ConfigError
+from diffaccel.errors import ConfigError, ConfigValueError
 from diffaccel.validators import in_range, one_of, positive
 
 from .pipeline import SAMPLERS, TextDiffusionPipeline, TextOutput
@@ -31,6 +31,21 @@ class TextOptions:
     """Masked sampler: semi-autoregressive blocks of this many positions (default: one block)."""
     prompts: list[str] = attrs.Factory(list)
     """Prompt per batch row (repeated if shorter than the batch); empty: unconditional."""
+    prefix_cache: bool = False
+    """Masked sampler with ``block_size``: finished blocks attend among themselves only (block
+    diffusion), so their keys and values are computed once per block instead of every step;
+    exact for that attention pattern. Needs ``length`` a multiple of ``block_size``."""
+
+    def __attrs_post_init__(self):
+        if not self.prefix_cache:
+            return
+        if self.sampler not in (None, "masked"):
+            raise ConfigValueError("prefix_cache", f"needs the masked sampler, not '{self.sampler}'")
+        if self.block_size is None or self.block_size >= self.length:
+            raise ConfigValueError("prefix_cache", "needs block_size smaller than length (semi-autoregressive blocks)")
+        if self.length % self.block_size:
+            raise ConfigValueError("block_size", f"{self.block_size} does not divide length {self.length}; "
+                                   "prefix_cache needs equal blocks")
 
 
 class TextAdapter:
@@ -68,6 +83,10 @@ class TextAdapter:
         if opts.sampler is not None and (opts.sampler == "masked") != (pipe.kind == "masked"):
             allowed = "masked" if pipe.kind == "masked" else "ddim, ddpm, hybrid"
             raise ConfigError(f"{where}: key 'sampler': '{opts.sampler}' does not fit the {pipe.kind} model '{config.model.checkpoint}'; allowed: {allowed}")
+        if opts.prefix_cache and (pipe.kind != "masked" or pipe.denoiser.time_conditioned):
+            raise ConfigError(f"{where}: key 'prefix_cache': the {pipe.kind} model '{config.model.checkpoint}' is "
+                              f"{'time-conditioned' if pipe.kind == 'masked' else 'not a masked model'}; "
+                              "prefix_cache needs a masked model that is not time-conditioned")
         return pipe
 
     @staticmethod
@@ -77,7 +96,8 @@ class TextAdapter:
         if o.prompts:
             prompts = [o.prompts[i % len(o.prompts)] for i in range(m.batch)]
         return pipe(prompts, length=o.length, steps=m.steps or o.length, seed=seed, batch=m.batch,
-                    sampler=o.sampler, temperature=o.temperature, block_size=o.block_size, progress=progress, **extra)
+                    sampler=o.sampler, temperature=o.temperature, block_size=o.block_size, prefix_cache=o.prefix_cache,
+                    progress=progress, **extra)
 
     @staticmethod
     def reference_run(pipe, config, seed: int) -> TextOutput:

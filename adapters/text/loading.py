@@ -3,6 +3,8 @@
 * a shipped model name: ``wordnet-masked`` (alias ``default``) or ``wordnet-continuous``;
 * a local folder saved by ``TextDiffusionLM.save`` (config.json with ``kind``, model.safetensors,
   tokenizer.json);
+* ``synthetic-llada-small``: a LLaDA-shaped speed model built from a seed (``synthetic.py``);
+* a local folder or hub id of a LLaMA/Qwen2-class masked DLM (LLaDA, Dream; ``llama.py``);
 * a local folder or hub id of a transformers BERT-family masked LM, loaded with
   ``AutoModelForMaskedLM.from_pretrained``. Offline, a hub id that is not cached is one clear
   ``ModelLoadError``.
@@ -16,11 +18,15 @@ from pathlib import Path
 from diffaccel.errors import ModelLoadError
 
 from .denoisers import BertDenoiser, ReferenceDenoiser
+from .llama import FAMILIES as FAMILY_NAMES
+from .llama import is_decoder_config, load_decoder
 from .model import TextDiffusionLM
 from .tokenizer import TextTokenizer
 
 ASSETS = Path(__file__).parent / "assets"
 SHIPPED = {"wordnet-masked": "wordnet-masked", "default": "wordnet-masked", "wordnet-continuous": "wordnet-continuous"}
+#: speed models built in memory from a seed (adapters/text/synthetic.py)
+SYNTHETIC = ("synthetic-llada-small",)
 
 
 def shipped_path(name: str) -> Path:
@@ -35,16 +41,53 @@ def load_pipeline(checkpoint: str):
         if not (path / "model.safetensors").is_file():
             raise ModelLoadError(f"shipped model '{checkpoint}' is missing at {path}; reinstall diffaccel or retrain it (see README)")
         return TextDiffusionPipeline(ReferenceDenoiser(TextDiffusionLM.load(path)), TextTokenizer.from_file(path / "tokenizer.json"), name=checkpoint)
+    if checkpoint in SYNTHETIC:
+        from .synthetic import build_synthetic
+
+        return build_synthetic(checkpoint)
     path = Path(checkpoint)
     if path.is_dir() and (path / "config.json").is_file():
         cfg = json.loads((path / "config.json").read_text())
+        if is_decoder_config(cfg):
+            return load_decoder(path)
+        _refuse_unsupported_decoder(cfg, path / "config.json")
         if "kind" in cfg and (path / "model.safetensors").is_file():
             if not (path / "tokenizer.json").is_file():
                 raise ModelLoadError(f"{path}: no tokenizer.json beside the model")
             return TextDiffusionPipeline(ReferenceDenoiser(TextDiffusionLM.load(path)), TextTokenizer.from_file(path / "tokenizer.json"), name=path.name)
     elif path.exists() or checkpoint.startswith((".", "/", "~")):
         raise ModelLoadError(f"{checkpoint}: not a model folder (no config.json)")
-    return load_hf_masked_lm(checkpoint)
+    return load_hub(checkpoint)
+
+
+def _refuse_unsupported_decoder(cfg: dict, where) -> None:
+    """A causal-LM architecture other than LLaMA/Qwen2: one line, not the BERT loader's error."""
+    archs = cfg.get("architectures") or []
+    if any(str(a).endswith("ForCausalLM") for a in archs):
+        raise ModelLoadError(f"{where}: key 'model_type' is {cfg.get('model_type')!r}; supported decoders: "
+                             f"{', '.join(sorted(set(FAMILY_NAMES)))} (and BERT-family masked LMs)")
+
+
+def load_hub(name: str):
+    """A hub id: its config.json decides between the decoder loader and the BERT-family one.
+    Offline (HF_HUB_OFFLINE=1) and not cached: one ``ModelLoadError`` naming the checkpoint."""
+    try:
+        from huggingface_hub import hf_hub_download
+
+        cfg = json.loads(Path(hf_hub_download(name, "config.json")).read_text())
+    except Exception as exc:  # offline, unknown repo, invalid id: all end the same way
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelLoadError(
+            f"checkpoint '{name}': not a shipped model ({', '.join([*SHIPPED, *SYNTHETIC])}), not a local model folder, "
+            f"and its config.json could not be fetched ({first})"
+        ) from None
+    if not is_decoder_config(cfg):
+        _refuse_unsupported_decoder(cfg, f"{name}: config.json")
+        return load_hf_masked_lm(name)
+    from huggingface_hub import snapshot_download
+
+    folder = snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"])
+    return load_decoder(Path(folder), name=name.split("/")[-1])
 
 
 class HFTokenizer:

@@ -128,19 +128,21 @@ class KVCache:
 def attend_positions(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache, sel: Positions,
                      scale: float | None = None) -> torch.Tensor:
     """Attention for the T positions ``sel`` of a partial step: their keys and values ``k``, ``v``
-    (T, H, dh) are written into ``kv`` (B, H, N, dh each) in place, one ``index_copy_`` per tensor,
+    (T, Hkv, dh) are written into ``kv`` (B, Hkv, N, dh each) in place, one ``index_copy_`` per tensor,
     and their queries ``q`` (T, H, dh) attend over every position of their row. Returns (T, H * dh).
     Queries are padded to the longest row for the one attention call only."""
     T, H, dh = q.shape
+    Hkv = k.shape[1]  # fewer than H with grouped-query attention: each serves H / Hkv query heads
     # a full step leaves the values as a strided view of its qkv product: make them one block once
     if not kv.k.is_contiguous():
         kv.k = kv.k.contiguous()
     if not kv.v.is_contiguous():
         kv.v = kv.v.contiguous()
-    rows = sel.kv_index(H)
-    kv.k.view(-1, dh).index_copy_(0, rows, k.reshape(T * H, dh))
-    kv.v.view(-1, dh).index_copy_(0, rows, v.reshape(T * H, dh))
-    a = F.scaled_dot_product_attention(sel.pad(q).transpose(1, 2), kv.k, kv.v, scale=scale)  # (B, H, M, dh)
+    rows = sel.kv_index(Hkv)
+    kv.k.view(-1, dh).index_copy_(0, rows, k.reshape(T * Hkv, dh))
+    kv.v.view(-1, dh).index_copy_(0, rows, v.reshape(T * Hkv, dh))
+    a = F.scaled_dot_product_attention(sel.pad(q).transpose(1, 2), kv.k, kv.v, scale=scale,
+                                       enable_gqa=Hkv != H)  # (B, H, M, dh)
     return sel.unpad(a.transpose(1, 2)).reshape(T, H * dh)
 
 

@@ -64,6 +64,25 @@ def _refresh_computed(ctx: "_RunContext", logits: torch.Tensor, prev: Any, fn):
     return merge(prev, part)
 
 
+def check_prefix_cache(den, sampler: str, block_size: int | None, length: int) -> None:
+    """Why ``prefix_cache`` cannot run here (``ValueError`` naming the option), or nothing."""
+    if sampler != "masked":
+        raise ValueError(f"prefix_cache needs the masked sampler, not {sampler!r}")
+    if not block_size or block_size >= length:
+        raise ValueError("prefix_cache needs block_size smaller than length (semi-autoregressive blocks)")
+    if length % block_size:
+        raise ValueError(f"prefix_cache needs length ({length}) to be a multiple of block_size ({block_size})")
+    if den.time_conditioned:
+        raise ValueError("prefix_cache needs a model that is not time-conditioned (the prefix's keys and values "
+                         "would change with the time step)")
+
+
+def _prefix_mask(B: int, N: int, lo: int, device) -> torch.Tensor:
+    m = torch.zeros(B, N, dtype=torch.bool, device=device)
+    m[:, :lo] = True
+    return m
+
+
 def commit_most_confident_(x: torch.Tensor, candidates: torch.Tensor, confs: torch.Tensor, choices: torch.Tensor,
                            ks: list[int]) -> None:
     """In place: in each row r of ``x`` (B, N), the ``ks[r]`` candidates with the highest
@@ -99,6 +118,11 @@ class _RunContext:
         self.head_sel: Positions | None = None
         self.last_layer_sel: Any = _NOT_RUN  # what the last layer's ``compute`` ran on this step
         self.top1: tuple[torch.Tensor, torch.Tensor] | None = None  # (prob, token) of ``logits``, for post_step
+        # exact prefix cache (masked sampler, ``prefix_cache``): positions before ``prefix_lo`` are
+        # the finished blocks, attending among themselves only; ``prefix_done`` is the prefix
+        # their keys and values were last computed for (once per block)
+        self.prefix_lo = 0
+        self.prefix_done = 0
         self.layers = [TextLayer(i, self) for i in range(den.n_layers)]
 
 
@@ -259,15 +283,27 @@ class TextDiffusionPipeline:
         ctx.c = den.condition(t, B, run.condition)
         run.positions_per_layer = B * N
         plan = run.plan
+        want = None if plan is None or plan.positions is None else plan.positions.to(self.device)
+        lo, prefix = ctx.prefix_lo, None
+        if lo and ctx.logits is None:  # no caches yet: fill them (the prefix is redone just below)
+            ctx.prefix_lo = 0
+            self._denoise(ctx, accel, x_in, t)
+            ctx.prefix_lo = lo
+        if lo:
+            done = _prefix_mask(B, N, lo, self.device)
+            if ctx.prefix_done != lo:  # a new block: the prefix runs once; cached for its other steps
+                self._prefix_pass(ctx, x_in, lo)
+                prefix = done
+            want = ~done if want is None else want & ~done
         # a plan naming every position is a full step: the full path skips the gathers and scatters
         ctx.step_logits = None
         ctx.last_layer_sel = _NOT_RUN
-        if ctx.logits is None or plan is None or plan.positions is None or bool(plan.positions.all()):
+        if ctx.logits is None or want is None or bool(want.all()):
             sel = ctx.step_sel = None
             h = ctx.h0 = den.embed(x_in)
         else:
-            sel = ctx.step_sel = Positions(plan.positions.to(self.device))
-            h = sel.scatter_(ctx.h0, den.embed(x_in, sel))
+            sel = ctx.step_sel = Positions(want)
+            h = sel.scatter_(ctx.h0, den.embed(x_in, sel)) if sel.count else ctx.h0
         for layer in ctx.layers:
             h = accel.layer_output(run, layer, h)
         # The head runs where the last layer ran: elsewhere its output, hence the logits, did not
@@ -282,6 +318,32 @@ class TextDiffusionPipeline:
         elif head.count:
             ctx.step_logits = den.logits(head.gather(h))  # (T, V): the head runs on those rows only
             head.scatter_(ctx.logits, ctx.step_logits)
+        if prefix is not None and head is not None:
+            # the prefix pass refreshed the finished blocks' logits too: they count as computed
+            ctx.head_sel = ctx.step_sel = Positions(head.mask() | prefix)
+            ctx.step_logits = None
+
+    def _prefix_pass(self, ctx: _RunContext, x_in: torch.Tensor, lo: int) -> None:
+        """Exact prefix cache: the finished blocks (positions < lo) run once per block, as a
+        sequence of their own (they attend among themselves only); their outputs, keys, values
+        and logits go into the run's caches, where the block's steps read them. Not hooked: a
+        strategy sees the steps, whose positions are the active block and what follows it."""
+        den, run = ctx.den, ctx.run
+        B = x_in.shape[0]
+        h = den.embed(x_in[:, :lo])
+        ctx.h0[:, :lo] = h
+        for i in range(den.n_layers):
+            tmp = KVCache()
+            h = den.block(i, h, ctx.c, tmp)
+            ctx.out[i][:, :lo] = h
+            kv = ctx.kv[i]
+            kv.k, kv.v = kv.k.contiguous(), kv.v.contiguous()  # partial steps write into them in place
+            kv.k[:, :, :lo] = tmp.k
+            kv.v[:, :, :lo] = tmp.v
+            run.counters.layers_computed += 1
+            run.counters.positions_computed += B * lo
+        ctx.logits[:, :lo] = den.logits(h)
+        ctx.prefix_done = lo
 
     def _step_model(self, ctx, accel, x_in, t) -> torch.Tensor:
         run = ctx.run
@@ -310,6 +372,7 @@ class TextDiffusionPipeline:
         sampler: str | None = None,
         temperature: float = 1.0,
         block_size: int | None = None,
+        prefix_cache: bool = False,
         progress: bool = True,
         logit_noise: float = 0.0,
     ) -> TextOutput:
@@ -317,6 +380,8 @@ class TextDiffusionPipeline:
 
         Row ``i`` uses seed ``seed + i``, so a row is the same whether generated alone or in a
         batch. ``logit_noise`` perturbs the logits by that standard deviation (noise-floor runs).
+        ``prefix_cache`` (masked sampler with ``block_size``): the finished blocks attend among
+        themselves only, so their keys and values are computed once per block, exactly.
         """
         den, tok = self.denoiser, self.tokenizer
         sampler = sampler or ("masked" if den.kind == "masked" else "hybrid")
@@ -326,6 +391,8 @@ class TextDiffusionPipeline:
             raise ValueError(f"sampler {sampler!r} does not fit a {den.kind} model")
         if length > den.max_len:
             raise ValueError(f"length {length} exceeds the model's {den.max_len} positions")
+        if prefix_cache:
+            check_prefix_cache(den, sampler, block_size, length)
         steps = steps or length
         prompts = [prompt] * batch if prompt is None or isinstance(prompt, str) else list(prompt)
         if len(prompts) != batch:
@@ -355,7 +422,7 @@ class TextDiffusionPipeline:
         try:
             bar = tqdm(total=steps, desc=f"{self.name} ({sampler})", unit="step", disable=not progress, leave=False)
             if sampler == "masked":
-                draft = self._masked(ctx, accel, base, fixed, steps, temperature, block_size, gens, bar)
+                draft = self._masked(ctx, accel, base, fixed, steps, temperature, block_size, gens, bar, prefix_cache)
             else:
                 draft = self._continuous(ctx, accel, base, fixed, steps, sampler, temperature, gens, bar)
             bar.close()
@@ -389,7 +456,7 @@ class TextDiffusionPipeline:
                                             topk=topk))
 
     # -- masked (absorbing) sampler -------------------------------------------------------------
-    def _masked(self, ctx, accel, x, fixed, steps, temperature, block_size, gens, bar):
+    def _masked(self, ctx, accel, x, fixed, steps, temperature, block_size, gens, bar, prefix_cache=False):
         run = ctx.run
         B, N = x.shape
         block_size = block_size or N
@@ -399,6 +466,7 @@ class TextDiffusionPipeline:
         banned = list(ctx.den.special_ids)
         cdfs = CdfCache((B, N, ctx.den.vocab_size), x.device) if accel.active and temperature > 0 else None
         for (lo, hi), n_steps in zip(blocks, per_block):
+            ctx.prefix_lo = lo if prefix_cache else 0
             for j in range(n_steps):
                 run.step = step
                 masked = x == ctx.den.mask_id
