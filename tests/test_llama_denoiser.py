@@ -66,7 +66,7 @@ def bidirectional_logits(model, x):
     return model(input_ids=x, attention_mask=torch.zeros(B, 1, N, N)).logits
 
 
-def _full_then_partial(pipe, x, mask):
+def _full_then_partial(pipe, x, mask, zero=None):
     from diffaccel.adapters.text.pipeline import _NoAccelerator, _RunContext
 
     with torch.no_grad():
@@ -75,7 +75,7 @@ def _full_then_partial(pipe, x, mask):
         pipe._denoise(ctx, _NoAccelerator(), x, None)
         full = ctx.logits.clone()
         kv = [(c.k.clone(), c.v.clone()) for c in ctx.kv]
-        ctx.logits[mask] = 0.0  # what the partial step must rewrite
+        ctx.logits[mask if zero is None else zero] = 0.0  # what the partial step must rewrite
         run.plan = StepPlan(positions=mask)
         pipe._denoise(ctx, _NoAccelerator(), x, None)
     return ctx, full, kv
@@ -204,15 +204,28 @@ def test_llada_variants_outside_the_mapping_are_refused(tmp_path, key, value, na
     assert f"'{named}'" in str(info.value) and "config.json" in str(info.value) and "\n" not in str(info.value)
 
 
-def test_dream_config_loads_as_qwen2(tmp_path):
+def test_dream_config_loads_as_qwen2_with_its_shifted_head(tmp_path):
+    """Dream: Qwen2 weights, and position p's logits read from p - 1 (position 0 its own); a
+    ragged partial step on unchanged inputs must still reproduce the full step."""
     from diffaccel.adapters.text.loading import load_pipeline
 
     path, model = tiny_decoder(tmp_path, "qwen2", model_type="Dream")
     pipe = load_pipeline(str(path))
-    x = torch.randint(5, len(VOCAB), (1, 9), generator=torch.Generator().manual_seed(4))
-    _, full, _ = _full_then_partial(pipe, x, torch.zeros(1, 9, dtype=torch.bool))
+    assert pipe.denoiser.logit_shift == 1
+    x = torch.randint(5, len(VOCAB), (2, 9), generator=torch.Generator().manual_seed(4))
+    mask = torch.zeros(2, 9, dtype=torch.bool)
+    mask[0, [0, 4, 8]] = True
+    mask[1, [2]] = True
+    ctx, full, _ = _full_then_partial(pipe, x, torch.zeros(2, 9, dtype=torch.bool))
     with torch.no_grad():
-        torch.testing.assert_close(full, bidirectional_logits(model, x), rtol=1e-4, atol=1e-4)
+        ref = bidirectional_logits(model, x)
+    torch.testing.assert_close(full, torch.cat([ref[:, :1], ref[:, :-1]], dim=1), rtol=1e-4, atol=1e-4)
+    heads = torch.zeros_like(mask)
+    heads[0, [0, 1, 5]] = heads[1, 3] = True
+    ctx, full, _ = _full_then_partial(pipe, x, mask, zero=heads)
+    # the head re-ran at the positions after the computed ones (and at 0, reading itself)
+    assert sorted(ctx.head_sel.flat.tolist()) == [0, 1, 5, 9 + 3]
+    torch.testing.assert_close(ctx.logits, full, rtol=1e-5, atol=1e-5)
 
 
 # ---- bad input --------------------------------------------------------------------------------
@@ -291,11 +304,12 @@ def _run_prefix(pipe, uncached: bool, **kw):
         P._RunContext.__init__ = orig
 
 
-@pytest.mark.parametrize("batch,temperature", [(1, 1.0), (3, 0.0)])
-def test_prefix_cache_equals_the_uncached_run(tmp_path, batch, temperature):
+@pytest.mark.parametrize("batch,temperature,dream", [(1, 1.0, False), (3, 0.0, False), (2, 1.0, True)])
+def test_prefix_cache_equals_the_uncached_run(tmp_path, batch, temperature, dream):
     from diffaccel.adapters.text.loading import load_pipeline
 
-    pipe = load_pipeline(str(tiny_decoder(tmp_path)[0]))
+    path = tiny_decoder(tmp_path, "qwen2", model_type="Dream")[0] if dream else tiny_decoder(tmp_path)[0]
+    pipe = load_pipeline(str(path))
     kw = dict(length=16, steps=16, block_size=4, batch=batch, temperature=temperature, seed=3)
     cached = _run_prefix(pipe, uncached=False, **kw)
     every = _run_prefix(pipe, uncached=True, **kw)

@@ -39,6 +39,9 @@ Checkpoints (a folder with ``config.json`` and safetensors, one file or shards w
 
 The mask token id comes from ``config.json``'s ``mask_token_id`` (Dream-v0: 151666); LLaDA's
 documented id, 126336, is the default for ``model_type = "llada"`` configs that lack the key.
+Dream reads the logits of position p from position p - 1 (its head kept the autoregressive
+shift of the Qwen2.5 model it started from; its sampler shifts the logits right by one, position
+0 keeping its own): ``logit_shift = 1``, applied by the pipeline on full and partial steps.
 """
 
 from __future__ import annotations
@@ -93,8 +96,13 @@ class LlamaDenoiser:
     cond_dim = 0
     num_timesteps = 1000
 
-    def __init__(self, model, mask_id: int, special_ids: set[int], max_len: int | None = None):
-        """``model``: a ``LlamaForCausalLM`` or ``Qwen2ForCausalLM`` (``.model.layers``, ``.lm_head``)."""
+    def __init__(self, model, mask_id: int, special_ids: set[int], max_len: int | None = None, logit_shift: int = 0):
+        """``model``: a ``LlamaForCausalLM`` or ``Qwen2ForCausalLM`` (``.model.layers``, ``.lm_head``).
+        ``logit_shift`` 1: position p's logits are read from position p - 1's hidden state (and
+        position 0's from its own), as Dream's sampler reads them; the pipeline applies it."""
+        if logit_shift not in (0, 1):
+            raise ValueError(f"logit_shift must be 0 or 1, got {logit_shift}")
+        self.logit_shift = logit_shift
         cfg = model.config
         base = model.model
         if getattr(cfg, "use_sliding_window", False):
@@ -317,7 +325,9 @@ def load_decoder(path: Path, name: str | None = None):
     tok.mask_id = mid
     special = set(tok.special_ids) | {mid}
     tok.special_ids = special
-    return TextDiffusionPipeline(LlamaDenoiser(model, mid, special), tok, name=name or path.name)
+    # Dream keeps its autoregressive initialisation's head: the token at p is predicted at p - 1
+    shift = 1 if str(cfg.get("model_type", "")).lower() == "dream" else 0
+    return TextDiffusionPipeline(LlamaDenoiser(model, mid, special, logit_shift=shift), tok, name=name or path.name)
 
 
 def _tokenizer(path: Path):

@@ -77,6 +77,21 @@ def check_prefix_cache(den, sampler: str, block_size: int | None, length: int) -
                          "would change with the time step)")
 
 
+def _shift_hidden(h: torch.Tensor) -> torch.Tensor:
+    """(B, N, D) hidden states as the logits of a shifted-head model (Dream) read them: position
+    p from p - 1, position 0 from itself."""
+    return torch.cat([h[:, :1], h[:, :-1]], dim=1)
+
+
+def _shifted_positions(sel: Positions) -> Positions:
+    """The logit positions a shifted head refreshes when the hidden states at ``sel`` changed."""
+    m = sel.mask()
+    out = torch.zeros_like(m)
+    out[:, 1:] = m[:, :-1]
+    out[:, 0] |= m[:, 0]
+    return Positions(out)
+
+
 def _prefix_mask(B: int, N: int, lo: int, device) -> torch.Tensor:
     m = torch.zeros(B, N, dtype=torch.bool, device=device)
     m[:, :lo] = True
@@ -293,7 +308,7 @@ class TextDiffusionPipeline:
             done = _prefix_mask(B, N, lo, self.device)
             if ctx.prefix_done != lo:  # a new block: the prefix runs once; cached for its other steps
                 self._prefix_pass(ctx, x_in, lo)
-                prefix = done
+                prefix = _prefix_mask(B, N, lo + getattr(den, "logit_shift", 0), self.device)  # logits it wrote
             want = ~done if want is None else want & ~done
         # a plan naming every position is a full step: the full path skips the gathers and scatters
         ctx.step_logits = None
@@ -312,11 +327,19 @@ class TextDiffusionPipeline:
         head = sel
         if ctx.logits is not None and ctx.last_layer_sel is not _NOT_RUN and h is ctx.out[-1]:
             head = ctx.last_layer_sel
+        shift = getattr(den, "logit_shift", 0)
+        if shift and head is not None:
+            head = _shifted_positions(head)  # the logits read from the hidden states that changed
         ctx.head_sel = head
         if head is None:
-            ctx.logits = den.logits(h)
+            ctx.logits = den.logits(_shift_hidden(h) if shift else h)
         elif head.count:
-            ctx.step_logits = den.logits(head.gather(h))  # (T, V): the head runs on those rows only
+            if shift:  # position p's logits come from position p - 1's hidden state (0: its own)
+                src = head.rows * N + (head.pos - 1).clamp(min=0)
+                rows = h.reshape(B * N, -1).index_select(0, src)
+            else:
+                rows = head.gather(h)
+            ctx.step_logits = den.logits(rows)  # (T, V): the head runs on those rows only
             head.scatter_(ctx.logits, ctx.step_logits)
         if prefix is not None and head is not None:
             # the prefix pass refreshed the finished blocks' logits too: they count as computed
@@ -342,7 +365,10 @@ class TextDiffusionPipeline:
             kv.v[:, :, :lo] = tmp.v
             run.counters.layers_computed += 1
             run.counters.positions_computed += B * lo
-        ctx.logits[:, :lo] = den.logits(h)
+        if getattr(den, "logit_shift", 0):  # logits 0..lo read hidden states 0, 0, 1, .., lo - 1
+            ctx.logits[:, : lo + 1] = den.logits(torch.cat([h[:, :1], h], dim=1))[:, : ctx.logits.shape[1]]
+        else:
+            ctx.logits[:, :lo] = den.logits(h)
         ctx.prefix_done = lo
 
     def _step_model(self, ctx, accel, x_in, t) -> torch.Tensor:
