@@ -48,13 +48,14 @@ def load_pipeline(checkpoint: str):
     path = Path(checkpoint)
     if path.is_dir() and (path / "config.json").is_file():
         cfg = json.loads((path / "config.json").read_text())
-        if is_decoder_config(cfg):
-            return load_decoder(path)
-        _refuse_unsupported_decoder(cfg, path / "config.json")
         if "kind" in cfg and (path / "model.safetensors").is_file():
             if not (path / "tokenizer.json").is_file():
                 raise ModelLoadError(f"{path}: no tokenizer.json beside the model")
             return TextDiffusionPipeline(ReferenceDenoiser(TextDiffusionLM.load(path)), TextTokenizer.from_file(path / "tokenizer.json"), name=path.name)
+        if is_decoder_config(cfg):
+            return load_decoder(path)
+        _refuse_unsupported_decoder(cfg, path / "config.json")
+        return load_hf_masked_lm(checkpoint)
     elif path.exists() or checkpoint.startswith((".", "/", "~")):
         raise ModelLoadError(f"{checkpoint}: not a model folder (no config.json)")
     return load_hub(checkpoint)
