@@ -370,8 +370,9 @@ def test_prefix_cache_step_matches_a_block_causal_transformers_forward(tmp_path)
 
 # ---- strategies on the family -----------------------------------------------------------------
 
-@pytest.mark.parametrize("strategy", ["swd", "time-anchor", "topk"])
-def test_text_strategies_run_on_the_llama_family(tmp_path, strategy):
+@pytest.mark.parametrize("strategy,prefix", [("swd", False), ("time-anchor", False), ("topk", False),
+                                             ("swd", True), ("time-anchor", True)])
+def test_text_strategies_run_on_the_llama_family(tmp_path, strategy, prefix):
     from diffaccel import apply
     from diffaccel.adapters.text.adapter import TextAdapter
     from diffaccel.config import parse_config
@@ -381,16 +382,21 @@ def test_text_strategies_run_on_the_llama_family(tmp_path, strategy):
     params = {"swd": {"tau": 0.01, "K": 2, "R": 1}, "time-anchor": {"threshold": 0.05, "warmup": 2, "max_age": 4},
               "topk": {"k": 3, "k_keep": 8}}[strategy]
     registry = Registry()
-    cfg = parse_config({"model": {"adapter": "text", "checkpoint": str(path), "length": 16, "steps": 16, "batch": 2},
-                        "strategy": [{"use": strategy, **params}]}, registry=registry)
+    model = {"adapter": "text", "checkpoint": str(path), "length": 16, "steps": 16, "batch": 2}
+    if prefix:
+        model.update(block_size=4, prefix_cache=True)
+    cfg = parse_config({"model": model, "strategy": [{"use": strategy, **params}]}, registry=registry)
     pipe = TextAdapter.load(cfg)
     plain = TextAdapter.run(pipe, cfg, seed=0, progress=False)
+    with apply(pipe, cfg.without_strategies(), registry=registry):  # hooked, no strategy: the counters' baseline
+        hooked = TextAdapter.run(pipe, cfg, seed=0, progress=False)
+    assert torch.equal(hooked.tokens, plain.tokens)
     with apply(pipe, cfg, registry=registry):
         out = TextAdapter.run(pipe, cfg, seed=0, progress=False)
     assert out.tokens.shape == (2, 16) and not (out.tokens == MASK).any()
     assert strategy in out.report["strategies"]
     if strategy != "topk":  # the position-skipping strategies computed less than every position
-        assert out.report["counters"]["fraction_computed"] < 1.0
+        assert out.report["counters"]["fraction_computed"] < hooked.report["counters"]["fraction_computed"] <= 1.0
     else:  # top-k draws change the tokens of this temperature-1 run
         assert not torch.equal(out.tokens, plain.tokens)
 
