@@ -224,8 +224,8 @@ def hf_config(cfg: dict, where):
         conf = cls(**fields)
     except (TypeError, ValueError) as exc:
         raise ModelLoadError(f"{where}: not a valid {family} config ({exc})") from None
-    if family == "qwen2":
-        conf.use_sliding_window = False if not cfg.get("use_sliding_window") else True
+    if cfg.get("use_sliding_window"):
+        _refuse(where, "use_sliding_window", cfg["use_sliding_window"], "false (full attention over every position)")
     return conf, family
 
 
