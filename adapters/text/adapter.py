@@ -64,10 +64,15 @@ class TextAdapter:
 
     @staticmethod
     def load(config) -> TextDiffusionPipeline:
+        from .diffusion_gemma import precheck
         from .loading import load_pipeline
 
-        pipe = load_pipeline(config.model.checkpoint).to(config.model.device)
         opts, where = config.options, f"{config.source}: [model]"
+        problem = precheck(config.model.checkpoint, opts.length, opts.sampler, opts.block_size, opts.temperature)
+        if problem:  # a DiffusionGemma folder's options, checked before its weights load
+            key, _, message = problem.partition(": ")
+            raise ConfigError(f"{where}: key '{key}': {message}")
+        pipe = load_pipeline(config.model.checkpoint).to(config.model.device)
         if isinstance(pipe, DiffusionGemmaPipeline):
             TextAdapter._check_block(pipe, config, where)
             return pipe

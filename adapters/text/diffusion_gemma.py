@@ -345,7 +345,8 @@ class DiffusionGemmaPipeline:
         run = RunState(adapter="text", num_steps=n_blocks * steps, batch_size=B)
         run.info.update(seeds=[seed] * B, temperature=temperature, length=C, vocab_size=self.vocab_size, kind=BLOCK,
                         sampler=BLOCK, time_conditioned=False, n_layers=self.n_layers, tokenizer=self.tokenizer,
-                        prompt_lengths=[0] * B, cond_dim=0, canvas_length=C, blocks=n_blocks, pins=False)
+                        prompt_lengths=[0] * B, cond_dim=0, canvas_length=C, blocks=n_blocks, pins=False,
+                        layers=[f"decoder.{i}" for i in range(self.n_layers)])
         run.positions_per_layer = B * C
         noise_gen = torch.Generator().manual_seed(10_000_019 + seed)
         accel.start_run(run)
@@ -489,10 +490,37 @@ def load_diffusion_gemma(name_or_path: str, local: bool) -> DiffusionGemmaPipeli
             raise ModelLoadError(f"{path}: no tokenizer beside the DiffusionGemma weights; expected one of {', '.join(TOKENIZER_FILES)}")
     try:
         from transformers import AutoTokenizer, DiffusionGemmaForBlockDiffusion
+        from transformers.utils import logging as hf_logging
 
+        hf_logging.disable_progress_bar()  # errors stay one line; a load is seconds here
         model = DiffusionGemmaForBlockDiffusion.from_pretrained(name_or_path)
         tok = AutoTokenizer.from_pretrained(name_or_path)
     except (OSError, ValueError, TypeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"checkpoint '{name_or_path}': transformers could not load it as DiffusionGemma ({first[:200]})") from None
     return DiffusionGemmaPipeline(model, HFTokenizer(tok), name=Path(name_or_path).name)
+
+
+def precheck(checkpoint: str, length: int, sampler: str | None, block_size: int | None, temperature: float = 1.0) -> str | None:
+    """For a local DiffusionGemma folder, what is wrong with these options as ``key: message``,
+    read from its config.json before the weights load (None: nothing, or not such a folder)."""
+    import json
+    from pathlib import Path
+
+    path = Path(checkpoint) / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None  # not a local folder, or not readable: the loader says so
+    if not is_diffusion_gemma(cfg):
+        return None
+    if sampler not in (None, BLOCK):
+        return f"sampler: '{sampler}' does not fit the DiffusionGemma model '{checkpoint}' (uniform noise, no mask token); allowed: {BLOCK}"
+    C = cfg.get("canvas_length") or 256
+    if length % C:
+        return f"length: {length} is not a multiple of the model's block (canvas_length {C} in {path}); use {max(C, length - length % C)} or {length - length % C + C}"
+    if block_size is not None and block_size != C:
+        return f"block_size: {block_size}, but this model denoises blocks of canvas_length {C} (fixed by its training); leave it out or set {C}"
+    if not temperature > 0:
+        return f"temperature: must be > 0 for the block sampler (it scales the model's temperature schedule), got {temperature}"
+    return None

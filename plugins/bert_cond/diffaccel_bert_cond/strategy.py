@@ -78,6 +78,9 @@ class BertCond:
         gating and that every source has candidate terms (called with the adapter's facts)."""
         if info.get("adapter", "text") != "text":
             raise ConfigValueError("use", f"bert-cond conditions text diffusion only; this pipeline uses the '{info['adapter']}' adapter")
+        if info.get("pins") is False:  # before the encoder loads: nothing to load for a refusal
+            raise ConfigValueError("use", f"bert-cond pins key-term tokens at fixed positions (run.pinned), which the model's "
+                                          f"'{info.get('sampler')}' sampler does not hold (uniform noise re-draws its canvas, no mask token)")
         enc = self.encoder
         cond_dim = info.get("cond_dim") or 0
         if self.config.vector and cond_dim and cond_dim != enc.hidden_size:
