@@ -256,7 +256,7 @@ class DiffusionGemmaPipeline:
         """What is wrong with these options for this model, as ``key: message``, or None."""
         C = self.canvas_length
         if length % C:
-            return f"length: {length} is not a multiple of the model's block (canvas_length {C}); use {max(C, length - length % C)} or {length - length % C + C}"
+            return f"length: {length} is not a multiple of the model's block (canvas_length {C}); use {_multiples(length, C)}"
         if block_size is not None and block_size != C:
             return f"block_size: {block_size}, but this model denoises blocks of canvas_length {C} (fixed by its training); leave it out or set {C}"
         if not temperature > 0:
@@ -501,6 +501,12 @@ def load_diffusion_gemma(name_or_path: str, local: bool) -> DiffusionGemmaPipeli
     return DiffusionGemmaPipeline(model, HFTokenizer(tok), name=Path(name_or_path).name)
 
 
+def _multiples(length: int, C: int) -> str:
+    """The multiples of C around ``length``, as a user would pick one."""
+    lo = length - length % C
+    return f"{lo} or {lo + C}" if lo else str(C)
+
+
 def precheck(checkpoint: str, length: int, sampler: str | None, block_size: int | None, temperature: float = 1.0) -> str | None:
     """For a local DiffusionGemma folder, what is wrong with these options as ``key: message``,
     read from its config.json before the weights load (None: nothing, or not such a folder)."""
@@ -518,7 +524,7 @@ def precheck(checkpoint: str, length: int, sampler: str | None, block_size: int 
         return f"sampler: '{sampler}' does not fit the DiffusionGemma model '{checkpoint}' (uniform noise, no mask token); allowed: {BLOCK}"
     C = cfg.get("canvas_length") or 256
     if length % C:
-        return f"length: {length} is not a multiple of the model's block (canvas_length {C} in {path}); use {max(C, length - length % C)} or {length - length % C + C}"
+        return f"length: {length} is not a multiple of the model's block (canvas_length {C} in {path}); use {_multiples(length, C)}"
     if block_size is not None and block_size != C:
         return f"block_size: {block_size}, but this model denoises blocks of canvas_length {C} (fixed by its training); leave it out or set {C}"
     if not temperature > 0:

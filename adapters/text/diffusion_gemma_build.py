@@ -26,9 +26,9 @@ SIZES = {
     "tiny": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
                  head_dim=16, moe_intermediate_size=16, num_experts=4, top_k_experts=2, sliding_window=16,
                  layer_types=["sliding_attention", "full_attention"], canvas_length=16),
-    "mid": dict(hidden_size=384, intermediate_size=1536, num_hidden_layers=6, num_attention_heads=6, num_key_value_heads=2,
-                head_dim=64, moe_intermediate_size=384, num_experts=8, top_k_experts=2, sliding_window=128,
-                layer_types=["sliding_attention"] * 5 + ["full_attention"], canvas_length=32),
+    "mid": dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                head_dim=64, moe_intermediate_size=256, num_experts=4, top_k_experts=2, sliding_window=128,
+                layer_types=["sliding_attention"] * 3 + ["full_attention"], canvas_length=32),
 }
 
 

@@ -104,6 +104,8 @@ def partial(args) -> int:
     cfg, adapter, pipe = _load(args.config)
     if cfg.model.adapter != "text":
         raise ConfigError(f"{cfg.source}: [model] key 'adapter': partial computation is benchmarked on text models")
+    if not hasattr(pipe, "_denoise"):
+        raise ConfigError(f"{cfg.source}: [model] key 'checkpoint': partial computation is benchmarked on the reference and BERT-family text models, not on '{cfg.model.checkpoint}'")
     if getattr(args, "batch", None) is not None:
         from .bench import with_batch
 
