@@ -129,8 +129,8 @@ class CacheOddSteps:
         self.shared = shared  # True: ignore the guidance branch (wrong on purpose)
         self.global_cache: dict = {}
 
-    @staticmethod
-    def new_state(run):
+    @hookimpl
+    def diffaccel_new_state(self, run):
         return {}
 
     @hookimpl
@@ -310,7 +310,8 @@ class CacheModules(CacheOddSteps):
     name = "cache-modules"
     seen: list
 
-    def hooked_modules(self, available):
+    @hookimpl
+    def diffaccel_hooked_modules(self, available):
         self.available = list(available)
         return sorted(self.blocks)
 

@@ -251,16 +251,26 @@ def _train(args) -> int:
 
         given = {k: v for k, v in (("lr", args.lr), ("steps", args.steps), ("max_minutes", args.max_minutes)) if v is not None}
         cfg = TrainDigitsConfig(out=args.out, seed=args.seed, threads=args.threads, init=args.init, **given)
+        _threads(cfg.threads)
         print(f"wrote {train_digits(cfg)}")
         return 0
     from diffaccel.adapters.text.train import TrainConfig, train
 
-    out = train(TrainConfig(kind=args.kind, out=args.out, steps=1400 if args.steps is None else args.steps,
-                            max_minutes=args.max_minutes or 0.0,
-                            tokenizer=args.tokenizer, freq_weight=args.freq_weight, schedule=args.schedule, seed=args.seed,
-                            init_embeddings=args.init_embeddings, latent_norm=args.latent_norm))
+    cfg = TrainConfig(kind=args.kind, out=args.out, steps=1400 if args.steps is None else args.steps,
+                      max_minutes=args.max_minutes or 0.0,
+                      tokenizer=args.tokenizer, freq_weight=args.freq_weight, schedule=args.schedule, seed=args.seed,
+                      init_embeddings=args.init_embeddings, latent_norm=args.latent_norm)
+    _threads(cfg.threads)
+    out = train(cfg)
     print(f"wrote {out}")
     return 0
+
+
+def _threads(n: int) -> None:
+    """torch CPU threads: set by command-line entry points only, never by library code."""
+    import torch
+
+    torch.set_num_threads(n)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from diffaccel import hookimpl
+from diffaccel.capabilities import TOKEN_LOGITS, TOKEN_POSITIONS
+from diffaccel.errors import ConfigError
 from diffaccel.state import StepPlan
 from diffaccel.validators import in_range, one_of
 
@@ -95,6 +97,10 @@ def radius_at(step: int, num_steps: int, R: int, R_end: int | None) -> int:
     return round(R + (R_end - R) * step / (num_steps - 1))
 
 
+NEEDS = (TOKEN_POSITIONS, TOKEN_LOGITS)
+"""What swd needs of a model (its ``requires``)."""
+
+
 @attrs.define(eq=False)
 class SWDState:
     """swd's state for one generation and guidance branch (tensors (B, N) unless said)."""
@@ -152,6 +158,10 @@ class SWD:
 
     @hookimpl
     def diffaccel_run_start(self, run) -> None:
+        # instances handed to apply(strategies=...) skip the config's capability check
+        lacking = [c for c in NEEDS if c not in run.capabilities]
+        if lacking:
+            raise ConfigError(f"strategy 'swd' needs a model with capability '{lacking[0]}'")
         run.state(self)
 
     @hookimpl
