@@ -55,12 +55,13 @@ class ToyDenoiser(torch.nn.Module):
             return layer
 
         self.time = lin(1, hidden)
-        self.fns = torch.nn.ModuleDict({"down.0": lin(dim, hidden), "down.1": lin(hidden, hidden), "mid": lin(hidden, hidden),
-                                        "up.1": lin(2 * hidden, hidden), "up.0": lin(2 * hidden, dim)})
+        # ModuleDict keys may not hold dots: block "down.0" is fns["down_0"]
+        self.fns = torch.nn.ModuleDict({"down_0": lin(dim, hidden), "down_1": lin(hidden, hidden), "mid": lin(hidden, hidden),
+                                        "up_1": lin(2 * hidden, hidden), "up_0": lin(2 * hidden, dim)})
 
     def block(self, name: str, hidden: dict[str, torch.Tensor]) -> torch.Tensor:
         x = hidden["x"] if "skip" not in hidden else torch.cat([hidden["x"], hidden["skip"]], dim=-1)
-        y = self.fns[name](x)
+        y = self.fns[name.replace(".", "_")](x)
         if name == "down.0":
             y = y + self.time(hidden["t"])
         return y if name == "up.0" else torch.tanh(y)
