@@ -359,7 +359,8 @@ class TextDiffusionPipeline:
         run = RunState(adapter="text", num_steps=steps, batch_size=batch, capabilities=run_capabilities(sampler))
         run.info.update(seeds=[seed + r for r in range(batch)], temperature=temperature, length=length, vocab_size=den.vocab_size, kind=den.kind, sampler=sampler,
                         time_conditioned=den.time_conditioned, n_layers=den.n_layers,
-                        tokenizer=tok, prompt_lengths=[len(p) for p in prompt_ids], cond_dim=den.cond_dim)
+                        tokenizer=tok, prompt_lengths=[len(p) for p in prompt_ids], cond_dim=den.cond_dim,
+                        truncated_logits=TopKLogits)
         ctx = _RunContext(den, run)
         fixed = torch.zeros(batch, length, dtype=torch.bool, device=self.device)
         base = torch.full((batch, length), den.mask_id, dtype=torch.long, device=self.device)

@@ -28,8 +28,10 @@ token was committed. ``run.info["sampler"] == "masked"`` on the runs that use it
 
 TOKEN_LOGITS = "token-logits"
 """The denoiser's output is per-position logits over a vocabulary (B, N, V): ``denoiser_output``
-may replace them (a ``TopKLogits`` of the adapter is accepted), ``finalize`` may choose the
-tokens, ``run.info`` has ``vocab_size``, ``tokenizer``, ``seeds``, ``prompt_lengths``."""
+may replace them, densely or truncated (``run.info["truncated_logits"](values, indices,
+vocab_size)`` builds the adapter's truncated form, k (value, token) pairs per position, which its
+sampler draws from without a dense tensor), ``finalize`` may choose the tokens, ``run.info`` has
+``vocab_size``, ``tokenizer``, ``seeds``, ``prompt_lengths``."""
 
 PINNED_TOKENS = "pinned-tokens"
 """``run.pinned`` (tokens held fixed) and ``run.condition`` (an external condition vector, for

@@ -29,7 +29,6 @@ import attrs
 import torch
 
 from diffaccel import hookimpl
-from diffaccel.adapters.text.logits import TopKLogits
 from diffaccel.errors import ConfigValueError
 from diffaccel.validators import in_range, one_of, positive
 
@@ -138,7 +137,7 @@ class TopK:
         run.state(self)  # the per-row generators start fresh with every run
 
     @hookimpl
-    def diffaccel_denoiser_output(self, run, output: torch.Tensor) -> "torch.Tensor | TopKLogits | None":
+    def diffaccel_denoiser_output(self, run, output: torch.Tensor) -> Any:
         c = self.config
         sample = c.at_steps and run.info.get("sampler") == "masked"  # only the masked sampler commits tokens
         if not (c.k_keep or sample):
@@ -161,7 +160,8 @@ class TopK:
             st.steps_sampled += 1
         # truncated: hand the sampler the k_keep (values, indices) themselves; it samples from them
         # without ever building the (B, N, V) tensor (-inf elsewhere) that a dense answer would be
-        out = TopKLogits(vals, idx, output.shape[-1]) if dense else output.scatter(-1, idx, vals)
+        # the adapter's truncated-logits type (token-logits): values and indices, no dense tensor
+        out = run.info["truncated_logits"](vals, idx, output.shape[-1]) if dense else output.scatter(-1, idx, vals)
         st.values, st.indices = vals, idx
         st.steps += 1
         st.held += vals.numel()
