@@ -211,3 +211,19 @@ def test_the_core_names_no_adapter_and_no_strategy_branches_on_one():
     for path in (ROOT / "plugins").rglob("*.py"):
         text = path.read_text()
         assert "run.adapter" not in text and "adapters=(" not in text, path
+
+
+def test_measurement_tools_go_through_the_adapter_protocol(tmp_path, capsys):
+    """fluency and partial use the adapter's optional protocols; an adapter without them is one line, exit 2."""
+    from diffaccel.cli import main
+
+    cfg = tmp_path / "f.toml"
+    cfg.write_text('[model]\nadapter = "text"\ncheckpoint = "wordnet-masked"\nlength = 16\nsteps = 4\n')
+    assert main(["fluency", str(cfg), "--seeds", "1"]) == 0
+    rows = capsys.readouterr().out.splitlines()[2:]
+    assert [r.split()[0] for r in rows] == ["model", "held-out", "unigram", "random"]
+    img = tmp_path / "i.toml"
+    img.write_text('[model]\nadapter = "unet"\ncheckpoint = "digits"\n')
+    for command in ("fluency", "partial"):
+        assert main([command, str(img)]) == 2
+        assert "'unet' does not" in capsys.readouterr().err
