@@ -98,3 +98,39 @@ def test_time_anchor_runs_on_it_unchanged(site, tmp_path):
     names = [name for name, _q, _f in out["bench"]]
     assert names == ["baseline", "ta"]
     assert out["bench"][0][1]["rel_error"] == 0.0 and out["bench"][1][1]["rel_error"] > 0
+
+
+BAD_PYPROJECT = '''
+[build-system]
+requires = ["setuptools"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "diffaccel-bad-adapter"
+version = "1.0"
+
+[project.entry-points."diffaccel.adapters"]
+bad = "diffaccel_bad:Adapter"
+
+[tool.setuptools]
+py-modules = ["diffaccel_bad"]
+'''
+
+
+@pytest.mark.parametrize("body, message", [
+    ("class Adapter:\n    name = 'bad'\n    Options = object\n",
+     "adapter 'bad' (distribution diffaccel-bad-adapter) does not implement the Adapter protocol: missing PEERS, accepts,"),
+    ("raise RuntimeError('adapter import exploded')\n",
+     "adapter 'bad' (distribution diffaccel-bad-adapter) failed to load: RuntimeError: adapter import exploded"),
+])
+def test_a_broken_adapter_is_one_line_naming_its_distribution(tmp_path, body, message):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "pyproject.toml").write_text(BAD_PYPROJECT)
+    (src / "diffaccel_bad.py").write_text(body)
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                    "--target", str(target), str(src)], check=True, capture_output=True)
+    proc = _run(target, "plugins")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
+    assert message in proc.stderr

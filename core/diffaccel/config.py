@@ -180,6 +180,10 @@ def load_config(path: str | Path, registry=None) -> RunConfig:
     return parse_config(read_toml(path), source=str(path), registry=registry)
 
 
+NO_ADAPTERS = ("none installed (adapters register in the 'diffaccel.adapters' entry-point group; "
+               "an install older than that has none: reinstall diffaccel, e.g. make setup)")
+
+
 def parse_config(data: dict[str, Any], source: str = "<config>", registry=None) -> RunConfig:
     from .adapters_registry import adapter_names, get_adapter
     from .capabilities import describe, missing
@@ -198,7 +202,7 @@ def parse_config(data: dict[str, Any], source: str = "<config>", registry=None) 
     names = adapter_names()
     if adapter not in names:
         shown = "missing" if adapter is None else repr(adapter)
-        raise ConfigError(f"{where}: key 'adapter': {shown}; allowed: {', '.join(map(repr, names)) or 'none installed'}")
+        raise ConfigError(f"{where}: key 'adapter': {shown}; allowed: {', '.join(map(repr, names)) or NO_ADAPTERS}")
     adapter_obj = get_adapter(adapter, where=where)
     options_cls = adapter_obj.Options
     option_keys = tuple(f.name for f in attrs.fields(options_cls))
