@@ -56,7 +56,7 @@ class BlockPolicy:
         pass
 
     def pre_step(self, st: BlockStackState, run):
-        self._unet_plan(st, run)
+        self._plan(st, run)
         return None
 
     def post_step(self, st: BlockStackState, run, output) -> None:
@@ -69,7 +69,7 @@ class BlockPolicy:
         m["skipped_per_block"] = [sum(s.skipped[j] for s in states if s.skipped) for j in range(len(m["layers"]))]
         m["tail_only"] = sum(s.tailed for s in states)  # calls where the last up block ran its tail alone
 
-    def _init_unet(self, st: BlockStackState, run, rows: int, device) -> None:
+    def _init(self, st: BlockStackState, run, rows: int, device) -> None:
         cfg = self.config
         names, depth, kinds = run.info["layers"], run.info["depths"], run.info["kinds"]
         L = len(names)
@@ -88,7 +88,7 @@ class BlockPolicy:
         if self.gate is not None:
             st.gate_open = (self.gate.probs(run.num_steps) > cfg.gate_threshold).to(device)
 
-    def _unet_plan(self, st: BlockStackState, run) -> None:
+    def _plan(self, st: BlockStackState, run) -> None:
         """Choose the blocks to skip at this call: below the shallowest depth whose output block
         is anchored in every row (and both batched guidance halves), everything."""
         st.skip = frozenset()
@@ -108,7 +108,7 @@ class BlockPolicy:
             st.lookups += st.keys.shape[0]
             if layer.name in st.skip:
                 if layer.name == st.last_up:
-                    out = self._unet_tail(st, run, layer, hidden)
+                    out = self._tail(st, run, layer, hidden)
                     if out is not None:
                         return out
                 else:
@@ -127,8 +127,8 @@ class BlockPolicy:
             out = layer.compute(hidden)
         main = out[0] if isinstance(out, tuple) else out
         if st.cache is None:
-            self._init_unet(st, run, main.shape[0], main.device)
-        self._record_unet(st, layer.index, run.step, main)
+            self._init(st, run, main.shape[0], main.device)
+        self._record(st, layer.index, run.step, main)
         return out
 
     def _tail_start(self, layer) -> int:
@@ -137,7 +137,7 @@ class BlockPolicy:
         except ValueError as exc:
             raise ConfigValueError("tail_layers", str(exc)) from None
 
-    def _unet_tail(self, st: BlockStackState, run, layer, hidden):
+    def _tail(self, st: BlockStackState, run, layer, hidden):
         """The last up block at an anchored outermost depth: its tail layers only, on the features
         that entered them at its last full run (None when there are none: it is computed)."""
         if st.tail_h is None or not layer.can_run_tail(hidden):
@@ -150,7 +150,7 @@ class BlockPolicy:
         c.positions_computed += run.positions_per_layer
         return out
 
-    def _record_unet(self, st: BlockStackState, j: int, step: int, main: torch.Tensor) -> None:
+    def _record(self, st: BlockStackState, j: int, step: int, main: torch.Tensor) -> None:
         flat = main.reshape(main.shape[0], -1)
         coords = st.coords.get(j)
         if coords is None:

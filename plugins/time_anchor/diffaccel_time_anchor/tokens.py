@@ -86,14 +86,14 @@ class TokenPolicy:
         st.tokens = tokens.clone()  # the sampler edits its sequence in place
 
     def finish(self, st: TokenState) -> None:
-        self._end_text_step(st)
+        self._end_step(st)
 
     def add_metrics(self, m: dict[str, Any], states: list[TokenState], run) -> None:
         planned = sum(s.planned_steps for s in states)
         # share of positions the narrowed steps embedded and ran in some layer (after warm-up)
         m["step_positions"] = round(float(sum(s.planned for s in states)) / planned, 4) if planned else 1.0
 
-    def _init_text(self, st: TokenState, run, hidden: torch.Tensor) -> None:
+    def _init(self, st: TokenState, run, hidden: torch.Tensor) -> None:
         cfg = self.config
         B, N, D = hidden.shape
         L = run.info["n_layers"]
@@ -133,7 +133,7 @@ class TokenPolicy:
         sampler, the step is narrowed to the positions some layer must compute (the others are
         anchored at every layer: not embedded, not run, their logits kept)."""
         st.live = None
-        self._end_text_step(st)  # what a step whose last layer another strategy answered left
+        self._end_step(st)  # what a step whose last layer another strategy answered left
         if st.cache is None or run.step < self.config.warmup:
             return None
         live = st.cache.live(st.keys, run.step)  # (L, B, N)
@@ -149,7 +149,7 @@ class TokenPolicy:
 
     def layer_output(self, st: TokenState, run, layer, hidden: torch.Tensor) -> torch.Tensor:
         if st.cache is None:
-            self._init_text(st, run, hidden)
+            self._init(st, run, hidden)
         i, step = layer.index, run.step
         step_sel = layer.step_positions  # None: every position
         if i == 0:
@@ -167,13 +167,13 @@ class TokenPolicy:
                 out = layer.compute(hidden)
         else:
             out = layer.compute(hidden)  # the adapter narrows it to the step's positions itself
-        self._record_text(st, i, step, out, computed)
+        self._record(st, i, step, out, computed)
         st.pending_step = step
         if i == run.info["n_layers"] - 1:
-            self._end_text_step(st)
+            self._end_step(st)
         return out
 
-    def _end_text_step(self, st: TokenState) -> None:
+    def _end_step(self, st: TokenState) -> None:
         """After the last layer (or, if another strategy answered for it, at the next step's
         plan and at the end of the run): the step's statistics and cache writes, each in one go
         (per layer they were a fifth of the strategy's cost). Writes can wait: a layer reads only
@@ -203,7 +203,7 @@ class TokenPolicy:
             return None
         return self._widen(rel_change(h0, prev) >= self.config.threshold)
 
-    def _record_text(self, st: TokenState, i: int, step: int, out: torch.Tensor, computed: Any) -> None:
+    def _record(self, st: TokenState, i: int, step: int, out: torch.Tensor, computed: Any) -> None:
         """Compare the computed states (``computed``, None: all) with their references, write
         the entries, mark movers."""
         cache = st.cache
