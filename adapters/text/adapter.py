@@ -8,11 +8,12 @@ from typing import Any
 
 import attrs
 
-from diffaccel.errors import ConfigError
+from diffaccel.capabilities import MASK_CONFIDENCES, PINNED_TOKENS, TOKEN_LOGITS, TOKEN_POSITIONS
+from diffaccel.errors import ConfigError, DiffaccelError
 from diffaccel.validators import in_range, one_of, positive
 
-from .diffusion_gemma import BLOCK, DiffusionGemmaPipeline
-from .pipeline import SAMPLERS, TextDiffusionPipeline, TextOutput
+from .diffusion_gemma import BLOCK, BLOCK_CAPABILITIES, DiffusionGemmaPipeline, GemmaLayer
+from .pipeline import SAMPLERS, TextDiffusionPipeline, TextLayer, TextOutput, run_capabilities
 
 #: Standard deviation of the logit perturbation whose effect is the agreement noise floor.
 NOISE_FLOOR_STD = 1e-4
@@ -35,8 +36,15 @@ class TextOptions:
 
 
 class TextAdapter:
+    """The ``text`` adapter (entry point ``diffaccel.adapters: text``): ``TextDiffusionPipeline``
+    over the shipped reference models and BERT-family masked LMs."""
+
     name = "text"
     Options = TextOptions
+    capabilities = frozenset({TOKEN_POSITIONS, MASK_CONFIDENCES, TOKEN_LOGITS, PINNED_TOKENS})
+    """``mask-confidences`` only on runs of the masked sampler (``run.capabilities`` says)."""
+    PEERS: dict[str, type] = {}
+    layer_types = (TextLayer, GemmaLayer)
 
     @staticmethod
     def accepts(pipe: Any) -> bool:
@@ -57,9 +65,10 @@ class TextAdapter:
         info = {"adapter": "text", "vocab_size": den.vocab_size, "n_layers": den.n_layers, "kind": den.kind,
                 "max_len": den.max_len, "time_conditioned": den.time_conditioned,
                 "layers": [f"{'decoder' if block else 'block'}.{i}" for i in range(den.n_layers)],
-                "cond_dim": den.cond_dim, "tokenizer": pipe.tokenizer}
-        if block:  # uniform noise, no mask token, no pinned positions (bert-cond reads ``pins``)
-            info.update(sampler=BLOCK, mask_id=None, pins=False, canvas_length=pipe.canvas_length)
+                "cond_dim": den.cond_dim, "tokenizer": pipe.tokenizer,
+                "capabilities": sorted(BLOCK_CAPABILITIES if block else run_capabilities("masked" if den.kind == "masked" else "hybrid"))}
+        if block:  # uniform noise, no mask token, no pinned positions
+            info.update(sampler=BLOCK, mask_id=None, canvas_length=pipe.canvas_length)
         return info
 
     @staticmethod
@@ -137,3 +146,28 @@ class TextAdapter:
             q["agreement_noise_floor"] = sum(
                 agreement(b.tokens, r.tokens, b.prompt_lengths) for b, r in zip(baseline, references)) / len(references)
         return q
+
+    # -- bench peers: none for text models ----------------------------------------------------------
+    @staticmethod
+    def peer_name(entry) -> str:
+        return entry.name
+
+    @staticmethod
+    def peer_context(pipe, peer):
+        raise DiffaccelError("the text adapter offers no [[peer]] accelerators")
+
+    # -- what `diffaccel partial` and `diffaccel fluency` need (optional protocols) ---------------------
+    @staticmethod
+    def time_partial_steps(pipe, config, fractions, repeats):
+        from .measure import time_partial_steps
+
+        if isinstance(pipe, DiffusionGemmaPipeline):
+            raise ConfigError(f"{config.source}: [model] key 'checkpoint': partial steps are timed on the reference and BERT-family models, not on DiffusionGemma '{config.model.checkpoint}'")
+
+        return time_partial_steps(pipe, config, fractions, repeats)
+
+    @staticmethod
+    def fluency_rows(pipe, config, seeds):
+        from .measure import fluency_rows
+
+        return fluency_rows(pipe, config, seeds)

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from diffaccel.capabilities import TOKEN_LOGITS, TOKEN_POSITIONS
 from diffaccel.state import Layer, RunState
 
 from .logits import TopKLogits
@@ -41,6 +42,8 @@ from .positions import Positions
 
 #: how ``[model] sampler`` names this model family's sampler
 BLOCK = "block"
+#: what its runs offer strategies: no mask token (uniform noise), no pinned tokens
+BLOCK_CAPABILITIES = frozenset({TOKEN_POSITIONS, TOKEN_LOGITS})
 
 
 def softcap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
@@ -113,6 +116,11 @@ class GemmaLayer(Layer):
     @property
     def step_positions(self) -> Positions | None:
         return self.ctx.step_sel
+
+    @staticmethod
+    def select(mask: torch.Tensor) -> Positions:
+        """The adapter's position set for a (B, C) bool mask (``token-positions``)."""
+        return Positions(mask)
 
     def compute(self, hidden: torch.Tensor, positions: "torch.Tensor | Positions | None" = None) -> torch.Tensor:
         ctx, i = self.ctx, self.index
@@ -342,11 +350,11 @@ class DiffusionGemmaPipeline:
         stopping = model._prepare_ar_stopping_criteria(gc, None)
         adaptive = model._prepare_diffusion_stopping_criteria(gc)
 
-        run = RunState(adapter="text", num_steps=n_blocks * steps, batch_size=B)
+        run = RunState(adapter="text", num_steps=n_blocks * steps, batch_size=B, capabilities=BLOCK_CAPABILITIES)
         run.info.update(seeds=[seed] * B, temperature=temperature, length=C, vocab_size=self.vocab_size, kind=BLOCK,
                         sampler=BLOCK, time_conditioned=False, n_layers=self.n_layers, tokenizer=self.tokenizer,
                         prompt_lengths=[0] * B, cond_dim=0, canvas_length=C, blocks=n_blocks, pins=False,
-                        layers=[f"decoder.{i}" for i in range(self.n_layers)])
+                        layers=[f"decoder.{i}" for i in range(self.n_layers)], truncated_logits=TopKLogits)
         run.positions_per_layer = B * C
         noise_gen = torch.Generator().manual_seed(10_000_019 + seed)
         accel.start_run(run)
