@@ -7,7 +7,9 @@
 * a local folder or hub id of a LLaMA/Qwen2-class masked DLM (LLaDA, Dream; ``llama.py``);
 * a local folder or hub id of a transformers BERT-family masked LM, loaded with
   ``AutoModelForMaskedLM.from_pretrained``. Offline, a hub id that is not cached is one clear
-  ``ModelLoadError``.
+  ``ModelLoadError``;
+* a local folder or hub id whose config.json says ``model_type = "diffusion_gemma"``:
+  transformers' ``DiffusionGemmaForBlockDiffusion``, driven by ``diffusion_gemma.py``.
 """
 
 from __future__ import annotations
@@ -45,9 +47,16 @@ def load_pipeline(checkpoint: str):
         from .synthetic import build_synthetic
 
         return build_synthetic(checkpoint)
+    from .diffusion_gemma import is_diffusion_gemma, load_diffusion_gemma
+
     path = Path(checkpoint)
     if path.is_dir() and (path / "config.json").is_file():
-        cfg = json.loads((path / "config.json").read_text())
+        try:
+            cfg = json.loads((path / "config.json").read_text())
+        except ValueError as exc:
+            raise ModelLoadError(f"{path / 'config.json'}: not valid JSON ({exc})") from None
+        if is_diffusion_gemma(cfg):
+            return load_diffusion_gemma(checkpoint, local=True)
         if "kind" in cfg and (path / "model.safetensors").is_file():
             if not (path / "tokenizer.json").is_file():
                 raise ModelLoadError(f"{path}: no tokenizer.json beside the model")
@@ -70,8 +79,9 @@ def _refuse_unsupported_decoder(cfg: dict, where) -> None:
 
 
 def load_hub(name: str):
-    """A hub id: its config.json decides between the decoder loader and the BERT-family one.
-    Offline (HF_HUB_OFFLINE=1) and not cached: one ``ModelLoadError`` naming the checkpoint."""
+    """A hub id: its config.json decides between DiffusionGemma, the decoder loader and the
+    BERT-family one. Offline (HF_HUB_OFFLINE=1) and not cached: one ``ModelLoadError`` naming
+    the checkpoint."""
     try:
         from huggingface_hub import hf_hub_download
 
@@ -82,6 +92,10 @@ def load_hub(name: str):
             f"checkpoint '{name}': not a shipped model ({', '.join([*SHIPPED, *SYNTHETIC])}), not a local model folder, "
             f"and its config.json could not be fetched ({first})"
         ) from None
+    from .diffusion_gemma import is_diffusion_gemma, load_diffusion_gemma
+
+    if is_diffusion_gemma(cfg):
+        return load_diffusion_gemma(name, local=False)
     if not is_decoder_config(cfg):
         _refuse_unsupported_decoder(cfg, f"{name}: config.json")
         return load_hf_masked_lm(name)
