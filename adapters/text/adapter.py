@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from contextlib import contextmanager
 from typing import Any
 
 import attrs
 
-from diffaccel.errors import ConfigError
+from diffaccel.errors import ConfigError, DiffaccelError
 from diffaccel.validators import in_range, one_of, positive
 
 from .pipeline import SAMPLERS, TextDiffusionPipeline, TextOutput
@@ -33,9 +34,22 @@ class TextOptions:
     """Prompt per batch row (repeated if shorter than the batch); empty: unconditional."""
 
 
+@attrs.frozen(kw_only=True)
+class StepsPeer:
+    """Keys of ``[[peer]] use = "steps"``: the same model and sampler with fewer steps (commits
+    spread evenly over them, as the sampler does), the trivial way to be faster that every text
+    strategy must beat."""
+
+    steps: int = attrs.field(validator=positive)
+    """Denoising steps of this entry; below the config's own ``steps``."""
+    name: str | None = None
+    """Entry name in bench (default: steps-<steps>)."""
+
+
 class TextAdapter:
     name = "text"
     Options = TextOptions
+    PEERS = {"steps": StepsPeer}
 
     @staticmethod
     def accepts(pipe: Any) -> bool:
@@ -109,3 +123,30 @@ class TextAdapter:
             q["agreement_noise_floor"] = sum(
                 agreement(b.tokens, r.tokens, b.prompt_lengths) for b, r in zip(baseline, references)) / len(references)
         return q
+
+    # -- peers ------------------------------------------------------------------------------------
+    @staticmethod
+    def check_peers(model, options, peers, source: str) -> None:
+        """A ``steps`` peer must take fewer steps than the config (checked when the config loads)."""
+        steps = model.steps or options.length
+        for p in peers:
+            if isinstance(p.config, StepsPeer) and p.config.steps >= steps:
+                raise ConfigError(f"{source}: [[peer]] #{p.index} (steps): key 'steps': {p.config.steps} is not below the "
+                                  f"config's {steps} steps; allowed: 1 to {steps - 1}")
+
+    @staticmethod
+    def peer_name(entry) -> str:
+        return entry.config.name or f"steps-{entry.config.steps}"
+
+    @staticmethod
+    def peer_run_config(config, peer):
+        """The config a peer entry runs: ``config`` with the peer's steps."""
+        return attrs.evolve(config, model=attrs.evolve(config.model, steps=peer.steps))
+
+    @staticmethod
+    @contextmanager
+    def peer_context(pipe, peer):
+        """A ``steps`` peer runs the bare pipeline; only its config differs (``peer_run_config``)."""
+        if pipe.accelerator is not None:
+            raise DiffaccelError("a peer runs on the bare pipeline: leave diffaccel.apply first")
+        yield pipe
