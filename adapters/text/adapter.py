@@ -9,10 +9,11 @@ from typing import Any
 
 import attrs
 
+from diffaccel.capabilities import MASK_CONFIDENCES, PINNED_TOKENS, TOKEN_LOGITS, TOKEN_POSITIONS
 from diffaccel.errors import ConfigError, DiffaccelError
 from diffaccel.validators import in_range, one_of, positive
 
-from .pipeline import SAMPLERS, TextDiffusionPipeline, TextOutput
+from .pipeline import SAMPLERS, TextDiffusionPipeline, TextLayer, TextOutput, run_capabilities
 
 #: Standard deviation of the logit perturbation whose effect is the agreement noise floor.
 NOISE_FLOOR_STD = 1e-4
@@ -47,9 +48,15 @@ class StepsPeer:
 
 
 class TextAdapter:
+    """The ``text`` adapter (entry point ``diffaccel.adapters: text``): ``TextDiffusionPipeline``
+    over the shipped reference models and BERT-family masked LMs."""
+
     name = "text"
     Options = TextOptions
-    PEERS = {"steps": StepsPeer}
+    capabilities = frozenset({TOKEN_POSITIONS, MASK_CONFIDENCES, TOKEN_LOGITS, PINNED_TOKENS})
+    """``mask-confidences`` only on runs of the masked sampler (``run.capabilities`` says)."""
+    PEERS: dict[str, type] = {"steps": StepsPeer}
+    layer_types = (TextLayer,)
 
     @staticmethod
     def accepts(pipe: Any) -> bool:
@@ -69,7 +76,8 @@ class TextAdapter:
         return {"adapter": "text", "vocab_size": den.vocab_size, "n_layers": den.n_layers, "kind": den.kind,
                 "max_len": den.max_len, "time_conditioned": den.time_conditioned,
                 "layers": [f"block.{i}" for i in range(den.n_layers)],
-                "cond_dim": den.cond_dim, "tokenizer": pipe.tokenizer}
+                "cond_dim": den.cond_dim, "tokenizer": pipe.tokenizer,
+                "capabilities": sorted(run_capabilities("masked" if den.kind == "masked" else "hybrid"))}
 
     @staticmethod
     def load(config) -> TextDiffusionPipeline:
@@ -150,3 +158,16 @@ class TextAdapter:
         if pipe.accelerator is not None:
             raise DiffaccelError("a peer runs on the bare pipeline: leave diffaccel.apply first")
         yield pipe
+
+    # -- what `diffaccel partial` and `diffaccel fluency` need (optional protocols) ---------------------
+    @staticmethod
+    def time_partial_steps(pipe, config, fractions, repeats):
+        from .measure import time_partial_steps
+
+        return time_partial_steps(pipe, config, fractions, repeats)
+
+    @staticmethod
+    def fluency_rows(pipe, config, seeds):
+        from .measure import fluency_rows
+
+        return fluency_rows(pipe, config, seeds)

@@ -12,6 +12,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from diffaccel import Strategy, hookimpl
+from diffaccel.capabilities import MASK_CONFIDENCES, TOKEN_LOGITS
 
 from .strategy import RULES, SCALES, Parallel, ParallelConfig, choose, entropies, scaled_confidence
 
@@ -20,7 +21,9 @@ _DESCRIPTION = "parallel commits: the masked sampler commits every position a ru
 
 @hookimpl
 def diffaccel_register(register):
-    register(Strategy(name="parallel", config=ParallelConfig, factory=Parallel, adapters=("text",), description=_DESCRIPTION))
+    # the masked sampler's commits and confidences; the entropy rule reads the logits
+    register(Strategy(name="parallel", config=ParallelConfig, factory=Parallel, requires=(MASK_CONFIDENCES, TOKEN_LOGITS),
+                      description=_DESCRIPTION))
 
 
 __all__ = ["RULES", "SCALES", "Parallel", "ParallelConfig", "__version__", "choose", "diffaccel_register", "entropies",

@@ -116,19 +116,21 @@ class Parallel:
     def __init__(self, config: ParallelConfig | None = None):
         self.config = config or ParallelConfig()
 
-    def setup(self, info: dict[str, Any]) -> None:
+    @hookimpl
+    def diffaccel_setup(self, info: dict[str, Any]) -> None:
         """Reject models without a masked sampler (called by the core with adapter facts)."""
         kind = info.get("kind")
         if kind is not None and kind != "masked":
             raise ConfigValueError("use", f"parallel chooses the commits of the masked sampler; this model is {kind} "
                                           "(ddim, ddpm and hybrid samplers commit nothing); use it with a masked model")
 
-    def new_state(self, run) -> dict[str, Any]:
+    @hookimpl
+    def diffaccel_new_state(self, run) -> dict[str, Any]:
         return {"H": None, "H_valid": None, "extra": 0, "commits": 0, "steps": 0}
 
     @hookimpl
     def diffaccel_run_start(self, run) -> None:
-        self.setup(run.info)  # instances passed to apply(strategies=...) never went through build_strategies
+        self.diffaccel_setup(run.info)  # instances passed to apply(strategies=...) never went through build_strategies
         if run.info.get("sampler", "masked") != "masked":
             raise ConfigValueError("use", f"parallel needs the masked sampler, not {run.info['sampler']}")
         run.state(self)

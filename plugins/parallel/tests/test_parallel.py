@@ -232,7 +232,7 @@ def test_image_model_is_refused():
     import tomllib
 
     text = '[model]\nadapter = "unet"\ncheckpoint = "digits"\n[[strategy]]\nuse = "parallel"\n'
-    with pytest.raises(ConfigError, match=r"strategy 'parallel' does not support adapter 'unet'; it supports: text"):
+    with pytest.raises(ConfigError, match=r"strategy 'parallel' requires capability 'mask-confidences', which adapter 'unet' does not declare"):
         parse_config(tomllib.loads(text), source="p.toml")
 
 
@@ -244,7 +244,7 @@ def test_cli_exit_2_on_a_continuous_model(tmp_path, capsys):
                     '[[strategy]]\nuse = "parallel"\n')
     assert main(["generate", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "parallel chooses the commits of the masked sampler; this model is continuous" in err[0]
+    assert len(err) == 1 and "capability 'mask-confidences', which strategy 'parallel' requires" in err[0]
     assert str(path) in err[0] and "[[strategy]] #1 (parallel)" in err[0]
 
 
