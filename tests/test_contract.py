@@ -76,6 +76,10 @@ class Probe:
         self._rec("diffaccel_denoiser_output")
 
     @hookimpl
+    def diffaccel_commit(self, run, proposal):
+        self._rec("diffaccel_commit")
+
+    @hookimpl
     def diffaccel_post_step(self, run, output):
         self._rec("diffaccel_post_step")
         run.state(self).steps += 1

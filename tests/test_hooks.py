@@ -44,6 +44,10 @@ class Recorder:
         self.log.append((self.name, "diffaccel_denoiser_output"))
 
     @hookimpl
+    def diffaccel_commit(self, run, proposal):
+        self.log.append((self.name, "diffaccel_commit"))
+
+    @hookimpl
     def diffaccel_post_step(self, run, output):
         self.log.append((self.name, "diffaccel_post_step"))
 

@@ -542,7 +542,7 @@ CASES = [
     ("peer-key", UNET + '[[peer]]\nuse = "deepcache"\ninterval = 3\n', "[[peer]] #1 (deepcache): unknown key 'interval'; allowed keys: cache_branch_id, cache_interval, name"),
     ("peer-range", UNET + '[[peer]]\nuse = "deepcache"\ncache_interval = 0\n', "[[peer]] #1 (deepcache): key 'cache_interval': must be positive, got 0"),
     ("peer-table", UNET + '[peer]\nuse = "deepcache"\n', "'peer' must be an array of tables, written [[peer]]"),
-    ("peer-text", '[model]\nadapter = "text"\n[[peer]]\nuse = "deepcache"\n', "[[peer]] #1: unknown peer 'deepcache'; adapter 'text' offers: none"),
+    ("peer-text", '[model]\nadapter = "text"\n[[peer]]\nuse = "deepcache"\n', "[[peer]] #1: unknown peer 'deepcache'; adapter 'text' offers: steps"),
 ]
 
 

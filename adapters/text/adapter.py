@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from contextlib import contextmanager
 from typing import Any
 
 import attrs
@@ -50,6 +51,18 @@ class TextOptions:
                                    "prefix_cache needs equal blocks")
 
 
+@attrs.frozen(kw_only=True)
+class StepsPeer:
+    """Keys of ``[[peer]] use = "steps"``: the same model and sampler with fewer steps (commits
+    spread evenly over them, as the sampler does), the trivial way to be faster that every text
+    strategy must beat."""
+
+    steps: int = attrs.field(validator=positive)
+    """Denoising steps of this entry; below the config's own ``steps``."""
+    name: str | None = None
+    """Entry name in bench (default: steps-<steps>)."""
+
+
 class TextAdapter:
     """The ``text`` adapter (entry point ``diffaccel.adapters: text``): ``TextDiffusionPipeline``
     over the shipped reference models, BERT-family masked LMs and LLaMA/Qwen2-class masked DLMs
@@ -59,7 +72,7 @@ class TextAdapter:
     Options = TextOptions
     capabilities = frozenset({TOKEN_POSITIONS, MASK_CONFIDENCES, TOKEN_LOGITS, PINNED_TOKENS})
     """``mask-confidences`` only on runs of the masked sampler (``run.capabilities`` says)."""
-    PEERS: dict[str, type] = {}
+    PEERS: dict[str, type] = {"steps": StepsPeer}
     layer_types = (TextLayer, GemmaLayer)
 
     @staticmethod
@@ -172,14 +185,32 @@ class TextAdapter:
                 agreement(b.tokens, r.tokens, b.prompt_lengths) for b, r in zip(baseline, references)) / len(references)
         return q
 
-    # -- bench peers: none for text models ----------------------------------------------------------
+    # -- peers ------------------------------------------------------------------------------------
     @staticmethod
-    def peer_name(entry) -> str:
-        return entry.name
+    def check_peers(model, options, peers, source: str) -> None:
+        """A ``steps`` peer must take fewer steps than the config (checked when the config loads)."""
+        steps = model.steps or options.length
+        for p in peers:
+            if isinstance(p.config, StepsPeer) and p.config.steps >= steps:
+                raise ConfigError(f"{source}: [[peer]] #{p.index} (steps): key 'steps': {p.config.steps} is not below the "
+                                  f"config's {steps} steps; allowed: 1 to {steps - 1}")
 
     @staticmethod
+    def peer_name(entry) -> str:
+        return entry.config.name or f"steps-{entry.config.steps}"
+
+    @staticmethod
+    def peer_run_config(config, peer):
+        """The config a peer entry runs: ``config`` with the peer's steps."""
+        return attrs.evolve(config, model=attrs.evolve(config.model, steps=peer.steps))
+
+    @staticmethod
+    @contextmanager
     def peer_context(pipe, peer):
-        raise DiffaccelError("the text adapter offers no [[peer]] accelerators")
+        """A ``steps`` peer runs the bare pipeline; only its config differs (``peer_run_config``)."""
+        if pipe.accelerator is not None:
+            raise DiffaccelError("a peer runs on the bare pipeline: leave diffaccel.apply first")
+        yield pipe
 
     # -- what `diffaccel partial` and `diffaccel fluency` need (optional protocols) ---------------------
     @staticmethod

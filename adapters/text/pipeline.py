@@ -107,19 +107,49 @@ def _prefix_mask(B: int, N: int, lo: int, device) -> torch.Tensor:
     return m
 
 
+def most_confident(candidates: torch.Tensor, confs: torch.Tensor, ks: list[int]) -> torch.Tensor:
+    """(B, N) bool: in each row r, the ``ks[r]`` candidates with the highest confidence (the
+    low-confidence remasking schedule). One top-k over all rows; the per-row loop it replaced
+    cost a few milliseconds a step at batch 8."""
+    chosen = torch.zeros_like(candidates)
+    kmax = max(ks, default=0)
+    if kmax == 0:
+        return chosen
+    B = candidates.shape[0]
+    top = confs.masked_fill(~candidates, -math.inf).topk(kmax, dim=1).indices  # best first
+    keep = torch.arange(kmax, device=confs.device)[None, :] < torch.tensor(ks, device=confs.device)[:, None]
+    rows = torch.arange(B, device=confs.device)[:, None].expand(-1, kmax)
+    chosen[rows[keep], top[keep]] = True
+    return chosen
+
+
 def commit_most_confident_(x: torch.Tensor, candidates: torch.Tensor, confs: torch.Tensor, choices: torch.Tensor,
                            ks: list[int]) -> None:
     """In place: in each row r of ``x`` (B, N), the ``ks[r]`` candidates with the highest
-    confidence take their drawn tokens (low-confidence remasking). One top-k over all rows; the
-    per-row loop it replaces cost a few milliseconds a step at batch 8."""
-    kmax = max(ks, default=0)
-    if kmax == 0:
-        return
-    B = x.shape[0]
-    top = confs.masked_fill(~candidates, -math.inf).topk(kmax, dim=1).indices  # best first
-    keep = torch.arange(kmax, device=x.device)[None, :] < torch.tensor(ks, device=x.device)[:, None]
-    rows = torch.arange(B, device=x.device)[:, None].expand(-1, kmax)
-    x[rows[keep], top[keep]] = choices.gather(1, top)[keep]
+    confidence take their drawn tokens."""
+    chosen = most_confident(candidates, confs, ks)
+    x[chosen] = choices[chosen]
+
+
+@attrs.define
+class CommitProposal:
+    """What ``diffaccel_commit`` receives from the masked sampler at a step (all (B, N) unless said)."""
+
+    candidates: torch.Tensor
+    """bool: the positions that may be committed (masked, in the row's current block)."""
+    tokens: torch.Tensor
+    """long: the token drawn at each candidate."""
+    confidence: torch.Tensor
+    """float: the drawn token's probability (at the sampler's temperature) at each candidate."""
+    scheduled: torch.Tensor
+    """bool: what the sampler commits anyway (each row's most confident, per its schedule)."""
+    logits: Any
+    """The logits the sampler drew from: a (B, N, V) tensor or a ``TopKLogits``."""
+    computed: torch.Tensor | None
+    """bool: the positions whose logits this step recomputed; None: all may have changed."""
+    temperature: float
+    steps_left: list[int]
+    """Per row: the steps its block's schedule has left, this one included."""
 
 
 _NOT_RUN = object()  # the last layer's ``compute`` was not called at this step
@@ -147,6 +177,7 @@ class _RunContext:
         # their keys and values were last computed for (once per block)
         self.prefix_lo = 0
         self.prefix_done = 0
+        self.rows_done: torch.Tensor | None = None  # (B,) bool: rows with nothing left to commit, not computed
         self.layers = [TextLayer(i, self) for i in range(den.n_layers)]
 
 
@@ -317,7 +348,7 @@ class TextDiffusionPipeline:
         ctx.c = den.condition(t, B, run.condition)
         run.positions_per_layer = B * N
         plan = run.plan
-        want = None if plan is None or plan.positions is None else plan.positions.to(self.device)
+        wanted = None if plan is None or plan.positions is None else plan.positions.to(self.device)
         lo, prefix = ctx.prefix_lo, None
         if lo and ctx.logits is None:  # no caches yet: fill them (the prefix is redone just below)
             ctx.prefix_lo = 0
@@ -328,15 +359,18 @@ class TextDiffusionPipeline:
             if ctx.prefix_done != lo:  # a new block: the prefix runs once; cached for its other steps
                 self._prefix_pass(ctx, x_in, lo)
                 prefix = _prefix_mask(B, N, lo + getattr(den, "logit_shift", 0), self.device)  # logits it wrote
-            want = ~done if want is None else want & ~done
+            wanted = ~done if wanted is None else wanted & ~done
+        if ctx.rows_done is not None and ctx.logits is not None:  # finished rows cost nothing
+            keep = ~ctx.rows_done[:, None]
+            wanted = keep.expand(B, N) if wanted is None else wanted & keep
         # a plan naming every position is a full step: the full path skips the gathers and scatters
         ctx.step_logits = None
         ctx.last_layer_sel = _NOT_RUN
-        if ctx.logits is None or want is None or bool(want.all()):
+        if ctx.logits is None or wanted is None or bool(wanted.all()):
             sel = ctx.step_sel = None
             h = ctx.h0 = den.embed(x_in)
         else:
-            sel = ctx.step_sel = Positions(want)
+            sel = ctx.step_sel = Positions(wanted)
             h = sel.scatter_(ctx.h0, den.embed(x_in, sel)) if sel.count else ctx.h0
         for layer in ctx.layers:
             h = accel.layer_output(run, layer, h)
@@ -505,47 +539,72 @@ class TextDiffusionPipeline:
     def _masked(self, ctx, accel, x, fixed, steps, temperature, block_size, gens, bar, prefix_cache=False):
         run = ctx.run
         B, N = x.shape
+        mask_id = ctx.den.mask_id
         block_size = block_size or N
-        blocks = [(s, min(s + block_size, N)) for s in range(0, N, block_size)]
-        per_block = [steps // len(blocks) + (1 if b < steps % len(blocks) else 0) for b in range(len(blocks))]
-        step = 0
+        nb = -(-N // block_size)
+        per_block = [steps // nb + (1 if b < steps % nb else 0) for b in range(nb)]
+        block_of = (torch.arange(N, device=x.device) // block_size)[None, :].expand(B, N)
+        # Each row walks the blocks on its own: it leaves a block when the block's steps are spent
+        # or, when a strategy chooses commits, as soon as nothing in it is masked. Without such a
+        # strategy every row commits on the same schedule, so the rows move in step.
+        early = accel.active and getattr(accel, "commits", False)
+        if prefix_cache and early:
+            raise ValueError("prefix_cache does not combine with a strategy that commits tokens early: rows would "
+                             "leave their blocks at different steps, and the prefix is one for the batch")
+        blk, spent = [0] * B, [0] * B
         banned = list(ctx.den.special_ids)
         cdfs = CdfCache((B, N, ctx.den.vocab_size), x.device) if accel.active and temperature > 0 else None
-        for (lo, hi), n_steps in zip(blocks, per_block):
-            ctx.prefix_lo = lo if prefix_cache else 0
-            for j in range(n_steps):
-                run.step = step
-                masked = x == ctx.den.mask_id
-                run.timestep = float(masked.float().mean())  # the current mask rate
-                t = torch.tensor(run.timestep * 1000.0, device=self.device) if ctx.den.time_conditioned else None
-                logits = self._step_model(ctx, accel, x, t)
-                cache = None
-                if cdfs is not None:  # hooked run: rows the step did not compute keep their CDF
-                    if logits is ctx.logits:
-                        cdfs.invalidate(None if ctx.head_sel is None else ctx.head_sel.flat)
-                        cache = cdfs
-                    else:  # a strategy's replacement logits: every row may have changed
-                        cdfs.invalidate(None)
-                in_block = torch.zeros_like(masked)
-                in_block[:, lo:hi] = True
-                candidates = masked & in_block
-                counts = candidates.sum(1).tolist()
-                if cache is not None:
-                    confs, choices = cache.draw(logits, candidates, banned, temperature, gens, counts)
-                else:
-                    confs = torch.zeros(B, N, device=x.device)
-                    choices = torch.zeros(B, N, dtype=torch.long, device=x.device)
-                    for r, n in enumerate(counts):
-                        if n:
-                            cand = candidates[r].nonzero().squeeze(1)
-                            rows = logits.rows(r, cand) if isinstance(logits, TopKLogits) else logits[r, cand]
-                            confs[r, cand], choices[r, cand] = draw(rows, banned, temperature, gens[r])
-                commit_most_confident_(x, candidates, confs, choices, [math.ceil(n / (n_steps - j)) for n in counts])
-                self._post(ctx, accel, x, logits, x == ctx.den.mask_id, fixed)
-                step += 1
-                bar.update(1)
-                if run.stop:  # a strategy ended the run: finalize fills what is still masked
-                    return x
+        for step in range(steps):
+            masked = x == mask_id
+            left = torch.zeros(B, nb, dtype=torch.long, device=x.device).scatter_add_(1, block_of, masked.long()).tolist()
+            for r in range(B):
+                while blk[r] < nb and (spent[r] >= per_block[blk[r]] or (early and not left[r][blk[r]])):
+                    blk[r], spent[r] = blk[r] + 1, 0
+            if early:
+                if all(b == nb for b in blk):
+                    break
+                done = torch.tensor([b == nb and not any(row) for b, row in zip(blk, left)], device=x.device)
+                ctx.rows_done = done if bool(done.any()) else None
+            if prefix_cache:  # without early commits every row is in the same block
+                ctx.prefix_lo = min(blk[0], nb - 1) * block_size
+            run.step = step
+            run.timestep = float(masked.float().mean())  # the current mask rate
+            t = torch.tensor(run.timestep * 1000.0, device=self.device) if ctx.den.time_conditioned else None
+            logits = self._step_model(ctx, accel, x, t)
+            cache = None
+            if cdfs is not None:  # hooked run: rows the step did not compute keep their CDF
+                if logits is ctx.logits:
+                    cdfs.invalidate(None if ctx.head_sel is None else ctx.head_sel.flat)
+                    cache = cdfs
+                else:  # a strategy's replacement logits: every row may have changed
+                    cdfs.invalidate(None)
+            candidates = masked & (block_of == torch.tensor(blk, device=x.device)[:, None])
+            counts = candidates.sum(1).tolist()
+            if cache is not None:
+                confs, choices = cache.draw(logits, candidates, banned, temperature, gens, counts)
+            else:
+                confs = torch.zeros(B, N, device=x.device)
+                choices = torch.zeros(B, N, dtype=torch.long, device=x.device)
+                for r, n in enumerate(counts):
+                    if n:
+                        cand = candidates[r].nonzero().squeeze(1)
+                        rows = logits.rows(r, cand) if isinstance(logits, TopKLogits) else logits[r, cand]
+                        confs[r, cand], choices[r, cand] = draw(rows, banned, temperature, gens[r])
+            steps_left = [per_block[b] - j if b < nb else 0 for b, j in zip(blk, spent)]
+            chosen = most_confident(candidates, confs, [math.ceil(n / s) if n else 0 for n, s in zip(counts, steps_left)])
+            if early:
+                computed = None if logits is not ctx.logits or ctx.head_sel is None else ctx.head_sel.mask()
+                extra = accel.commit(run, CommitProposal(candidates=candidates, tokens=choices, confidence=confs, scheduled=chosen,
+                                                         logits=logits, computed=computed, temperature=temperature,
+                                                         steps_left=steps_left))
+                if extra is not None:
+                    chosen = chosen | (extra.to(x.device) & candidates)
+            x[chosen] = choices[chosen]
+            spent = [j + 1 for j in spent]
+            self._post(ctx, accel, x, logits, x == mask_id, fixed)
+            bar.update(1)
+            if run.stop:  # a strategy ended the run: finalize fills what is still masked
+                return x
         return x
 
     # -- continuous (embedding-space) samplers --------------------------------------------------

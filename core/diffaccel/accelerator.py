@@ -46,6 +46,13 @@ class Accelerator:
         impls = reversed(self.hook.diffaccel_layer_output.get_hookimpls())  # now in call order
         self._layer_chain: list[LayerFn] = [_positional(i.function, i.argnames) for i in impls]
         self._output_chain = [i.function for i in reversed(self.hook.diffaccel_denoiser_output.get_hookimpls())]
+        self._commit_chain = [i.function for i in reversed(self.hook.diffaccel_commit.get_hookimpls())]
+
+    @property
+    def commits(self) -> bool:
+        """Whether a strategy chooses commits (``diffaccel_commit``): the masked sampler then lets
+        rows leave a finished block early."""
+        return bool(self._commit_chain)
 
     @property
     def active(self) -> bool:
@@ -95,6 +102,15 @@ class Accelerator:
             if replaced is not None:
                 output = replaced
         return output
+
+    def commit(self, run: RunState, proposal: Any) -> Any:
+        """The union of the strategies' commit masks ((B, N) bool), or None when none chose."""
+        chosen = None
+        for fn in self._commit_chain:
+            mask = fn(run=run, proposal=proposal)
+            if mask is not None:
+                chosen = mask if chosen is None else chosen | mask
+        return chosen
 
     def post_step(self, run: RunState, output: Any) -> None:
         if self.strategies:

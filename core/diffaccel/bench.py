@@ -69,6 +69,9 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
     entries += [(entry_name(c), build_strategies(c, registry, info)) for c in configs if c.strategies]
     peers = _peer_entries(configs, adapter, {name for name, _ in entries})
     entries += [(name, []) for name in peers]
+    # a peer may run another config than the baseline's (the text adapter's ``steps`` peer)
+    peer_run = getattr(adapter, "peer_run_config", None)
+    peer_configs = {name: peer_run(base, p.config) for name, p in peers.items()} if peer_run else {}
     seed_list = [base.model.seed + k * base.model.batch for k in range(seeds)]
 
     adapter.run(pipe, base, seed_list[0], progress=False)  # warm-up, untimed
@@ -83,9 +86,10 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
             k += 1
             for name, strategies in order:
                 peer = peers.get(name)
+                run_cfg = peer_configs.get(name, base)
                 with (adapter.peer_context(pipe, peer.config) if peer else apply(pipe, strategies=strategies)):
                     t0 = time.perf_counter()
-                    out = adapter.run(pipe, base, seed, progress=False)
+                    out = adapter.run(pipe, run_cfg, seed, progress=False)
                     times[name].append(time.perf_counter() - t0)
                 if rep == 0:
                     outputs[name].append(out)

@@ -245,6 +245,7 @@ def parse_config(data: dict[str, Any], source: str = "<config>", registry=None) 
         params = {k: v for k, v in table.items() if k != "use"}
         entries.append(StrategyEntry(name=name, index=i, config=structure(spec.config, params, where)))
     peers = _parse_peers(data.get("peer", []), adapter, source)
+    _check_peers(model, options, peers, source)
     return RunConfig(model=model, options=options, strategies=tuple(entries), source=source, peers=peers)
 
 
@@ -269,3 +270,12 @@ def _parse_peers(raw: Any, adapter: str, source: str) -> tuple[PeerEntry, ...]:
         params = {k: v for k, v in table.items() if k != "use"}
         peers.append(PeerEntry(name=name, index=i, config=structure(offered[name], params, f"{where} ({name})")))
     return tuple(peers)
+
+
+def _check_peers(model: ModelConfig, options: Any, peers: tuple[PeerEntry, ...], source: str) -> None:
+    """The adapter's checks of peers against the [model] table (``check_peers``), if it has any."""
+    from .adapters_registry import get_adapter
+
+    check = getattr(get_adapter(model.adapter), "check_peers", None) if peers else None
+    if check is not None:
+        check(model, options, peers, source)

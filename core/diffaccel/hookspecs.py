@@ -131,6 +131,24 @@ def diffaccel_denoiser_output(run: "RunState", output: Any) -> Any:
 
 
 @hookspec
+def diffaccel_commit(run: "RunState", proposal: Any) -> Any:
+    """Called by the masked sampler at each step, after the draws: which positions to commit
+    beyond the schedule.
+
+    ``proposal`` (text: a ``CommitProposal``) holds the step's ``candidates`` (B, N) bool (masked
+    positions of each row's current semi-autoregressive block), the drawn ``tokens`` and their
+    ``confidence`` (B, N), the logits the sampler drew from, and ``scheduled`` (B, N) bool: what
+    the sampler commits on its own (each row's most confident, as many as its step schedule
+    says). Return a (B, N) bool mask of positions to commit, or None.
+
+    Merge rule: the sampler commits the union (OR) of ``scheduled`` and every strategy's answer,
+    within the candidates. A strategy can add commits, never withhold the schedule's, so a run
+    never takes more steps than configured; a row whose block is committed moves to its next
+    block at once, and a row with nothing left masked is no longer computed.
+    """
+
+
+@hookspec
 def diffaccel_post_step(run: "RunState", output: Any) -> None:
     """Called after each step with what it produced, every strategy in config order.
 

@@ -1,0 +1,143 @@
+"""Sweep the parallel rules' knobs against the baseline and the fewer-steps line; draw the Pareto plot.
+
+    OMP_NUM_THREADS=1 flock /tmp/diffaccel-bench.lock \
+        python plugins/parallel/sweep.py configs/text-default.toml --seed 5000 --seeds 6 \
+        --factor 1.5,2.5,4 --tau 0.8,0.6,0.4 --gamma 1,3 --steps 64,43,32,24 \
+        --out plugins/parallel/figures/pareto-b1.png
+
+Each knob value becomes one bench entry (a config in a temporary folder with the baseline's
+[model], ``--seed`` replacing its seed so the sweep runs on held-out seeds, the tables of
+``--compose`` configs first, then one ``[[strategy]] use = "parallel"`` table); each ``--steps``
+value becomes a ``steps`` peer. Every entry runs on the same seeds, interleaved with the
+baseline (``diffaccel bench``), so the speedups are wall-clock ratios taken in one run. The plot
+shows speedup against perplexity (the bench's ``gen_ppl`` when it reports one, else the trigram
+``perplexity``; ``--metric`` chooses) and against distinct-2, each rule as its own marker and the
+steps peers as a line. The bench's JSON is written beside the PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from diffaccel.bench import format_table, run_bench
+from diffaccel.config import read_toml
+
+RULE_KNOB = {"factor": "factor", "threshold": "tau", "entropy": "gamma"}
+
+
+def _values(text: str) -> list[float]:
+    return [float(v) for v in text.split(",") if v.strip()]
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return f'"{v}"'
+    if isinstance(v, list):
+        return "[" + ", ".join(map(_toml_value, v)) + "]"
+    return repr(v)
+
+
+def _tables(data: dict, seed: int | None) -> str:
+    model = dict(data["model"])
+    if seed is not None:
+        model["seed"] = seed
+    return "[model]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in model.items())
+
+
+def _strategy_tables(path: str) -> str:
+    out = ""
+    for t in read_toml(path).get("strategy", []):
+        out += "[[strategy]]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in t.items())
+    return out
+
+
+def write_configs(folder: Path, args) -> list[str]:
+    base = read_toml(args.baseline)
+    model = _tables(base, args.seed)
+    composed = "".join(_strategy_tables(p) for p in args.compose)
+    paths = [folder / "baseline-model.toml"]
+    peers = "".join(f"[[peer]]\nuse = \"steps\"\nsteps = {int(n)}\n" for n in _values(args.steps))
+    paths[0].write_text(model + peers)
+    for rule, knob in RULE_KNOB.items():
+        for v in _values(getattr(args, knob)):
+            p = folder / f"{rule}-{knob}{v:g}.toml"
+            p.write_text(model + composed + f'[[strategy]]\nuse = "parallel"\nrule = "{rule}"\nscale = "{args.scale}"\n{knob} = {v!r}\n')
+            paths.append(p)
+    return [str(p) for p in paths]
+
+
+def plot(result: dict, path: Path, metric: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    entries = result["entries"]
+    base = next(e for e in entries if e["name"] == "baseline")
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), dpi=80)
+    for ax, key, label in ((axes[0], metric, metric.replace("_", " ")), (axes[1], "distinct_2", "distinct-2")):
+        steps = sorted((e for e in entries if e.get("peer")), key=lambda e: e["speedup"])
+        ax.plot([1.0] + [e["speedup"] for e in steps], [base["quality"][key]] + [e["quality"][key] for e in steps],
+                "k--o", ms=4, label="steps-N (fewer steps)")
+        for e in steps:
+            ax.annotate(e["name"].removeprefix("steps-"), (e["speedup"], e["quality"][key]), fontsize=7, xytext=(3, 3),
+                        textcoords="offset points")
+        for rule, marker in (("factor", "s"), ("threshold", "^"), ("entropy", "D")):
+            pts = sorted((e for e in entries if e["name"].startswith(rule + "-")), key=lambda e: e["speedup"])
+            if pts:
+                ax.plot([e["speedup"] for e in pts], [e["quality"][key] for e in pts], marker=marker, ls="-", ms=5, label=rule)
+                for e in pts:
+                    ax.annotate(e["name"].split("-", 1)[1], (e["speedup"], e["quality"][key]), fontsize=7,
+                                xytext=(3, -9), textcoords="offset points")
+        ax.plot([1.0], [base["quality"][key]], "k*", ms=10, label="baseline")
+        if key == metric:
+            ax.axhline(base["quality"][key] * 1.05, color="grey", lw=0.8, ls=":", label="+5%")
+        else:
+            ax.axhline(base["quality"][key] * 0.95, color="grey", lw=0.8, ls=":", label="-5%")
+        ax.set_xlabel("speedup (x, wall clock)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    m = result["model"]
+    fig.suptitle(f"parallel on {m['checkpoint']}, batch {m['batch']}, seeds {result['seeds'][0]}..{result['seeds'][-1]}", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("baseline", help="config whose [model] every entry shares (its strategies are ignored)")
+    ap.add_argument("--seed", type=int, default=None, help="replaces [model] seed: held-out seeds for the sweep")
+    ap.add_argument("--seeds", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=None, help="rows per call in every entry")
+    ap.add_argument("--factor", default="1.5,2.5,4", help="factor rule values, comma-separated ('' for none)")
+    ap.add_argument("--tau", default="0.8,0.6,0.4", help="threshold rule values")
+    ap.add_argument("--gamma", default="1,3", help="entropy rule values (nats)")
+    ap.add_argument("--scale", default="ratio", choices=("ratio", "prob"))
+    ap.add_argument("--steps", default="64,43,32,24", help="steps peers (the fewer-steps line)")
+    ap.add_argument("--compose", action="append", default=[], help="a config whose [[strategy]] tables go before parallel's")
+    ap.add_argument("--metric", default=None, help="quality key on the plot's left panel (default: gen_ppl if reported, else perplexity)")
+    ap.add_argument("--out", required=True, help="PNG path; the bench JSON goes beside it")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = write_configs(Path(tmp), args)
+        result = run_bench(paths, seeds=args.seeds, batch=args.batch, noise_floor=False)
+    out = Path(args.out)
+    metric = args.metric or ("gen_ppl" if "gen_ppl" in result["entries"][0]["quality"] else "perplexity")
+    out.with_suffix(".json").write_text(json.dumps(result, indent=2, default=float))
+    plot(result, out, metric)
+    print(format_table(result))
+    print(f"wrote {out} and {out.with_suffix('.json')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
