@@ -324,3 +324,17 @@ def test_real_judge_prefers_real_glosses_to_shuffled_words():
         k += n
     real_ppl, shuffled_ppl = judge.score(real).perplexity(), judge.score(shuffled).perplexity()
     assert real_ppl * 4 < shuffled_ppl
+
+
+def test_fluency_prints_gen_ppl_beside_the_trigram(tiny, tmp_path, capsys):
+    folder, judge = tiny
+    cfg = tmp_path / "f.toml"
+    cfg.write_text('[model]\nadapter = "text"\ncheckpoint = "wordnet-masked"\nlength = 16\nsteps = 4\n')
+    assert main(["fluency", str(cfg), "--seeds", "1", "--judge", str(folder)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].split()[-1] == "gen_ppl"
+    from diffaccel.adapters.text.judge import judge_lines
+    from diffaccel.adapters.text.metrics import reference_lines
+
+    held_out = next(line for line in out if line.startswith("held-out text"))
+    assert float(held_out.split()[-1]) == pytest.approx(judge.score(judge_lines(reference_lines()[:400])).perplexity(), rel=1e-3)

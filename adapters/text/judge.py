@@ -156,13 +156,21 @@ def _from_folder(folder: str | Path, name: str, gguf_file: str | None = None):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    kw: dict[str, Any] = {"gguf_file": gguf_file} if gguf_file else {}
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), **kw)
-    if gguf_file:  # unpacked to plain fp32 Linear layers, which save_pretrained then writes as such
-        from transformers import GgufConfig
+    from transformers.utils import logging as hf_logging
 
-        kw["quantization_config"] = GgufConfig(dequantize=True)
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, **kw)
+    kw: dict[str, Any] = {"gguf_file": gguf_file} if gguf_file else {}
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # the bench prints a table, not transformers' loading bars
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), **kw)
+        if gguf_file:  # unpacked to plain fp32 Linear layers, which save_pretrained then writes as such
+            from transformers import GgufConfig
+
+            kw["quantization_config"] = GgufConfig(dequantize=True)
+        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32, **kw)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     return model, tokenizer
 
 

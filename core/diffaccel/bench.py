@@ -64,12 +64,13 @@ def with_seed(config: RunConfig, seed: int) -> RunConfig:
 def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: str | None = None,
               noise_floor: bool = True, progress: bool = True, registry: Registry | None = None,
               plot_dir: str | None = None, batch: int | None = None, seed: int | None = None,
-              judge: str | None = None) -> dict[str, Any]:
+              judge: str | None = None, judge_noise: bool | None = None) -> dict[str, Any]:
     """``batch`` overrides every config's ``[model] batch`` (rows per call; seed k of the bench
     starts at ``seed + k * batch``, so no row is generated twice); ``seed`` their first seed.
     ``judge``: a judge the adapter's ``load_judge`` knows (text: 'smollm2', a causal LM folder or
     hub id), loaded before any sampling; "default": the adapter's default judge, if it loads (if
-    not, a note in the result); None or "none": no judge."""
+    not, a note in the result); None or "none": no judge. ``judge_noise`` (default: as
+    ``noise_floor``): also score the baseline on as many seeds again for ``gen_ppl_noise``."""
     wall0 = time.perf_counter()
     registry = registry or Registry()
     configs = load_bench_configs(paths, registry)
@@ -138,7 +139,7 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
                     s.bench_plot(reports, Path(plot_dir) / f"{name}-{s.name}.png")
     _strategy_quality(result, entries, outputs, seed_list)
     if judge_obj is not None:
-        _judge_quality(result, adapter, judge_obj, pipe, base, outputs, noise_floor)
+        _judge_quality(result, adapter, judge_obj, pipe, base, outputs, noise_floor if judge_noise is None else judge_noise)
     if judge_info:
         result["judge"] = {**judge_info, **result.get("judge", {})}
     result["wall_s"] = time.perf_counter() - wall0
@@ -186,12 +187,12 @@ def _load_judge(adapter: Any, spec: str | None) -> tuple[Any, dict[str, Any]]:
 
 
 def _judge_quality(result: dict[str, Any], adapter: Any, judge: Any, pipe: Any, base: RunConfig,
-                   outputs: dict[str, list[Any]], noise_floor: bool) -> None:
-    """``gen_ppl`` of every entry, scored in one batched call; with ``noise_floor``, the baseline
-    also runs (untimed) on as many seeds again, disjoint from the bench's, for ``gen_ppl_noise``."""
+                   outputs: dict[str, list[Any]], noise: bool) -> None:
+    """``gen_ppl`` of every entry, scored in one batched call; with ``noise``, the baseline also
+    runs (untimed) on as many seeds again, disjoint from the bench's, for ``gen_ppl_noise``."""
     groups = {name: adapter.judge_lines(outs) for name, outs in outputs.items()}
     info: dict[str, Any] = {}
-    if noise_floor:
+    if noise:
         n, b = len(result["seeds"]), base.model.batch
         info["noise_seeds"] = [base.model.seed + k * b for k in range(n, 2 * n)]
         t0 = time.perf_counter()

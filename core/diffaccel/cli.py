@@ -133,6 +133,7 @@ def _parser() -> argparse.ArgumentParser:
     f = cmd("fluency", "fluency of a model's samples beside reference texts")
     f.add_argument("config")
     f.add_argument("--seeds", type=int, default=4)
+    f.add_argument("--judge", default="default", metavar="NAME_OR_PATH", help="as bench's --judge: gen_ppl's language model, or none")
     return p
 
 

@@ -10,7 +10,7 @@ import time
 from .accelerator import Accelerator
 from .adapters_registry import get_adapter
 from .config import load_config
-from .errors import ConfigError
+from .errors import ConfigError, DiffaccelError
 from .plugins import Registry
 
 
@@ -153,11 +153,20 @@ def fluency(args) -> int:
     import torch
 
     from diffaccel.adapters.text import metrics
+    from diffaccel.adapters.text.judge import judge_lines
 
     cfg, adapter, pipe = _load(args.config)
     if cfg.model.adapter != "text":
         raise ConfigError(f"{cfg.source}: [model] key 'adapter': fluency is measured on text models")
     cfg = cfg.without_strategies()
+    judge, note = None, ""
+    if getattr(args, "judge", "none") != "none":
+        try:
+            judge = adapter.load_judge(None if args.judge == "default" else args.judge)
+        except DiffaccelError as exc:
+            if args.judge != "default":
+                raise
+            note = f"gen_ppl: not reported: {exc}"
     texts = []
     for k in range(args.seeds):
         texts += adapter.run(pipe, cfg, cfg.model.seed + k * cfg.model.batch, progress=False).texts
@@ -172,11 +181,15 @@ def fluency(args) -> int:
         ("unigram sampler", [metrics.unigram_sample(max(1, n_words // len(texts)), s) for s in range(len(texts))]),
         ("random tokens", random_texts),
     ]
-    print(f"{cfg.model.checkpoint}: trigram Kneser-Ney perplexity (fitted on held-out WordNet text), {len(texts)} samples")
-    print(f"{'text':<16} {'perplexity':>11} {'distinct-1':>11} {'distinct-2':>11}")
+    print(f"{cfg.model.checkpoint}: trigram Kneser-Ney perplexity (fitted on held-out WordNet text), {len(texts)} samples"
+          + (f"; gen_ppl under {judge.name}" if judge else ""))
+    print(f"{'text':<16} {'perplexity':>11} {'distinct-1':>11} {'distinct-2':>11}" + (f" {'gen_ppl':>9}" if judge else ""))
     for name, t in rows:
         q = metrics.text_quality(t)
-        print(f"{name:<16} {q['perplexity']:>11.1f} {q['distinct_1']:>11.3f} {q['distinct_2']:>11.3f}")
+        gen = f" {judge.score(judge_lines(t)).perplexity():>9.1f}" if judge else ""
+        print(f"{name:<16} {q['perplexity']:>11.1f} {q['distinct_1']:>11.3f} {q['distinct_2']:>11.3f}{gen}")
+    if note:
+        print(note)
     return 0
 
 

@@ -75,8 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="also write the table to this markdown file")
     ap.add_argument("--seed", type=int, help="first seed of every entry (bench's --seed), e.g. 100000 for tuning")
     ap.add_argument("--judge", default="default", help="bench's --judge: gen_ppl's language model ('none': no gen_ppl)")
-    ap.add_argument("--no-noise-floor", action="store_true", help="skip the noise-floor runs (agreement and gen_ppl_noise)")
+    ap.add_argument("--no-noise-floor", action="store_true", help="skip the agreement noise-floor runs (gen_ppl_noise still runs)")
     ap.add_argument("--fewer-steps", default="", help="comma-separated step counts of the baseline, e.g. 64,43,32")
+    ap.add_argument("--fewer-steps-seeds", type=int, help="seeds of the fewer-steps pass (default: --seeds)")
+    ap.add_argument("--json", help="also write the bench's result (not the fewer-steps pass) as JSON")
     ap.add_argument("--only-configs", action="store_true", help="no (tau, K, R) entries: bench the --config files only")
     args = ap.parse_args(argv)
 
@@ -90,14 +92,16 @@ def main(argv: list[str] | None = None) -> int:
             p.write_text(f'{model}\n[[strategy]]\nuse = "swd"\ntau = {tau!r}\nK = {K}\nR = {R}\n{args.extra}\n')
             paths.append(str(p))
         result = run_bench(paths + args.config, seeds=args.seeds, progress=sys.stderr.isatty(), plot_dir=args.plots,
-                           batch=args.batch, seed=args.seed, judge=args.judge, noise_floor=not args.no_noise_floor)
+                           batch=args.batch, seed=args.seed, judge=args.judge, noise_floor=not args.no_noise_floor,
+                           judge_noise=True, json_path=args.json)
     entries = result["entries"]
     base_q = entries[0]["quality"]
     judged = "gen_ppl" in base_q
     noise = f"; agreement noise floor {base_q['agreement_noise_floor']:.3f}" if "agreement_noise_floor" in base_q else ""
     if "gen_ppl_noise" in base_q:
         noise += f"; gen_ppl of the baseline on other seeds {result['judge']['noise_seeds']}: {base_q['gen_ppl_noise']:.1f} ({base_q['gen_ppl_noise'] / base_q['gen_ppl'] - 1:+.1%})"
-    judge = f"; gen_ppl judge {result['judge']['name']}" if judged else ""
+    judge = (f"; gen_ppl judge {result['judge']['name']} (loading and scoring: {result['judge']['share_of_wall']:.0%} of the bench's wall time)"
+             if judged else "")
     lines = [f"{result['model']['checkpoint']}, {result['model']['steps']} steps, batch {result['model'].get('batch', 1)}, seeds {result['seeds']}, "
              f"interleaved{judge}{noise}", "",
              "| tau | K | R | computed | speedup | perplexity (vs baseline) |" + (" gen_ppl (vs baseline) |" if judged else "")
@@ -105,9 +109,10 @@ def main(argv: list[str] | None = None) -> int:
              "| ---: | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if judged else "") + " ---: | ---: |"]
     rows = [(label, e) for label, e in zip([(f"{tau:g}", str(K), str(R)) for tau, K, R in combos]
                                            + [(f"`{Path(c).name}`", "", "") for c in args.config], entries[1:])]
-    if args.fewer_steps:
-        rows += fewer_steps(args.baseline, _values(args.fewer_steps, int), args)
     lines += [_row(("baseline", "", ""), entries[0], base_q, judged)] + [_row(label, e, base_q, judged) for label, e in rows]
+    if args.fewer_steps:
+        pass_base, steps_rows = fewer_steps(args.baseline, _values(args.fewer_steps, int), args)
+        lines += [_row(label, e, pass_base["quality"], judged) for label, e in [(("baseline, fewer-steps pass", "", ""), pass_base), *steps_rows]]
     table = "\n".join(lines)
     print(table)
     if args.out:
@@ -125,9 +130,10 @@ def _row(label: tuple[str, str, str], e: dict, base_q: dict, judged: bool) -> st
     return "| " + " | ".join(cells) + " |"
 
 
-def fewer_steps(baseline: str, steps: list[int], args) -> list[tuple[tuple[str, str, str], dict]]:
+def fewer_steps(baseline: str, steps: list[int], args) -> tuple[dict, list[tuple[tuple[str, str, str], dict]]]:
     """The baseline with fewer steps, each timed interleaved with the full baseline on the bench's
-    seeds (a second pass: the speedups are ratios within it)."""
+    first seeds (a second pass: speedups and quality are relative to this pass's baseline, which
+    it returns beside the rows)."""
     from diffaccel.adapters_registry import get_adapter
 
     cfg = load_config(baseline).without_strategies()
@@ -139,7 +145,7 @@ def fewer_steps(baseline: str, steps: list[int], args) -> list[tuple[tuple[str, 
     judge = None if args.judge == "none" else adapter.load_judge(None if args.judge == "default" else args.judge)
     pipe = adapter.load(cfg)
     variants = [cfg] + [attrs.evolve(cfg, model=attrs.evolve(cfg.model, steps=s)) for s in steps]
-    seeds = [cfg.model.seed + k * cfg.model.batch for k in range(args.seeds)]
+    seeds = [cfg.model.seed + k * cfg.model.batch for k in range(args.fewer_steps_seeds or args.seeds)]
     adapter.run(pipe, cfg, seeds[0], progress=False)  # warm-up
     times, outs = [0.0] * len(variants), [[] for _ in variants]
     for k, seed in enumerate(seeds):
@@ -148,14 +154,13 @@ def fewer_steps(baseline: str, steps: list[int], args) -> list[tuple[tuple[str, 
             outs[i].append(adapter.run(pipe, variants[i], seed, progress=False))
             times[i] += time.perf_counter() - t0
     rows = []
-    for i, s in enumerate(steps, start=1):
-        # the baseline is deterministic per seed: outs[0] are the bench's baseline samples, so the
-        # table's baseline row is this pass's too (only the timing is this pass's own)
+    for i, s in enumerate([cfg.model.steps, *steps]):
         q = adapter.quality(outs[0], outs[i])
         if judge is not None:
             q["gen_ppl"] = judge.score(adapter.judge_lines(outs[i])).perplexity()
         rows.append(((f"steps = {s}", "", ""), {"speedup": times[0] / times[i], "fraction_computed": None, "quality": q}))
-    return rows
+    rows[0][1]["fraction_computed"] = 1.0
+    return rows[0][1], rows[1:]
 
 
 if __name__ == "__main__":
