@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, help="first seed of every entry (bench's --seed), e.g. 100000 for tuning")
     ap.add_argument("--judge", default="default", help="bench's --judge: gen_ppl's language model ('none': no gen_ppl)")
     ap.add_argument("--no-noise-floor", action="store_true", help="skip the agreement noise-floor runs (gen_ppl_noise still runs)")
+    ap.add_argument("--no-judge-noise", action="store_true", help="skip gen_ppl_noise (the baseline on as many other seeds)")
     ap.add_argument("--fewer-steps", default="", help="comma-separated step counts of the baseline, e.g. 64,43,32")
     ap.add_argument("--fewer-steps-seeds", type=int, help="seeds of the fewer-steps pass (default: --seeds)")
     ap.add_argument("--json", help="also write the bench's result (not the fewer-steps pass) as JSON")
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             paths.append(str(p))
         result = run_bench(paths + args.config, seeds=args.seeds, progress=sys.stderr.isatty(), plot_dir=args.plots,
                            batch=args.batch, seed=args.seed, judge=args.judge, noise_floor=not args.no_noise_floor,
-                           judge_noise=True, json_path=args.json)
+                           judge_noise=not args.no_judge_noise, json_path=args.json)
     entries = result["entries"]
     base_q = entries[0]["quality"]
     judged = "gen_ppl" in base_q
