@@ -1,13 +1,14 @@
 # make demo   : set up .venv (torch CPU, diffaccel, every plugin) and run the default models
 # make test   : same set-up, then every test suite (core and plugins)
 # make test-plugin PLUGIN=topk : one plugin's tests
+# make docs   : regenerate docs/writing-a-plugin.md (tests/test_docs.py checks it is up to date)
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 PLUGIN_DIRS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml))
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup demo test test-core test-plugin bench-overhead bench-partial fluency train-text clean
+.PHONY: setup demo test test-core test-plugin docs bench-overhead bench-partial fluency train-text clean
 
 $(VENV)/.installed: pyproject.toml $(addsuffix /pyproject.toml,$(PLUGIN_DIRS))
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -42,6 +43,10 @@ test-core: setup
 
 test-plugin: setup
 	$(BIN)/python -m pytest plugins/$(PLUGIN)/tests -q
+
+# docs/writing-a-plugin.md from its template, the hookspecs, the capabilities and the adapters
+docs: setup
+	$(BIN)/python docs/generate.py
 
 bench-overhead: setup
 	$(BIN)/diffaccel overhead configs/text-default.toml

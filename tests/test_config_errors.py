@@ -29,7 +29,7 @@ class DemoStrategy:
 class DemoPlugin:
     @hookimpl
     def diffaccel_register(self, register):
-        register(Strategy(name="demo", config=DemoConfig, factory=DemoStrategy, adapters=("text",)))
+        register(Strategy(name="demo", config=DemoConfig, factory=DemoStrategy, requires=("token-positions",)))
 
 
 @pytest.fixture
@@ -63,14 +63,14 @@ CASES = [
     ("strategy-type", GOOD_MODEL + '[[strategy]]\nuse = "demo"\nwindow = "wide"\n', "[[strategy]] #1 (demo): key 'window': expected an integer, got 'wide'"),
     ("strategy-bool-for-int", GOOD_MODEL + '[[strategy]]\nuse = "demo"\nwindow = true\n', "key 'window': expected an integer, got True"),
     ("strategy-twice", GOOD_MODEL + '[[strategy]]\nuse = "demo"\n[[strategy]]\nuse = "demo"\n', "[[strategy]] #2 (demo): strategy 'demo' is listed twice"),
-    ("strategy-adapter", '[model]\nadapter = "text"\n[[strategy]]\nuse = "imgonly"\n', "strategy 'imgonly' does not support adapter 'text'; it supports: unet"),
+    ("strategy-adapter", '[model]\nadapter = "text"\n[[strategy]]\nuse = "imgonly"\n', "strategy 'imgonly' requires capability 'block-stack', which adapter 'text' does not declare; it declares: mask-confidences, pinned-tokens, token-logits, token-positions"),
 ]
 
 
 @pytest.mark.parametrize("name,text,expected", CASES, ids=[c[0] for c in CASES])
 def test_malformed_config_message(tmp_path, registry, name, text, expected):
     if name == "strategy-adapter":
-        registry.strategies["imgonly"] = Strategy(name="imgonly", config=DemoConfig, factory=DemoStrategy, adapters=("unet",), plugin="x")
+        registry.strategies["imgonly"] = Strategy(name="imgonly", config=DemoConfig, factory=DemoStrategy, requires=("block-stack",), plugin="x")
     path = tmp_path / f"{name}.toml"
     path.write_text(text)
     with pytest.raises(ConfigError) as info:
@@ -82,7 +82,7 @@ def test_malformed_config_message(tmp_path, registry, name, text, expected):
 
 
 def test_messages_are_distinct(tmp_path, registry):
-    registry.strategies["imgonly"] = Strategy(name="imgonly", config=DemoConfig, factory=DemoStrategy, adapters=("unet",), plugin="x")
+    registry.strategies["imgonly"] = Strategy(name="imgonly", config=DemoConfig, factory=DemoStrategy, requires=("block-stack",), plugin="x")
     seen = set()
     for name, text, _ in CASES:
         path = tmp_path / "c.toml"

@@ -39,7 +39,7 @@ class Echo:
 
 @diffaccel.hookimpl
 def diffaccel_register(register):
-    register(diffaccel.Strategy(name="echo", config=EchoConfig, factory=Echo, adapters=("text",),
+    register(diffaccel.Strategy(name="echo", config=EchoConfig, factory=Echo, requires=(diffaccel.capabilities.TOKEN_POSITIONS,),
                                 description="throwaway test strategy"))
 '''
 
@@ -91,10 +91,12 @@ def _run(site, *args, env_extra=None, code=None):
 def test_installed_plugin_is_listed(site):
     proc = _run(site, "plugins", "--json")
     assert proc.returncode == 0, proc.stderr
-    rows = {r["name"]: r for r in json.loads(proc.stdout)}
+    listing = json.loads(proc.stdout)
+    rows = {r["name"]: r for r in listing["strategies"]}
     echo = rows["echo"]
     assert echo["distribution"] == "diffaccel-echo-test" and echo["version"] == "9.8.7"
-    assert echo["adapters"] == ["text"]
+    assert echo["requires"] == ["token-positions"]
+    assert {a["name"]: a["distribution"] for a in listing["adapters"]} == {"text": "diffaccel", "unet": "diffaccel"}
     assert echo["fields"] == [{"name": "every", "default": 2, "doc": "Skip the last layer except every n-th step."}]
     text = _run(site, "plugins").stdout
     assert "echo  (diffaccel-echo-test 9.8.7" in text and "every = 2" in text
@@ -114,9 +116,9 @@ def test_block_and_allow_lists(site, tmp_path):
     blocked = _run(site, "check", str(cfg), env_extra={"DIFFACCEL_BLOCK_PLUGINS": "echo"})
     assert blocked.returncode == 2 and "unknown strategy 'echo'" in blocked.stderr
     none = _run(site, "plugins", "--json", env_extra={"DIFFACCEL_PLUGINS": ""})
-    assert "echo" not in {r["name"] for r in json.loads(none.stdout)}
+    assert "echo" not in {r["name"] for r in json.loads(none.stdout)["strategies"]}
     allowed = _run(site, "plugins", "--json", env_extra={"DIFFACCEL_PLUGINS": "echo"})
-    assert [r["name"] for r in json.loads(allowed.stdout)] == ["echo"]
+    assert [r["name"] for r in json.loads(allowed.stdout)["strategies"]] == ["echo"]
 
 
 def test_bad_plugin_value_is_a_config_error(site, tmp_path):

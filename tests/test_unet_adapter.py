@@ -129,8 +129,8 @@ class CacheOddSteps:
         self.shared = shared  # True: ignore the guidance branch (wrong on purpose)
         self.global_cache: dict = {}
 
-    @staticmethod
-    def new_state(run):
+    @hookimpl
+    def diffaccel_new_state(self, run):
         return {}
 
     @hookimpl
@@ -310,7 +310,8 @@ class CacheModules(CacheOddSteps):
     name = "cache-modules"
     seen: list
 
-    def hooked_modules(self, available):
+    @hookimpl
+    def diffaccel_hooked_modules(self, available):
         self.available = list(available)
         return sorted(self.blocks)
 
@@ -348,7 +349,7 @@ def test_inner_modules_are_listed_and_hooked_only_on_request():
 
 def test_asking_for_a_module_the_unet_lacks_is_a_clear_error():
     pipe = tiny_sd()
-    with pytest.raises(ConfigError, match="asks for UNet module 'mid_block.resnets.9'.*it has: down_blocks.0.resnets.0"):
+    with pytest.raises(ConfigError, match="asks for inner module 'mid_block.resnets.9'.*it has: down_blocks.0.resnets.0"):
         with diffaccel.apply(pipe, strategies=[CacheModules(["mid_block.resnets.9"])]):
             pass
     assert no_instance_patches(pipe)

@@ -8,10 +8,11 @@ from typing import Any
 
 import attrs
 
-from diffaccel.errors import ConfigError
+from diffaccel.capabilities import MASK_CONFIDENCES, PINNED_TOKENS, TOKEN_LOGITS, TOKEN_POSITIONS
+from diffaccel.errors import ConfigError, DiffaccelError
 from diffaccel.validators import in_range, one_of, positive
 
-from .pipeline import SAMPLERS, TextDiffusionPipeline, TextOutput
+from .pipeline import SAMPLERS, TextDiffusionPipeline, TextLayer, TextOutput, run_capabilities
 
 #: Standard deviation of the logit perturbation whose effect is the agreement noise floor.
 NOISE_FLOOR_STD = 1e-4
@@ -34,8 +35,15 @@ class TextOptions:
 
 
 class TextAdapter:
+    """The ``text`` adapter (entry point ``diffaccel.adapters: text``): ``TextDiffusionPipeline``
+    over the shipped reference models and BERT-family masked LMs."""
+
     name = "text"
     Options = TextOptions
+    capabilities = frozenset({TOKEN_POSITIONS, MASK_CONFIDENCES, TOKEN_LOGITS, PINNED_TOKENS})
+    """``mask-confidences`` only on runs of the masked sampler (``run.capabilities`` says)."""
+    PEERS: dict[str, type] = {}
+    layer_types = (TextLayer,)
 
     @staticmethod
     def accepts(pipe: Any) -> bool:
@@ -55,7 +63,8 @@ class TextAdapter:
         return {"adapter": "text", "vocab_size": den.vocab_size, "n_layers": den.n_layers, "kind": den.kind,
                 "max_len": den.max_len, "time_conditioned": den.time_conditioned,
                 "layers": [f"block.{i}" for i in range(den.n_layers)],
-                "cond_dim": den.cond_dim, "tokenizer": pipe.tokenizer}
+                "cond_dim": den.cond_dim, "tokenizer": pipe.tokenizer,
+                "capabilities": sorted(run_capabilities("masked" if den.kind == "masked" else "hybrid"))}
 
     @staticmethod
     def load(config) -> TextDiffusionPipeline:
@@ -122,3 +131,25 @@ class TextAdapter:
             q["agreement_noise_floor"] = sum(
                 agreement(b.tokens, r.tokens, b.prompt_lengths) for b, r in zip(baseline, references)) / len(references)
         return q
+
+    # -- bench peers: none for text models ----------------------------------------------------------
+    @staticmethod
+    def peer_name(entry) -> str:
+        return entry.name
+
+    @staticmethod
+    def peer_context(pipe, peer):
+        raise DiffaccelError("the text adapter offers no [[peer]] accelerators")
+
+    # -- what `diffaccel partial` and `diffaccel fluency` need (optional protocols) ---------------------
+    @staticmethod
+    def time_partial_steps(pipe, config, fractions, repeats):
+        from .measure import time_partial_steps
+
+        return time_partial_steps(pipe, config, fractions, repeats)
+
+    @staticmethod
+    def fluency_rows(pipe, config, seeds, judge=None):
+        from .measure import fluency_rows
+
+        return fluency_rows(pipe, config, seeds, judge=judge)

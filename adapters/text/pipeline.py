@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from diffaccel.capabilities import MASK_CONFIDENCES, PINNED_TOKENS, TOKEN_LOGITS, TOKEN_POSITIONS
 from diffaccel.state import Layer, RunState
 
 from .logits import CdfCache, TopKLogits, clean_estimate, draw, most_probable
@@ -34,6 +35,14 @@ from .model import KVCache
 from .positions import Positions
 
 SAMPLERS = ("masked", "ddim", "ddpm", "hybrid")
+
+
+def run_capabilities(sampler: str) -> frozenset[str]:
+    """What a run of ``sampler`` offers strategies: masked confidences with the masked sampler only."""
+    caps = {TOKEN_POSITIONS, TOKEN_LOGITS, PINNED_TOKENS}
+    if sampler == "masked":
+        caps.add(MASK_CONFIDENCES)
+    return frozenset(caps)
 
 
 def row_seed(seed: int) -> int:
@@ -103,7 +112,12 @@ class _RunContext:
 
 
 class TextLayer(Layer):
-    """One transformer block; ``compute`` may run on a subset of positions."""
+    """The text adapter's layer: one transformer block; ``compute`` may run on a subset of positions.
+
+    ``hidden`` is the hidden states (B, N, D). ``cached_output`` is the block's output at every
+    position as of its last computation, ``step_positions`` the positions the step computes (None:
+    all), ``select(mask)`` a ``Positions`` over a (B, N) bool mask (``.mask()``, ``.flat``, ``.pos``,
+    ``.count``, ``.gather(x)``) to hand back to ``compute``."""
 
     supports_positions = True
 
@@ -115,6 +129,11 @@ class TextLayer(Layer):
     def cached_output(self) -> torch.Tensor | None:
         """The layer's output at every position as of its last computation."""
         return self.ctx.out[self.index]
+
+    @staticmethod
+    def select(mask: torch.Tensor) -> Positions:
+        """The positions of a (B, N) bool mask, in the form ``compute`` takes without converting."""
+        return Positions(mask)
 
     @property
     def step_positions(self) -> Positions | None:
@@ -337,10 +356,11 @@ class TextDiffusionPipeline:
         self._logit_noise = logit_noise
         self._noise_gen = torch.Generator().manual_seed(10_000_019 + seed)
         accel = self.accelerator or _NoAccelerator()
-        run = RunState(adapter="text", num_steps=steps, batch_size=batch)
+        run = RunState(adapter="text", num_steps=steps, batch_size=batch, capabilities=run_capabilities(sampler))
         run.info.update(seeds=[seed + r for r in range(batch)], temperature=temperature, length=length, vocab_size=den.vocab_size, kind=den.kind, sampler=sampler,
                         time_conditioned=den.time_conditioned, n_layers=den.n_layers,
-                        tokenizer=tok, prompt_lengths=[len(p) for p in prompt_ids], cond_dim=den.cond_dim)
+                        tokenizer=tok, prompt_lengths=[len(p) for p in prompt_ids], cond_dim=den.cond_dim,
+                        truncated_logits=TopKLogits)
         ctx = _RunContext(den, run)
         fixed = torch.zeros(batch, length, dtype=torch.bool, device=self.device)
         base = torch.full((batch, length), den.mask_id, dtype=torch.long, device=self.device)

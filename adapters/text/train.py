@@ -151,7 +151,7 @@ def plot_curves(path: Path, losses: list[float], entropy_history: list[tuple[int
 
 
 def train(cfg: TrainConfig, lines: list[str] | None = None) -> Path:
-    torch.set_num_threads(cfg.threads)
+    """Train a reference model (the command line sets ``cfg.threads`` torch threads first)."""
     torch.manual_seed(cfg.seed)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -170,9 +170,14 @@ def unet_downsampling(pipe) -> int:
 
 
 class UNetAdapter:
+    """The ``unet`` adapter (entry point ``diffaccel.adapters: unet``): diffusers pipelines whose
+    ``.unet`` is a ``UNet2DConditionModel``."""
+
     name = "unet"
     Options = UNetOptions
+    capabilities = hooks.CAPABILITIES
     PEERS = {"deepcache": DeepCachePeer}
+    layer_types = (hooks.UNetBlock,)
 
     @staticmethod
     def accepts(pipe: Any) -> bool:
@@ -194,8 +199,11 @@ class UNetAdapter:
     def info(pipe) -> dict[str, Any]:
         unet = pipe.unet
         specs = hooks.block_specs(unet)
+        n_down = sum(1 for _, kind, _ in specs if kind == "down")
         return {
             "adapter": "unet", "n_layers": len(specs), "layers": [name for name, _, _ in specs],
+            "depths": [hooks.depth_of(name, n_down) for name, _, _ in specs], "kinds": [kind for _, kind, _ in specs],
+            "capabilities": sorted(UNetAdapter.capabilities),
             "modules": [name for name, _, _ in hooks.module_specs(unet)],
             "blocks": [{"name": name, "kind": kind, "type": type(mod).__name__,
                         "cross_attention": bool(getattr(mod, "has_cross_attention", False))} for name, kind, mod in specs],
@@ -259,6 +267,11 @@ class UNetAdapter:
         return UNetOutput(images=images.detach().float().cpu(), prompts=prompts, seeds=seeds,
                           labels=[digit_label(p) for p in prompts] if is_digits else None, report=run.report(),
                           grid_columns=o.grid_columns, grid_scale=o.grid_scale)
+
+    @staticmethod
+    def reference_run(pipe, config, seed: int) -> None:
+        """No noise floor for images: PSNR and SSIM against the baseline say it all."""
+        return None
 
     @staticmethod
     def write(outputs: list[UNetOutput], out: str | None) -> str:

@@ -150,8 +150,7 @@ def train_digits(cfg: TrainDigitsConfig) -> Path:
 
     from tqdm.auto import tqdm
 
-    torch.set_num_threads(cfg.threads)
-    out = Path(cfg.out)
+    out = Path(cfg.out)  # the command line set cfg.threads torch threads; the loop below may probe 1
     out.mkdir(parents=True, exist_ok=True)
     x_all, y_all = load_data()
     y_all = torch.from_numpy(y_all)

@@ -12,7 +12,7 @@ originals are kept and put back by ``detach``):
 * ``forward`` of the modules inside a block (``down_blocks.1.resnets.0``,
   ``mid_block.attentions.0``, ... listed by ``module_specs`` from the blocks' ``resnets``,
   ``attentions``, ``downsamplers`` and ``upsamplers``), only those a strategy asks for through
-  an optional ``hooked_modules(available) -> names`` method: the same ``layer_output`` call, at
+  the ``diffaccel_hooked_modules(available) -> names`` hook: the same ``layer_output`` call, at
   the finer granularity. Unrequested modules are left alone, so the default costs nothing.
 * ``unet.forward``: one UNet call is one denoiser evaluation. The first call after
   ``scheduler.step`` (or with a new timestep) starts a step: ``run.step``, ``run.timestep`` are
@@ -37,14 +37,21 @@ is renamed ``uncond``) and remembered for the pipeline's next runs. In unbatched
 from __future__ import annotations
 
 import inspect
+import re
 import weakref
+from contextlib import contextmanager
 from typing import Any
 
 import attrs
 import torch
 
-from diffaccel.errors import ConfigError
+from diffaccel.capabilities import BLOCK_STACK, BLOCK_TAIL, GUIDANCE_BRANCHES, INNER_MODULES, SPATIAL_FEATURES
 from diffaccel.state import Layer, RunState
+
+from . import tail
+
+CAPABILITIES = frozenset({BLOCK_STACK, BLOCK_TAIL, SPATIAL_FEATURES, INNER_MODULES, GUIDANCE_BRANCHES})
+"""What the UNet adapter offers strategies (``diffaccel.capabilities``)."""
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
@@ -79,6 +86,16 @@ class UNetFinal:
             self.latents = self.draft
 
 
+def depth_of(name: str, n_down: int) -> int:
+    """Block depth: down_blocks.d and up_blocks.(n_down-1-d) share depth d; mid_block is n_down;
+    an inner module has its block's depth."""
+    m = re.match(r"(down|up)_blocks\.(\d+)", name)
+    if m is None:
+        return n_down
+    i = int(m.group(2))
+    return i if m.group(1) == "down" else n_down - 1 - i
+
+
 def block_specs(unet) -> list[tuple[str, str, torch.nn.Module]]:
     """(name, kind, module) of each block of a ``UNet2DConditionModel``, in forward order."""
     specs = [(f"down_blocks.{i}", "down", b) for i, b in enumerate(unet.down_blocks)]
@@ -108,19 +125,9 @@ def module_specs(unet) -> list[tuple[str, str, torch.nn.Module]]:
 
 
 def requested_modules(accelerator: Any, available: list[str]) -> list[str]:
-    """Names of inner modules the strategies ask to be hooked (``hooked_modules(available)``)."""
-    wanted: list[str] = []
-    for s in getattr(accelerator, "strategies", ()):
-        ask = getattr(s, "hooked_modules", None)
-        if ask is None:
-            continue
-        for name in ask(available):
-            if name not in available:
-                raise ConfigError(f"strategy '{s.name}' asks for UNet module '{name}', which this UNet does not have; "
-                                 f"it has: {', '.join(available)}")
-            if name not in wanted:
-                wanted.append(name)
-    return wanted
+    """Names of inner modules the strategies ask to be hooked (``diffaccel_hooked_modules``)."""
+    ask = getattr(accelerator, "hooked_modules", None)  # the untouched path has no accelerator
+    return ask(available) if ask is not None else []
 
 
 def _scalar(t: Any) -> float | None:
@@ -151,19 +158,24 @@ class _Patch:
 
 
 class UNetBlock(Layer):
-    """One UNet block (``down_blocks.i``, ``mid_block``, ``up_blocks.i``), or one module inside a
-    block (``down_blocks.1.attentions.0``, kind ``resnet``/``attention``/``downsampler``/
-    ``upsampler``) when a strategy asked for that granularity.
+    """The UNet adapter's layer: one UNet block (``down_blocks.i``, ``mid_block``, ``up_blocks.i``;
+    kind ``down``/``mid``/``up``), or one module inside a block (``down_blocks.1.attentions.0``,
+    kind ``resnet``/``attention``/``downsampler``/``upsampler``) when a strategy asked for that
+    granularity.
 
     ``compute(hidden)`` runs the block's original ``forward`` on ``hidden`` (the dict of its
     arguments by name; positional arguments beyond the named ones, if any, under ``"*args"``).
-    ``cached_output`` is its last output in the current branch (while strategies are active).
+    ``cached_output`` is its last output in the current branch (while strategies are active);
+    ``depth`` its place in the stack (``block-stack``); ``module`` the diffusers module. Up blocks
+    run their last layers alone (``block-tail``): ``tail_start``, ``capture_tail``,
+    ``can_run_tail``, ``run_tail``.
     """
 
     supports_positions = False
 
-    def __init__(self, name: str, index: int, kind: str, module: torch.nn.Module, session: "Session"):
+    def __init__(self, name: str, index: int, kind: str, module: torch.nn.Module, session: "Session", depth: int = 0):
         super().__init__(name, index, kind)
+        self.depth = depth
         self.module = module
         self.block_type = type(module).__name__
         self.session = session
@@ -192,6 +204,27 @@ class UNetBlock(Layer):
         extra = rest.pop("*args")
         return self.forward(*[rest.pop(n) for n in self.arg_names], *extra, **rest)
 
+    # -- block-tail: the last layers of an up block alone (``tail``) ------------------------------
+    def tail_start(self, tail_layers: int) -> int:
+        """Index of the first of the block's last ``tail_layers`` layers; ValueError naming the
+        block when it has fewer."""
+        return tail.tail_start(self.module, tail_layers, self.name)
+
+    def can_run_tail(self, hidden: dict[str, Any]) -> bool:
+        """Whether ``run_tail`` can stand in for the block's forward on these arguments."""
+        return tail.can_run_tail(self.module, hidden)
+
+    @contextmanager
+    def capture_tail(self, hidden: dict[str, Any], start: int):
+        """While the ``with`` body computes the whole block, the features entering layer ``start``
+        are stored in the yielded dict under ``"h"``."""
+        with tail.capture_tail_input(self.module, start, tail.skip_channels(self.module, hidden, start), {}) as got:
+            yield got
+
+    def run_tail(self, hidden: dict[str, Any], h: torch.Tensor, start: int) -> torch.Tensor:
+        """Layers ``start..`` and the upsamplers, from features ``h`` entering layer ``start``."""
+        return tail.run_tail(self.module, hidden, h, start)
+
     def compute(self, hidden: dict[str, Any], positions: Any = None) -> Any:
         if positions is not None:
             raise ValueError(f"{self.name}: UNet blocks compute every row; positions apply to text layers")
@@ -216,10 +249,12 @@ class Session:
         self.keep = bool(getattr(accelerator, "active", False))
         """Keep block and UNet outputs for StepPlan.skip / reuse_step (only with strategies)."""
         self.unet = pipe.unet
-        self.layers = [UNetBlock(name, i, kind, mod, self) for i, (name, kind, mod) in enumerate(block_specs(self.unet))]
+        specs = block_specs(self.unet)
+        n_down = sum(1 for _, kind, _ in specs if kind == "down")
+        self.layers = [UNetBlock(name, i, kind, mod, self, depth_of(name, n_down)) for i, (name, kind, mod) in enumerate(specs)]
         inner = module_specs(self.unet)
         wanted = set(requested_modules(accelerator, [name for name, _, _ in inner]))
-        self.modules = [UNetBlock(name, len(self.layers) + i, kind, mod, self)
+        self.modules = [UNetBlock(name, len(self.layers) + i, kind, mod, self, depth_of(name, n_down))
                         for i, (name, kind, mod) in enumerate(spec for spec in inner if spec[0] in wanted)]
         """Inner modules hooked because a strategy asked for them (``hooked_modules``)."""
         self.run: RunState | None = None
@@ -247,10 +282,12 @@ class Session:
         self.unbatched = self.unbatched_hint and cfg is not False
         batch = rows // 2 if cfg and not self.unbatched and rows % 2 == 0 else rows
         timesteps = getattr(pipe.scheduler, "timesteps", None)
-        run = RunState(adapter="unet", num_steps=len(timesteps) if timesteps is not None else 0, batch_size=batch)
+        run = RunState(adapter="unet", num_steps=len(timesteps) if timesteps is not None else 0, batch_size=batch,
+                       capabilities=CAPABILITIES)
         unet_cfg = self.unet.config
         run.info.update(
             layers=[layer.name for layer in self.layers], n_layers=len(self.layers), time_conditioned=True,
+            depths=[layer.depth for layer in self.layers], kinds=[layer.kind for layer in self.layers],
             modules=[m.name for m in self.modules],
             sample_size=unet_cfg.sample_size, in_channels=unet_cfg.in_channels, guidance=bool(cfg),
             cfg_mode="unbatched" if self.unbatched else ("batched" if cfg else "none"),

@@ -8,13 +8,15 @@
         out = pipe(seed=0)
 
 Plugins implement the hooks in ``diffaccel.hookspecs`` with ``@diffaccel.hookimpl`` and register
-strategies through ``diffaccel_register(register)``.
+strategies through ``diffaccel_register(register)``; adapters (model families) implement the
+``diffaccel.adapter.Adapter`` protocol and register in the ``diffaccel.adapters`` entry-point group.
 """
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from . import capabilities
 from .accelerator import Accelerator, apply, build_strategies
 from .config import ModelConfig, RunConfig, load_config, parse_config
 from .errors import ConfigError, ConfigValueError, DiffaccelError, ModelLoadError, PluginError
@@ -23,7 +25,8 @@ from .state import Counters, Layer, RunState, StepPlan
 
 
 def load_pipeline(config):
-    """Load the model a config (or its path) names, through its adapter."""
+    """Load the model a config (or its path) names, through its adapter (an entry point of the
+    ``diffaccel.adapters`` group)."""
     from .adapters_registry import get_adapter
 
     cfg = config if isinstance(config, RunConfig) else load_config(config)
@@ -33,5 +36,5 @@ def load_pipeline(config):
 __all__ = [
     "Accelerator", "ConfigError", "ConfigValueError", "Counters", "DiffaccelError", "Layer", "ModelConfig",
     "ModelLoadError", "PluginError", "Registry", "RunConfig", "RunState", "StepPlan", "Strategy", "__version__",
-    "apply", "build_strategies", "hookimpl", "load_config", "load_pipeline", "parse_config",
+    "apply", "build_strategies", "capabilities", "hookimpl", "load_config", "load_pipeline", "parse_config",
 ]

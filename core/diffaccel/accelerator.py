@@ -14,7 +14,7 @@ from typing import Any
 
 from .builtin import DefaultBehaviour
 from .errors import ConfigError, ConfigValueError
-from .plugins import Registry, new_plugin_manager
+from .plugins import Registry, call_own, check_strategy, new_plugin_manager, own_impl
 from .state import Layer, RunState, StepPlan
 
 LayerFn = Callable[[RunState, Layer, Any], Any]
@@ -35,8 +35,12 @@ class Accelerator:
         self.strategies = list(strategies)
         self.adapter = adapter
         self.pm = new_plugin_manager()
+        for s in self.strategies:
+            check_strategy(s, s.name)
         for s in reversed(self.strategies):
             self.pm.register(s, name=f"strategy:{s.name}")
+        # per strategy, resolved once: ``run.state(s)`` creates states through these
+        self._state_factories = {s.name: fn for s in self.strategies if (fn := own_impl(s, "diffaccel_new_state"))}
         self.pm.register(DefaultBehaviour(), name=DefaultBehaviour.name)
         self.hook = self.pm.hook
         impls = reversed(self.hook.diffaccel_layer_output.get_hookimpls())  # now in call order
@@ -50,8 +54,23 @@ class Accelerator:
     def names(self) -> list[str]:
         return [s.name for s in self.strategies]
 
+    def hooked_modules(self, available: list[str]) -> list[str]:
+        """The inner modules the strategies ask to be hooked (``diffaccel_hooked_modules``), the
+        union in config order; a name not in ``available`` is a ConfigError naming the strategy."""
+        wanted: list[str] = []
+        for s in self.strategies:
+            for names in call_own(s, "diffaccel_hooked_modules", available=available):
+                for name in names:
+                    if name not in available:
+                        raise ConfigError(f"strategy '{s.name}' asks for inner module '{name}', which this model does not have; "
+                                          f"it has: {', '.join(available)}")
+                    if name not in wanted:
+                        wanted.append(name)
+        return wanted
+
     # -- the run lifecycle, called by adapters --
     def start_run(self, run: RunState) -> None:
+        run.state_factories = self._state_factories
         self.hook.diffaccel_run_start(run=run)
 
     def pre_step(self, run: RunState) -> StepPlan | None:
@@ -91,8 +110,9 @@ class Accelerator:
 def build_strategies(config, registry: Registry | None = None, info: dict[str, Any] | None = None) -> list[Any]:
     """Instantiate the strategies of a ``RunConfig`` in config order.
 
-    ``info`` (adapter facts such as ``vocab_size``) goes to each strategy's optional
-    ``setup(info)``, which may reject values that depend on the model (raising ConfigValueError).
+    ``info`` (adapter facts such as ``vocab_size``) goes to each strategy's ``diffaccel_setup``
+    hook, which may reject values that depend on the model (raising ConfigValueError). The
+    strategy's ``requires`` are checked against ``info["capabilities"]`` first.
     """
     if not config.strategies:
         return []
@@ -103,14 +123,22 @@ def build_strategies(config, registry: Registry | None = None, info: dict[str, A
         if spec is None:
             installed = ", ".join(sorted(registry.strategies)) or "none installed"
             raise ConfigError(f"{config.source}: [[strategy]] #{entry.index}: unknown strategy '{entry.name}'; installed: {installed}")
+        where = f"{config.source}: [[strategy]] #{entry.index} ({entry.name})"
+        if info is not None and "capabilities" in info:
+            from .capabilities import describe, missing
+
+            gone = missing(spec.requires, info["capabilities"])
+            if gone:
+                raise ConfigError(f"{where}: the model lacks capability {describe(gone[0])}, which strategy "
+                                  f"'{entry.name}' requires; it offers: {', '.join(sorted(info['capabilities'])) or 'none'}")
         strategy = spec.factory(entry.config)
         strategy.name = entry.name
-        setup = getattr(strategy, "setup", None)
-        if setup is not None and info is not None:
+        check_strategy(strategy, entry.name)
+        if info is not None:
             try:
-                setup(info)
+                call_own(strategy, "diffaccel_setup", info=info)
             except ConfigValueError as exc:
-                raise ConfigError(f"{config.source}: [[strategy]] #{entry.index} ({entry.name}): {exc}") from None
+                raise ConfigError(f"{where}: {exc}") from None
         built.append(strategy)
     return built
 

@@ -1,20 +1,67 @@
-"""Where the core finds adapters: name -> ``module:Class``, imported on first use."""
+"""Where the core finds adapters: the ``diffaccel.adapters`` entry-point group, loaded on first use.
+
+Every adapter, the shipped ones included, is a distribution's entry point
+``name = "module:object"``; the object must conform to ``diffaccel.adapter.Adapter``. This module
+knows no adapter by name.
+"""
 
 from __future__ import annotations
 
-import importlib
+import importlib.metadata as md
 from typing import Any
 
-ADAPTERS = {
-    "text": "diffaccel.adapters.text.adapter:TextAdapter",
-    "unet": "diffaccel.adapters.unet.adapter:UNetAdapter",
-}
+from .errors import ConfigError, DiffaccelError, PluginError
+
+GROUP = "diffaccel.adapters"
+
+_loaded: dict[str, Any] = {}
 
 
-def get_adapter(name: str) -> Any:
-    """The adapter class registered under ``name`` (``text``, ``unet``)."""
-    module, _, cls = ADAPTERS[name].partition(":")
-    return getattr(importlib.import_module(module), cls)
+def _entry_points() -> dict[str, md.EntryPoint]:
+    eps: dict[str, md.EntryPoint] = {}
+    for ep in md.entry_points(group=GROUP):
+        eps.setdefault(ep.name, ep)  # the same distribution seen twice on sys.path
+    return eps
+
+
+def adapter_names() -> tuple[str, ...]:
+    """Names of the installed adapters (entry-point names), sorted; imports none of them."""
+    return tuple(sorted(_entry_points()))
+
+
+def get_adapter(name: str, *, where: str = "") -> Any:
+    """The adapter registered under ``name``, loaded and checked against the ``Adapter`` protocol.
+
+    An unknown name raises ``ConfigError`` (prefixed by ``where``, e.g. ``file: [model]``) listing
+    the installed adapters; a broken one raises ``PluginError`` naming its distribution."""
+    adapter = _loaded.get(name)
+    if adapter is not None:
+        return adapter
+    ep = _entry_points().get(name)
+    if ep is None:
+        prefix = f"{where}: " if where else ""
+        raise ConfigError(f"{prefix}key 'adapter': {name!r} is not an installed adapter; "
+                          f"installed: {', '.join(map(repr, adapter_names())) or 'none'}")
+    dist = ep.dist.metadata["name"] if ep.dist else "?"
+    try:
+        adapter = ep.load()
+    except Exception as exc:  # a broken third-party adapter must not look like our bug
+        raise PluginError(f"adapter '{name}' (distribution {dist}) failed to load: {type(exc).__name__}: {exc}") from None
+    _check(adapter, name, dist)
+    _loaded[name] = adapter
+    return adapter
+
+
+def _check(adapter: Any, name: str, dist: str) -> None:
+    from .adapter import missing_members
+
+    gone = missing_members(adapter)
+    if gone:
+        raise PluginError(f"adapter '{name}' (distribution {dist}) does not implement the Adapter protocol: "
+                          f"missing {', '.join(gone)}")
+    if getattr(adapter, "name", None) != name:
+        raise PluginError(f"adapter '{name}' (distribution {dist}) calls itself {getattr(adapter, 'name', None)!r}; "
+                          f"its name must be its entry-point name")
 
 
 def adapter_options(name: str) -> type:
@@ -24,10 +71,22 @@ def adapter_options(name: str) -> type:
 
 def adapter_for(pipe: Any) -> Any:
     """The adapter that drives ``pipe``; raises DiffaccelError if none does."""
-    from .errors import DiffaccelError
-
-    for name in ADAPTERS:
+    names = adapter_names()
+    for name in names:
         adapter = get_adapter(name)
         if adapter.accepts(pipe):
             return adapter
-    raise DiffaccelError(f"no diffaccel adapter drives a {type(pipe).__name__}; adapters: {', '.join(ADAPTERS)}")
+    raise DiffaccelError(f"no diffaccel adapter drives a {type(pipe).__name__}; adapters: {', '.join(names)}")
+
+
+def describe_adapters() -> list[dict[str, Any]]:
+    """One row per installed adapter: name, distribution, version, capabilities, option keys, peers."""
+    rows = []
+    for name, ep in sorted(_entry_points().items()):
+        adapter = get_adapter(name)
+        rows.append({"name": name, "distribution": ep.dist.metadata["name"] if ep.dist else "-",
+                     "version": ep.dist.version if ep.dist else "-", "object": ep.value,
+                     "capabilities": sorted(adapter.capabilities),
+                     "options": [f.name for f in __import__("attrs").fields(adapter.Options)],
+                     "peers": sorted(adapter.PEERS)})
+    return rows

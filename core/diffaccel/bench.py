@@ -29,7 +29,7 @@ from .accelerator import apply, build_strategies
 from .adapters_registry import get_adapter
 from .config import RunConfig, load_config
 from .errors import ConfigError, DiffaccelError
-from .plugins import Registry
+from .plugins import Registry, call_own
 
 
 def entry_name(config: RunConfig) -> str:
@@ -110,8 +110,10 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
                 bar.update(1)
     bar.close()
     references = None
-    if noise_floor and hasattr(adapter, "reference_run"):
+    if noise_floor:
         references = [adapter.reference_run(pipe, base, s) for s in seed_list]
+        if any(r is None for r in references):  # the adapter has no noise floor
+            references = None
 
     # outputs[name][i] is the run of seed_list[i] for every entry
     result: dict[str, Any] = {"model": {"adapter": base.model.adapter, "checkpoint": base.model.checkpoint,
@@ -134,9 +136,8 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
         result["entries"].append(entry)
         if plot_dir:
             for s in strategies:
-                if hasattr(s, "bench_plot"):
-                    Path(plot_dir).mkdir(parents=True, exist_ok=True)
-                    s.bench_plot(reports, Path(plot_dir) / f"{name}-{s.name}.png")
+                Path(plot_dir).mkdir(parents=True, exist_ok=True)
+                call_own(s, "diffaccel_bench_plot", reports=reports, path=Path(plot_dir) / f"{name}-{s.name}.png")
     _strategy_quality(result, entries, outputs, seed_list)
     if judge_obj is not None:
         _judge_quality(result, adapter, judge_obj, pipe, base, outputs, noise_floor if judge_noise is None else judge_noise)
@@ -156,19 +157,16 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
 
 def _strategy_quality(result: dict[str, Any], entries: list[tuple[str, list[Any]]], outputs: dict[str, list[Any]],
                       seeds: list[int]) -> None:
-    """Strategies may define ``bench_quality(outputs, seeds) -> dict``: quality keys of their own,
-    scored on any entry's outputs (``outputs[i]`` is the run of ``seeds[i]``). Each entry gets its
-    strategies' keys; the baseline gets them too (from the first strategy offering each key), so
-    a strategy's measure sits beside the unaccelerated run of the same seeds."""
+    """The ``diffaccel_bench_quality`` hook of each strategy: its keys on its entry's outputs, and
+    on the baseline's (the first strategy offering a key wins there)."""
     by_name = {e["name"]: e for e in result["entries"]}
     for name, strategies in entries:
         for s in strategies:
-            score = getattr(s, "bench_quality", None)
-            if score is None:
-                continue
-            by_name[name]["quality"].update(score(outputs[name], seeds))
-            for k, v in score(outputs["baseline"], seeds).items():
-                by_name["baseline"]["quality"].setdefault(k, v)
+            for q in call_own(s, "diffaccel_bench_quality", outputs=outputs[name], seeds=seeds):
+                by_name[name]["quality"].update(q)
+            for q in call_own(s, "diffaccel_bench_quality", outputs=outputs["baseline"], seeds=seeds):
+                for k, v in q.items():
+                    by_name["baseline"]["quality"].setdefault(k, v)
 
 
 def _load_judge(adapter: Any, spec: str | None) -> tuple[Any, dict[str, Any]]:

@@ -44,7 +44,11 @@ EXAMPLES = {
         example:
           diffaccel plugins
           DIFFACCEL_BLOCK_PLUGINS=swd diffaccel plugins
-        Lists each strategy installed through the 'diffaccel' entry-point group.""",
+        Lists each adapter installed through the 'diffaccel.adapters' entry-point group (with the
+        capabilities it declares) and each strategy installed through the 'diffaccel' group (with
+        the capabilities it requires). --check also builds every strategy with its defaults and
+        verifies its hooks against the contract (diffaccel.hookspecs): misspelled or unmarked
+        hooks and methods the core no longer calls are reported, exit code 2.""",
     "check": """
         example:
           diffaccel check configs/*.toml
@@ -108,8 +112,9 @@ def _parser() -> argparse.ArgumentParser:
     pa.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     pa.add_argument("--batch", type=int, help="override [model] batch")
 
-    pl = cmd("plugins", "list installed strategies")
+    pl = cmd("plugins", "list installed adapters and strategies")
     pl.add_argument("--json", action="store_true", help="machine-readable output")
+    pl.add_argument("--check", action="store_true", help="verify each adapter and strategy against the contract")
 
     c = cmd("check", "validate configs")
     c.add_argument("configs", nargs="+")
@@ -178,23 +183,58 @@ def _bench(args) -> int:
 
 
 def _plugins(args) -> int:
+    from .adapters_registry import describe_adapters
     from .plugins import Registry
 
-    rows = Registry().describe()
+    registry = Registry()
+    adapters, rows = describe_adapters(), registry.describe()
+    if args.check:
+        return _plugins_check(registry, adapters)
     if args.json:
-        print(json.dumps(rows, indent=2, default=str))
+        print(json.dumps({"adapters": adapters, "strategies": rows}, indent=2, default=str))
         return 0
+    print("adapters:")
+    for a in adapters:
+        print(f"  {a['name']}  ({a['distribution']} {a['version']}, {a['object']})")
+        print(f"      capabilities: {', '.join(a['capabilities']) or 'none'}")
+        if a["peers"]:
+            print(f"      peers (bench): {', '.join(a['peers'])}")
     if not rows:
         print("no strategies installed (pip install a plugin, e.g. pip install -e plugins/<name>)")
         return 0
+    print("strategies:")
     for r in rows:
-        print(f"{r['name']}  ({r['distribution']} {r['version']}, plugin '{r['plugin']}')  adapters: {', '.join(r['adapters'])}")
+        needs = ", ".join(r if isinstance(r, str) else " or ".join(r) for r in r["requires"]) or "nothing"
+        print(f"  {r['name']}  ({r['distribution']} {r['version']}, plugin '{r['plugin']}')  requires: {needs}")
         if r["description"]:
-            print(f"    {r['description']}")
+            print(f"      {r['description']}")
         for f in r["fields"]:
             doc = f"  # {f['doc']}" if f["doc"] else ""
-            print(f"    {f['name']} = {f['default']!r}{doc}")
+            print(f"      {f['name']} = {f['default']!r}{doc}")
     return 0
+
+
+def _plugins_check(registry, adapters) -> int:
+    """Build each strategy with its config's defaults and check its hooks; adapters were checked
+    against the Adapter protocol when ``describe_adapters`` loaded them."""
+    from .plugins import contract_problems
+
+    bad = 0
+    for a in adapters:
+        print(f"adapter {a['name']}: ok")
+    for name, spec in sorted(registry.strategies.items()):
+        try:
+            strategy = spec.factory(spec.config())
+        except Exception as exc:  # a config without defaults, or a factory that needs a model
+            print(f"strategy {name}: not built with its defaults ({type(exc).__name__}: {exc}); hooks of its class checked")
+            strategy = spec.factory.__new__(spec.factory) if isinstance(spec.factory, type) else None
+        problems = contract_problems(strategy) if strategy is not None else []
+        for p in problems:
+            print(f"strategy {name}: {p}", file=sys.stderr)
+        bad += bool(problems)
+        if not problems:
+            print(f"strategy {name}: ok")
+    return 2 if bad else 0
 
 
 def _check(args) -> int:
@@ -215,16 +255,26 @@ def _train(args) -> int:
 
         given = {k: v for k, v in (("lr", args.lr), ("steps", args.steps), ("max_minutes", args.max_minutes)) if v is not None}
         cfg = TrainDigitsConfig(out=args.out, seed=args.seed, threads=args.threads, init=args.init, **given)
+        _threads(cfg.threads)
         print(f"wrote {train_digits(cfg)}")
         return 0
     from diffaccel.adapters.text.train import TrainConfig, train
 
-    out = train(TrainConfig(kind=args.kind, out=args.out, steps=1400 if args.steps is None else args.steps,
-                            max_minutes=args.max_minutes or 0.0,
-                            tokenizer=args.tokenizer, freq_weight=args.freq_weight, schedule=args.schedule, seed=args.seed,
-                            init_embeddings=args.init_embeddings, latent_norm=args.latent_norm))
+    cfg = TrainConfig(kind=args.kind, out=args.out, steps=1400 if args.steps is None else args.steps,
+                      max_minutes=args.max_minutes or 0.0,
+                      tokenizer=args.tokenizer, freq_weight=args.freq_weight, schedule=args.schedule, seed=args.seed,
+                      init_embeddings=args.init_embeddings, latent_norm=args.latent_norm)
+    _threads(cfg.threads)
+    out = train(cfg)
     print(f"wrote {out}")
     return 0
+
+
+def _threads(n: int) -> None:
+    """torch CPU threads: set by command-line entry points only, never by library code."""
+    import torch
+
+    torch.set_num_threads(n)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,10 +1,31 @@
-"""Every hook of diffaccel, in the order a run calls them.
+"""The whole strategy contract: every hook the core calls, in the order a run calls them.
 
 Plugin modules (found through the ``diffaccel`` entry-point group) implement
 ``diffaccel_register`` to declare strategies. A strategy *instance*, built from one
-``[[strategy]]`` table, implements any of the run hooks below; the core calls the instances in
-the order the config lists them, then the built-in default behaviour (``diffaccel.builtin``),
-which is itself a plain plugin with ``trylast`` implementations.
+``[[strategy]]`` table, implements any of the other hooks, each a method marked
+``@diffaccel.hookimpl`` and named exactly as below (``diffaccel plugins --check`` and every run
+refuse a ``diffaccel_*`` method that is not one of them). Nothing else of a strategy is called.
+
+Who calls what:
+
+* ``load_config`` / ``diffaccel check``: ``diffaccel_register`` (when plugins load) and the
+  strategy's config class; the strategy's ``requires`` against the adapter's capabilities.
+* ``build_strategies`` (``apply``, ``generate``, ``bench``): ``diffaccel_setup`` on each strategy.
+* ``apply`` / ``run_with``: the adapter attaches; adapters with inner modules ask
+  ``diffaccel_hooked_modules``. Then each generation: ``diffaccel_run_start``, per step
+  ``diffaccel_pre_step``, per layer ``diffaccel_layer_output``, ``diffaccel_denoiser_output``,
+  ``diffaccel_post_step``; then ``diffaccel_finalize`` and ``diffaccel_run_end``.
+  ``diffaccel_new_state`` runs the first time a strategy calls ``run.state(self)`` in a branch.
+* ``diffaccel bench``: ``diffaccel_bench_quality`` and ``diffaccel_bench_plot`` after the runs.
+
+Hooks marked *per strategy* are called on one strategy at a time (its own result is used);
+the others run over every strategy of the config, in config order, then the built-in default
+(``diffaccel.builtin``), a plain plugin with ``trylast`` implementations.
+
+Exceptions: a ``ConfigValueError`` from ``diffaccel_setup`` becomes a one-line ``ConfigError``
+naming the config file and strategy; a ``DiffaccelError`` (or subclass) raised by any hook ends
+the generation (``diffaccel_run_end`` still runs) and reaches the CLI user as one line, exit 2;
+any other exception is a bug and propagates with its traceback.
 """
 
 from __future__ import annotations
@@ -23,26 +44,56 @@ hookspec = pluggy.HookspecMarker("diffaccel")
 
 @hookspec
 def diffaccel_register(register: Callable[["Strategy"], None]) -> None:
-    """Called once per plugin when plugins are loaded.
+    """Called once per plugin module when plugins are loaded (module level, not per strategy).
 
-    Call ``register(Strategy(name=..., config=..., factory=..., adapters=...))`` for each strategy
-    the plugin offers. Returns nothing.
+    Call ``register(Strategy(name=..., config=..., factory=..., requires=...))`` for each strategy
+    the plugin offers; ``requires`` lists capabilities (``diffaccel.capabilities``), a tuple of
+    alternatives standing for any one of them. Returns nothing.
+    """
+
+
+@hookspec
+def diffaccel_setup(info: dict[str, Any]) -> None:
+    """Per strategy, once, when it is built against a loaded model (before any run).
+
+    ``info`` is the adapter's ``info(pipe)``: ``n_layers``, ``layers``, ``capabilities`` and
+    model facts such as ``vocab_size``. Reject values that depend on the model by raising
+    ``ConfigValueError(key, message)``; the core adds the file and strategy. Returns nothing.
+    """
+
+
+@hookspec
+def diffaccel_hooked_modules(available: list[str]) -> list[str]:
+    """Adapters declaring ``inner-modules``, when the strategies attach: the names among
+    ``available`` (modules inside blocks) this strategy wants routed through
+    ``diffaccel_layer_output`` too. Merge: the union of every strategy's lists, in config order;
+    a name not in ``available`` is a ``ConfigError`` naming the strategy.
     """
 
 
 @hookspec
 def diffaccel_run_start(run: "RunState") -> None:
     """Called once at the start of every generation, before the first step, with a fresh
-    ``RunState``. Strategies clear caches here. Returns nothing."""
+    ``RunState``. Strategies check run facts (``run.info``), set ``run.pinned`` or
+    ``run.condition``. Every strategy is called; returns nothing."""
+
+
+@hookspec(firstresult=True)
+def diffaccel_new_state(run: "RunState") -> Any:
+    """Per strategy: the strategy's own per-run state, an instance of an attrs class it defines,
+    created the first time it calls ``run.state(self)`` in a generation and guidance branch
+    (``run.branch``). Tensors in it keep a leading batch dimension. Returns the new state.
+    """
 
 
 @hookspec
 def diffaccel_pre_step(run: "RunState") -> "StepPlan | None":
     """Called before the denoiser runs at each step (``run.step``, ``run.timestep`` are set).
 
-    Return a ``StepPlan`` to narrow what is computed at this step (text positions, UNet blocks
-    that may be skipped) or to declare the whole step reusable; return None to leave the step
-    alone. The plans of all strategies merge (``StepPlan.merge``) into ``run.plan``.
+    Return a ``StepPlan`` to narrow what is computed at this step (token positions, blocks that
+    may be skipped) or to declare the whole step reusable; return None to leave the step alone.
+    Merge: the plans of all strategies merge (``StepPlan.merge``: positions OR-ed, only blocks
+    every plan skips are skipped, a step is reused only if every plan says so) into ``run.plan``.
     """
 
 
@@ -50,14 +101,15 @@ def diffaccel_pre_step(run: "RunState") -> "StepPlan | None":
 def diffaccel_layer_output(run: "RunState", layer: "Layer", hidden: Any) -> Any:
     """Asked for the output of one layer or block, before it runs.
 
-    ``hidden`` is the layer's input (text: hidden states (batch, length, dim); UNet: a dict of
-    the block's arguments). The first non-None answer wins, in config order:
+    ``hidden`` is the layer's input (the adapter's layer objects say what it is: hidden states
+    (B, N, D) for token layers, a dict of the block's arguments for UNet blocks). First result
+    wins, in config order:
 
-    * return a cached output without calling ``layer.compute``: the layer is skipped;
-    * return ``layer.compute(hidden, positions=mask)``: the layer runs on those positions only
-      ((batch, length) bool; a (batch, m) long index is accepted too) and its cached outputs fill
-      the rest (text adapters). Where the last layer did not run, the head does not either: the
-      logits there stay as they were;
+    * return a cached output (``layer.cached_output``) without calling ``layer.compute``: the
+      layer is skipped;
+    * return ``layer.compute(hidden, positions=mask)`` (``token-positions``): the layer runs on
+      those positions only ((B, N) bool) and its cached outputs fill the rest. Where the last
+      layer did not run, the head does not either: the logits there stay as they were;
     * return None to let the next strategy, and finally the built-in default, decide. The
       default computes the layer in full.
 
@@ -71,33 +123,51 @@ def diffaccel_layer_output(run: "RunState", layer: "Layer", hidden: Any) -> Any:
 def diffaccel_denoiser_output(run: "RunState", output: Any) -> Any:
     """Called after the denoiser ran at a step, before the sampler uses its output.
 
-    Text: ``output`` is the logits (batch, length, vocab); images: the noise prediction. Return
-    a replacement (truncated logits, a guided prediction) or None to keep it. Implementations
-    run in config order, each receiving the previous one's result. The adapter's caches keep the
+    ``token-logits``: the logits (B, N, V); images: the noise prediction. Return a replacement
+    (truncated logits, a guided prediction) or None to keep it. Merge: a chain in config order,
+    each implementation receiving the previous one's result. The adapter's caches keep the
     denoiser's raw output; only the sampler and ``post_step`` see the replacement.
     """
 
 
 @hookspec
 def diffaccel_post_step(run: "RunState", output: Any) -> None:
-    """Called after each step with what it produced.
+    """Called after each step with what it produced, every strategy in config order.
 
-    Text: a ``TextStepOutput`` (current tokens, per-position top-1 token and its probability,
-    full probabilities when a strategy asked for them). Images: a ``UNetStepOutput`` (latents
-    and the noise prediction). Returns nothing; strategies update their state.
+    ``token-positions``: a step output with current ``tokens``, per-position ``top1`` and
+    ``top1_prob``, ``logits``, ``computed`` (and ``masked`` with ``mask-confidences``,
+    ``latents`` for continuous samplers). ``spatial-features``: ``latents``, ``noise_pred`` and
+    ``pred_original``. Returns nothing; strategies update their state and may set ``run.stop``.
     """
 
 
 @hookspec
 def diffaccel_finalize(run: "RunState", final: Any) -> None:
-    """Called once after the last step, in config order, before the built-in default.
+    """Called once after the last step, every strategy in config order, then the built-in default.
 
-    ``final`` holds the final state (text: ``logits`` and ``tokens``, tokens still None unless a
-    strategy chose them; the default takes the argmax). Strategies may set the result and add
-    metrics to ``run.metrics[their name]``. Returns nothing.
+    ``final`` holds the final state (``token-logits``: ``logits`` and ``tokens``, tokens still
+    None unless a strategy chose them; the default takes the argmax. Images: ``latents``).
+    Strategies may set the result and add what they report to ``run.metrics[self.name]`` (it
+    appears in the run's report under ``strategies``). Returns nothing.
     """
 
 
 @hookspec
 def diffaccel_run_end(run: "RunState") -> None:
-    """Called once when the generation ends, also after an error. Release per-run memory."""
+    """Called once when the generation ends, also after an error, every strategy. Release
+    per-run memory. Returns nothing."""
+
+
+@hookspec
+def diffaccel_bench_quality(outputs: list[Any], seeds: list[int]) -> dict[str, float]:
+    """Per strategy, ``diffaccel bench`` only: quality keys of the strategy's own, scored on any
+    entry's outputs (``outputs[i]`` is the run of ``seeds[i]``). The strategy's entry gets its
+    keys; the baseline gets them too (the first strategy offering a key wins), so the measure
+    sits beside the unaccelerated run of the same seeds. Returns a dict (may be empty).
+    """
+
+
+@hookspec
+def diffaccel_bench_plot(reports: list[dict[str, Any]], path: Any) -> None:
+    """Per strategy, ``diffaccel bench --plots DIR`` only: draw a figure from the entry's run
+    reports (``RunState.report()`` per seed) into ``path`` (a PNG path). Returns nothing."""

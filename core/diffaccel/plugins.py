@@ -38,8 +38,10 @@ class Strategy:
     """Frozen, keyword-only attrs class of the strategy's parameters."""
     factory: Callable[[Any], Any]
     """Called with a config instance; returns the object whose hookimpls run."""
-    adapters: tuple[str, ...] = attrs.field(converter=tuple)
-    """Adapters it supports, e.g. ``("text",)`` or ``("text", "unet")``."""
+    requires: tuple[str | tuple[str, ...], ...] = attrs.field(default=(), converter=lambda r: tuple(
+        x if isinstance(x, str) else tuple(x) for x in r))
+    """Capabilities the model must offer (``diffaccel.capabilities``); a tuple inside stands for
+    alternatives, e.g. ``((TOKEN_POSITIONS, BLOCK_STACK),)``: either will do. Never adapter names."""
     description: str = ""
     """One line for ``diffaccel plugins``."""
     plugin: str = ""
@@ -113,7 +115,13 @@ class Registry:
                 )
             self.strategies[strategy.name] = attrs.evolve(strategy, plugin=plugin_name)
 
-        impl(register=register)
+        try:
+            impl(register=register)
+        except PluginError:
+            raise
+        except Exception as exc:  # e.g. a Strategy field this core does not have
+            hint = "; Strategy(adapters=...) is now requires=(capabilities)" if "adapters" in str(exc) else ""
+            raise PluginError(f"plugin '{plugin_name}': diffaccel_register failed: {type(exc).__name__}: {exc}{hint}") from None
 
     def get(self, name: str) -> Strategy | None:
         return self.strategies.get(name)
@@ -123,7 +131,7 @@ class Registry:
         return self._dists.get(plugin_name, ("-", "-"))
 
     def describe(self) -> list[dict[str, Any]]:
-        """One entry per strategy: name, distribution, version, adapters, fields with defaults."""
+        """One entry per strategy: name, distribution, version, requirements, fields with defaults."""
         rows = []
         for s in sorted(self.strategies.values(), key=lambda s: s.name):
             dist, version = self.distribution(s.plugin)
@@ -134,8 +142,55 @@ class Registry:
                     default = default.factory()
                 fields.append({"name": f.name, "default": default, "doc": field_doc(s.config, f.name)})
             rows.append({"name": s.name, "plugin": s.plugin, "distribution": dist, "version": version,
-                         "adapters": list(s.adapters), "description": s.description, "fields": fields})
+                         "requires": [r if isinstance(r, str) else list(r) for r in s.requires],
+                         "description": s.description, "fields": fields})
         return rows
+
+
+LEGACY = {"setup": "diffaccel_setup", "new_state": "diffaccel_new_state", "bench_quality": "diffaccel_bench_quality",
+          "bench_plot": "diffaccel_bench_plot", "hooked_modules": "diffaccel_hooked_modules"}
+"""Methods the core once found by name; they are hooks now and a method of the old name is never called."""
+
+
+def contract_problems(strategy: Any) -> list[str]:
+    """What keeps ``strategy`` (an instance) from meeting the hook contract, one line each:
+    ``diffaccel_*`` methods that are no hook, hookimpls whose arguments the hook does not have,
+    unmarked hook methods, methods under a name the core no longer calls."""
+    problems = []
+    pm = new_plugin_manager()
+    try:
+        pm.register(strategy, name="check")
+        pm.check_pending()
+    except pluggy.PluginValidationError as exc:
+        problems.append(" ".join(str(exc).split()))
+    specs = {n for n in vars(hookspecs) if n.startswith("diffaccel_")}
+    for attr in dir(type(strategy)):
+        if attr in specs and not hasattr(getattr(strategy, attr), "diffaccel_impl"):
+            problems.append(f"method '{attr}' is not marked @diffaccel.hookimpl, so it is never called")
+        if attr in LEGACY and callable(getattr(strategy, attr, None)):
+            problems.append(f"method '{attr}' is never called: it is the hook '{LEGACY[attr]}' now")
+    return problems
+
+
+def check_strategy(strategy: Any, name: str) -> None:
+    """Raise ``PluginError`` (one line) if ``strategy`` does not meet the hook contract."""
+    problems = contract_problems(strategy)
+    if problems:
+        raise PluginError(f"strategy '{name}': {problems[0]}")
+
+
+def call_own(strategy: Any, hook: str, **kwargs: Any) -> list[Any]:
+    """Call hook ``hook`` on ``strategy`` alone (the *per strategy* hooks); its results, empty if it
+    does not implement the hook."""
+    pm = new_plugin_manager()
+    pm.register(strategy, name="own")
+    return getattr(pm.hook, hook)(**kwargs) if getattr(pm.hook, hook).get_hookimpls() else []
+
+
+def own_impl(strategy: Any, hook: str) -> Callable[..., Any] | None:
+    """The function implementing ``hook`` on ``strategy`` (resolved once, for the hot path), or None."""
+    fn = getattr(strategy, hook, None)
+    return fn if fn is not None and hasattr(fn, "diffaccel_impl") else None
 
 
 def field_doc(cls: type, name: str) -> str:

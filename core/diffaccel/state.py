@@ -1,8 +1,9 @@
 """Per-run state handed to every hook: step, timestep, counters, and each strategy's own state.
 
 One ``RunState`` lives for one generation. Strategy state is created lazily by the strategy's
-``new_state(run)`` and kept apart per classifier-free-guidance branch (``run.branch``); tensors
-inside a state keep a leading batch dimension, so batch rows never share a cache entry.
+``diffaccel_new_state(run)`` hook (an instance of an attrs class the strategy defines) and kept
+apart per classifier-free-guidance branch (``run.branch``); tensors inside a state keep a leading
+batch dimension, so batch rows never share a cache entry.
 """
 
 from __future__ import annotations
@@ -74,9 +75,10 @@ class Layer:
 
     ``name`` is stable (``block.3`` for text, ``down_blocks.2`` for a UNet), ``index`` is the
     order in the forward pass, ``kind`` says what it is (``transformer-block``, ``down``, ``mid``,
-    ``up``, ...). ``compute(hidden, positions=None)`` runs the layer; with ``positions`` (text
-    only: a (batch, length) bool mask, or a (batch, m) long index) it runs on those positions and
-    merges the result with the layer's cached outputs for the others. Adapters subclass this.
+    ``up``, ...). ``compute(hidden, positions=None)`` runs the layer; with ``positions`` (adapters
+    declaring ``token-positions``: a (batch, length) bool mask) it runs on those positions and
+    merges the result with the layer's cached outputs for the others. Adapters subclass this and
+    add what their capabilities promise (``cached_output``, ``depth``, ...).
     """
 
     supports_positions = False
@@ -98,7 +100,7 @@ class RunState:
     """State of one generation; returned (summarised) with the result."""
 
     adapter: str
-    """Adapter name, ``text`` or ``unet``."""
+    """Adapter name, for reports only: strategies read ``capabilities``, never this."""
     num_steps: int
     """Denoising steps of this run."""
     batch_size: int
@@ -130,15 +132,29 @@ class RunState:
     condition: Any = None
     """Set by a strategy: an external condition vector (B, cond_dim) for models with condition
     gating (text adapter, reference models with ``cond_dim`` > 0); None: no external condition."""
+    capabilities: frozenset[str] = frozenset()
+    """What the adapter offers at this run (``diffaccel.capabilities``); strategies that serve
+    several kinds of model choose their behaviour from it."""
+    state_factories: dict[str, Callable[["RunState"], Any]] = attrs.Factory(dict)
+    """Strategy name -> its ``diffaccel_new_state`` implementation (set by the accelerator)."""
     _states: dict[tuple[str, str], Any] = attrs.Factory(dict)
 
     def state(self, strategy: Any, factory: Callable[["RunState"], Any] | None = None) -> Any:
-        """The strategy's own state for the current guidance branch, created on first use."""
+        """The strategy's own state for the current guidance branch, created on first use by
+        ``factory`` or else its ``diffaccel_new_state`` hook."""
         key = (strategy.name, self.branch)
         st = self._states.get(key)
         if st is None:
-            make = factory or getattr(strategy, "new_state", None)
-            st = make(self) if make is not None else {}
+            make = factory or self.state_factories.get(strategy.name)
+            if make is None:
+                from .plugins import own_impl
+
+                make = own_impl(strategy, "diffaccel_new_state")
+            if make is None:
+                from .errors import PluginError
+
+                raise PluginError(f"strategy '{strategy.name}' calls run.state() but implements no diffaccel_new_state hook")
+            st = make(self)
             self._states[key] = st
         return st
 

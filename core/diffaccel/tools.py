@@ -5,8 +5,6 @@ from __future__ import annotations
 import statistics
 import time
 
-
-
 from .accelerator import Accelerator
 from .adapters_registry import get_adapter
 from .config import load_config
@@ -94,49 +92,24 @@ def _dispatch_cost_us(accel: Accelerator, n_layers: int, calls: int = 20000) -> 
 
 def partial(args) -> int:
     """Time one denoiser step computing 100%, 50%, 25%, 15%, 10%, 5% of the positions, and one per row."""
-    import torch
-
-    from diffaccel.adapters.text.pipeline import _NoAccelerator, _RunContext
-    from diffaccel.state import RunState, StepPlan
-
     if getattr(args, "threads", None):
+        import torch
+
         torch.set_num_threads(args.threads)
     cfg, adapter, pipe = _load(args.config)
-    if cfg.model.adapter != "text":
-        raise ConfigError(f"{cfg.source}: [model] key 'adapter': partial computation is benchmarked on text models")
+    if not hasattr(adapter, "time_partial_steps"):  # the optional TimesPartialSteps protocol
+        raise ConfigError(f"{cfg.source}: [model] key 'adapter': partial computation is benchmarked on adapters "
+                          f"declaring 'token-positions' that time partial steps; '{adapter.name}' does not")
     if getattr(args, "batch", None) is not None:
         from .bench import with_batch
 
         cfg = with_batch(cfg, args.batch)
-    den, B, N = pipe.denoiser, cfg.model.batch, cfg.options.length
-    gen = torch.Generator().manual_seed(0)
-    if den.kind == "masked":
-        x = torch.randint(4, den.vocab_size, (B, N), generator=gen)
-        t = None
-    else:
-        x = torch.randn(B, N, den.token_latents().shape[1], generator=gen)
-        t = torch.tensor(500.0)
-    run = RunState(adapter="text", num_steps=1, batch_size=B)
-    ctx = _RunContext(den, run)
-    accel = _NoAccelerator()
+    B, N = cfg.model.batch, cfg.options.length
     # down to one position per row: the floor, what a step costs whatever a strategy leaves out
     fractions = (1.0, 0.5, 0.25, 0.15, 0.1, 0.05, 1 / N)
-    masks = {}
-    for f in fractions:
-        m = torch.zeros(B, N, dtype=torch.bool)
-        for r in range(B):  # rows choose their own positions, as a strategy's rows would
-            m[r, torch.randperm(N, generator=gen)[: max(1, int(N * f))]] = True
-        masks[f] = m
-    times: dict[float, list[float]] = {f: [] for f in fractions}
-    with torch.no_grad():
-        pipe._denoise(ctx, accel, x, t)  # fill the caches
-        for i in range(args.repeats):
-            k = i % len(fractions)
-            for f in fractions[k:] + fractions[:k]:
-                run.plan = None if f == 1.0 else StepPlan(positions=masks[f])
-                t0 = time.perf_counter()
-                pipe._denoise(ctx, accel, x, t)
-                times[f].append(time.perf_counter() - t0)
+    times = adapter.time_partial_steps(pipe, cfg, fractions, args.repeats)
+    import torch
+
     full = statistics.median(times[1.0])
     print(f"{cfg.model.checkpoint}: one denoiser step, batch {B}, {N} positions, {torch.get_num_threads()} thread(s), "
           f"median of {args.repeats} interleaved runs")
@@ -150,47 +123,26 @@ def partial(args) -> int:
 
 def fluency(args) -> int:
     """Fluency of the model's samples beside held-out text, random tokens and unigram text."""
-    import torch
-
-    from diffaccel.adapters.text import metrics
-    from diffaccel.adapters.text.judge import judge_lines
-
     cfg, adapter, pipe = _load(args.config)
-    if cfg.model.adapter != "text":
-        raise ConfigError(f"{cfg.source}: [model] key 'adapter': fluency is measured on text models")
-    cfg = cfg.without_strategies()
+    if not hasattr(adapter, "fluency_rows"):  # the optional MeasuresFluency protocol
+        raise ConfigError(f"{cfg.source}: [model] key 'adapter': fluency is measured on adapters that score text; "
+                          f"'{adapter.name}' does not")
     judge, note = None, ""
-    if getattr(args, "judge", "none") != "none":
+    if getattr(args, "judge", "none") != "none" and hasattr(adapter, "load_judge"):
         try:
             judge = adapter.load_judge(None if args.judge == "default" else args.judge)
         except DiffaccelError as exc:
             if args.judge != "default":
                 raise
             note = f"gen_ppl: not reported: {exc}"
-    texts = []
-    for k in range(args.seeds):
-        texts += adapter.run(pipe, cfg, cfg.model.seed + k * cfg.model.batch, progress=False).texts
-    n_words = sum(len(metrics.words(t)) for t in texts)
-    tok = pipe.tokenizer
-    gen = torch.Generator().manual_seed(0)
-    random_texts = [tok.decode(torch.randint(4, tok.vocab_size, (cfg.options.length,), generator=gen).tolist())
-                    for _ in range(len(texts))]
-    rows = [
-        ("model samples", texts),
-        ("held-out text", metrics.reference_lines()[:400]),
-        ("unigram sampler", [metrics.unigram_sample(max(1, n_words // len(texts)), s) for s in range(len(texts))]),
-        ("random tokens", random_texts),
-    ]
-    print(f"{cfg.model.checkpoint}: trigram Kneser-Ney perplexity (fitted on held-out WordNet text), {len(texts)} samples"
-          + (f"; gen_ppl under {judge.name}" if judge else ""))
+    kw = {"judge": judge} if judge else {}
+    rows = list(adapter.fluency_rows(pipe, cfg.without_strategies(), args.seeds, **kw))
+    print(f"{cfg.model.checkpoint}: trigram Kneser-Ney perplexity (fitted on held-out WordNet text), "
+          f"{rows[0][1]['samples']} samples" + (f"; gen_ppl under {judge.name}" if judge else ""))
     print(f"{'text':<16} {'perplexity':>11} {'distinct-1':>11} {'distinct-2':>11}" + (f" {'gen_ppl':>9}" if judge else ""))
-    for name, t in rows:
-        q = metrics.text_quality(t)
-        gen = f" {judge.score(judge_lines(t)).perplexity():>9.1f}" if judge else ""
+    for name, q in rows:
+        gen = f" {q['gen_ppl']:>9.1f}" if judge else ""
         print(f"{name:<16} {q['perplexity']:>11.1f} {q['distinct_1']:>11.3f} {q['distinct_2']:>11.3f}{gen}")
     if note:
         print(note)
     return 0
-
-
-

@@ -16,6 +16,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from diffaccel import Strategy, hookimpl
+from diffaccel.capabilities import PINNED_TOKENS, TOKEN_LOGITS
 
 from .candidates import Candidate, always_candidates, candidates
 from .config import MINILM, BertCondConfig
@@ -27,7 +28,7 @@ from .strategy import BertCond
 
 @hookimpl
 def diffaccel_register(register):
-    register(Strategy(name="bert-cond", config=BertCondConfig, factory=BertCond, adapters=("text",),
+    register(Strategy(name="bert-cond", config=BertCondConfig, factory=BertCond, requires=(TOKEN_LOGITS, PINNED_TOKENS),
                       description="two-stage BERT conditioning: key terms of a source extracted by a BERT, pinned in the generated text"))
 
 

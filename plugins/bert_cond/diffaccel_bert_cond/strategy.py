@@ -21,6 +21,7 @@ import attrs
 import torch
 
 from diffaccel import hookimpl
+from diffaccel.capabilities import PINNED_TOKENS, TOKEN_LOGITS
 from diffaccel.errors import ConfigError, ConfigValueError
 
 from .candidates import candidates
@@ -50,6 +51,35 @@ def guard_word_ends(output: Any, where: tuple[torch.Tensor, torch.Tensor], cont:
     return new if isinstance(output, torch.Tensor) else attrs.evolve(output, values=new)
 
 
+NEEDS = (TOKEN_LOGITS, PINNED_TOKENS)
+"""What bert-cond needs of a model (its ``requires``)."""
+
+
+@attrs.define(eq=False)
+class BertCondState:
+    """bert-cond's state for one generation and guidance branch."""
+
+    t0: float
+    """When the run started (perf_counter)."""
+    conditions: list[Any] = attrs.Factory(list)
+    """Per row, the ``Condition`` (key terms) extracted from its source."""
+    rows: list[int] = attrs.Factory(list)
+    """Per row, the index of its source."""
+    after: Any = None
+    """(rows, positions) right after a pinned term, where the word-end guard acts; None: nowhere."""
+    cont: torch.Tensor | None = None
+    """Token ids that continue a word (the guard bans them after a complete term)."""
+    stage_one_s: float = 0.0
+    plan_s: float = 0.0
+    guard_s: float = 0.0
+    pinned: int = 0
+    """Positions pinned over the batch."""
+    pin_mask: torch.Tensor | None = None
+    pin_computed: int = 0
+    free_computed: int = 0
+    steps_seen: int = 0
+
+
 class BertCond:
     """Strategy instance; one per ``[[strategy]]`` table. The encoder, loaded once, is kept here
     (a resource like the config); everything about a run lives in the run's state."""
@@ -73,11 +103,13 @@ class BertCond:
             self.load_seconds = time.perf_counter() - t0
         return self._encoder
 
-    def setup(self, info: dict[str, Any]) -> None:
-        """Check the adapter, load the encoder, check its size against the model's condition
-        gating and that every source has candidate terms (called with the adapter's facts)."""
-        if info.get("adapter", "text") != "text":
-            raise ConfigValueError("use", f"bert-cond conditions text diffusion only; this pipeline uses the '{info['adapter']}' adapter")
+    @hookimpl
+    def diffaccel_setup(self, info: dict[str, Any]) -> None:
+        """Check the model's capabilities, load the encoder, check its size against the model's
+        condition gating and that every source has candidate terms (called with the adapter's facts)."""
+        lacking = [c for c in NEEDS if c not in info.get("capabilities", NEEDS)]
+        if lacking:
+            raise ConfigValueError("use", f"bert-cond pins tokens of a text diffusion model; this model lacks capability '{lacking[0]}'")
         enc = self.encoder
         cond_dim = info.get("cond_dim") or 0
         if self.config.vector and cond_dim and cond_dim != enc.hidden_size:
@@ -105,18 +137,19 @@ class BertCond:
         return ConfigError(f"[[strategy]] ({self.name}): key '{key}': {message}")
 
     # -- the run -----------------------------------------------------------------------------
-    def new_state(self, run) -> dict[str, Any]:
-        return {"t0": time.perf_counter(), "conditions": [], "rows": [], "after": None, "stage_one_s": 0.0,
-                "plan_s": 0.0, "guard_s": 0.0, "pinned": 0, "pin_mask": None, "pin_computed": 0, "free_computed": 0,
-                "steps_seen": 0}
+    @hookimpl
+    def diffaccel_new_state(self, run) -> "BertCondState":
+        return BertCondState(t0=time.perf_counter())
 
     @hookimpl
     def diffaccel_run_start(self, run) -> None:
-        if run.adapter != "text":
-            raise ConfigError(f"[[strategy]] ({self.name}): bert-cond conditions text diffusion only; this pipeline uses the '{run.adapter}' adapter")
+        lacking = [c for c in NEEDS if c not in run.capabilities]
+        if lacking:
+            raise ConfigError(f"[[strategy]] ({self.name}): bert-cond pins tokens of a text diffusion model; "
+                              f"this model lacks capability '{lacking[0]}'")
         self.encoder  # loaded before the clock starts: loading is not part of a run
         st = run.state(self)
-        st["t0"] = t0 = time.perf_counter()
+        st.t0 = t0 = time.perf_counter()
         seeds = run.info.get("seeds") or list(range(run.batch_size))
         rows = [self.source_index(s) for s in seeds]
         by_source: dict[int, Condition] = {}
@@ -126,9 +159,9 @@ class BertCond:
                     by_source[i] = self.condition_of(self.sources[i])
                 except ValueError as exc:
                     raise self._fail("source" if self.config.source is not None else "source_file", f"source #{i + 1} {exc}") from None
-        st["conditions"] = conds = [by_source[i] for i in rows]
-        st["rows"] = rows
-        st["stage_one_s"] = time.perf_counter() - t0
+        st.conditions = conds = [by_source[i] for i in rows]
+        st.rows = rows
+        st.stage_one_s = time.perf_counter() - t0
 
         t1 = time.perf_counter()
         length, tok = run.info["length"], run.info["tokenizer"]
@@ -144,23 +177,23 @@ class BertCond:
             pinned.append(p)
             after.append(a)
         run.pinned = torch.stack(pinned)
-        st["pinned"] = int((run.pinned >= 0).sum())
+        st.pinned = int((run.pinned >= 0).sum())
         if self.config.word_boundary and any(bool(a.any()) for a in after):
             after = torch.stack(after)
-            st["after"] = after.nonzero(as_tuple=True)
-            st["cont"] = self._continuation_ids(tok, run.info["vocab_size"])
+            st.after = after.nonzero(as_tuple=True)
+            st.cont = self._continuation_ids(tok, run.info["vocab_size"])
         if self.config.vector and run.info.get("cond_dim"):
             run.condition = torch.stack([c.vector for c in conds])
-        st["plan_s"] = time.perf_counter() - t1
+        st.plan_s = time.perf_counter() - t1
 
     @hookimpl
     def diffaccel_denoiser_output(self, run, output: Any) -> Any:
         st = run.state(self)
-        if st["after"] is None:
+        if st.after is None:
             return None
         t0 = time.perf_counter()
-        out = guard_word_ends(output, st["after"], st["cont"])
-        st["guard_s"] += time.perf_counter() - t0
+        out = guard_word_ends(output, st.after, st.cont)
+        st.guard_s += time.perf_counter() - t0
         return out
 
     @hookimpl
@@ -168,17 +201,17 @@ class BertCond:
         # how often the pinned positions were computed, beside the free ones: a strategy that
         # narrows steps (swd) should compute pinned tokens only as neighbours of changing ones
         st = run.state(self)
-        pin = st.get("pin_mask")
+        pin = st.pin_mask
         if pin is None:
-            pin = st["pin_mask"] = run.pinned >= 0
+            pin = st.pin_mask = run.pinned >= 0
         if output.computed is None:
-            st["pin_computed"] += int(pin.sum())
-            st["free_computed"] += int((~pin).sum())
+            st.pin_computed += int(pin.sum())
+            st.free_computed += int((~pin).sum())
         else:
             computed = output.computed.to(pin.device)  # (B, N) bool
-            st["pin_computed"] += int((computed & pin).sum())
-            st["free_computed"] += int((computed & ~pin).sum())
-        st["steps_seen"] += 1
+            st.pin_computed += int((computed & pin).sum())
+            st.free_computed += int((computed & ~pin).sum())
+        st.steps_seen += 1
 
     @hookimpl(wrapper=True)
     def diffaccel_finalize(self, run, final):
@@ -188,24 +221,24 @@ class BertCond:
         tokens = final.tokens if final.base is None else torch.where(final.fixed, final.base, final.tokens)
         tok = run.info["tokenizer"]
         texts = [tok.decode(row.tolist()) for row in tokens.cpu()]
-        found = [presence(c.terms, t) for c, t in zip(st["conditions"], texts)]
-        run_s = time.perf_counter() - st["t0"]
-        steps, free = st["steps_seen"], tokens.numel() - st["pinned"]
+        found = [presence(c.terms, t) for c, t in zip(st.conditions, texts)]
+        run_s = time.perf_counter() - st.t0
+        steps, free = st.steps_seen, tokens.numel() - st.pinned
         run.metrics[self.name] = {
-            "sources": [i + 1 for i in st["rows"]],
-            "terms": [list(c.terms) for c in st["conditions"]],
-            "scores": [list(c.scores) for c in st["conditions"]],
+            "sources": [i + 1 for i in st.rows],
+            "terms": [list(c.terms) for c in st.conditions],
+            "scores": [list(c.scores) for c in st.conditions],
             "present": found,
             "key_term_recall": recall(found),
-            "pinned_positions": st["pinned"],
+            "pinned_positions": st.pinned,
             # share of (position, step) pairs computed, pinned positions vs free ones
-            "pinned_computed_share": st["pin_computed"] / (st["pinned"] * steps) if st["pinned"] and steps else 0.0,
-            "free_computed_share": st["free_computed"] / (free * steps) if free and steps else 0.0,
-            "stage_one_s": st["stage_one_s"],
-            "plan_s": st["plan_s"],
-            "guard_s": st["guard_s"],
+            "pinned_computed_share": st.pin_computed / (st.pinned * steps) if st.pinned and steps else 0.0,
+            "free_computed_share": st.free_computed / (free * steps) if free and steps else 0.0,
+            "stage_one_s": st.stage_one_s,
+            "plan_s": st.plan_s,
+            "guard_s": st.guard_s,
             "run_s": run_s,
-            "stage_one_share": st["stage_one_s"] / run_s if run_s > 0 else 0.0,
+            "stage_one_share": st.stage_one_s / run_s if run_s > 0 else 0.0,
             "encoder": self.config.bert,
             "encoder_load_s": self.load_seconds,
             "vector_used": run.condition is not None,
@@ -215,10 +248,11 @@ class BertCond:
     @hookimpl
     def diffaccel_run_end(self, run) -> None:
         st = run.state(self)
-        st["after"] = st["cont"] = st["pin_mask"] = None
+        st.after = st.cont = st.pin_mask = None
 
     # -- bench ---------------------------------------------------------------------------------
-    def bench_quality(self, outputs: list[Any], seeds: list[int]) -> dict[str, float]:
+    @hookimpl
+    def diffaccel_bench_quality(self, outputs: list[Any], seeds: list[int]) -> dict[str, float]:
         """Key-term recall of any entry's outputs, against the terms this strategy extracts for
         the same seeds (so the unconditioned baseline is scored on the same terms), and the mean
         stage-one share where the runs were conditioned."""

@@ -24,7 +24,7 @@ SOURCES = ["velvet soft touch", "mother chinese family"]
 def make(tiny_bert, **kw) -> BertCond:
     kw = {"source": SOURCES, "bert": tiny_bert, "max_terms": 2, **kw}
     s = BertCond(BertCondConfig(**kw))
-    s.setup({"adapter": "text", "cond_dim": 0})
+    s.diffaccel_setup({"adapter": "text", "cond_dim": 0})
     return s
 
 
@@ -134,9 +134,9 @@ def test_without_the_strategy_the_terms_are_not_there(tiny_bert):
     pipe = tiny_text_pipeline("masked", max_len=N)
     strategy = make(tiny_bert)
     plain = generate(pipe, [], seed=0, batch=2)
-    q = strategy.bench_quality([plain], [0])
+    q = strategy.diffaccel_bench_quality([plain], [0])
     assert q["key_term_recall"] < 0.5 and "stage_one_share" not in q
-    cond = strategy.bench_quality([generate(pipe, [strategy], seed=0, batch=2)], [0])
+    cond = strategy.diffaccel_bench_quality([generate(pipe, [strategy], seed=0, batch=2)], [0])
     assert cond["key_term_recall"] == 1.0 and 0 < cond["stage_one_share"] < 1
 
 
@@ -201,7 +201,7 @@ def test_condition_vector_drives_models_with_condition_gating(tmp_path, tiny_ber
 
     def strategy(**kw):
         s = BertCond(BertCondConfig(source=SOURCES, bert=bert, max_terms=1, **kw))
-        s.setup(info)
+        s.diffaccel_setup(info)
         return s
 
     seen = []
@@ -221,7 +221,7 @@ def test_condition_vector_drives_models_with_condition_gating(tmp_path, tiny_ber
     assert seen[0] is None and off.report["strategies"]["bert-cond"]["vector_used"] is False
     assert not torch.equal(on.tokens, off.tokens)  # the vector changed the model's choices
     with pytest.raises(ConfigValueError) as err:
-        BertCond(BertCondConfig(source="velvet", bert=build_tiny_bert(tmp_path / "b32", hidden=32))).setup(info)
+        BertCond(BertCondConfig(source="velvet", bert=build_tiny_bert(tmp_path / "b32", hidden=32))).diffaccel_setup(info)
     assert err.value.key == "bert" and "hidden size 32 differs" in err.value.message and "cond_dim 16" in err.value.message
 
 
@@ -305,11 +305,11 @@ def test_more_terms_than_the_output_holds_names_max_terms(tiny_bert):
 
 
 def test_unet_adapter_is_refused_in_the_config_and_at_run_time(tiny_bert):
-    with pytest.raises(ConfigError, match=r"x.toml: \[\[strategy\]\] #1 \(bert-cond\): strategy 'bert-cond' does not support adapter 'unet'; it supports: text"):
+    with pytest.raises(ConfigError, match=r"x.toml: \[\[strategy\]\] #1 \(bert-cond\): strategy 'bert-cond' requires capability 'token-logits', which adapter 'unet' does not declare"):
         diffaccel.parse_config({"model": {"adapter": "unet"}, "strategy": [{"use": "bert-cond", "source": "a b"}]},
                                source="x.toml", registry=registry())
-    with pytest.raises(ConfigValueError, match="text diffusion only; this pipeline uses the 'unet' adapter"):
-        BertCond(BertCondConfig(source="velvet", bert=tiny_bert)).setup({"adapter": "unet"})
+    with pytest.raises(ConfigValueError, match="this model lacks capability 'token-logits'"):
+        BertCond(BertCondConfig(source="velvet", bert=tiny_bert)).diffaccel_setup({"capabilities": ["block-stack"]})
 
 
 def test_cli_prints_one_line_naming_file_table_and_key(tmp_path, tiny_bert):
@@ -333,7 +333,7 @@ def test_cli_prints_one_line_naming_file_table_and_key(tmp_path, tiny_bert):
 
 def test_registered_with_documented_fields():
     (row,) = [r for r in registry().describe() if r["name"] == "bert-cond"]
-    assert row["adapters"] == ["text"]
+    assert row["requires"] == ["token-logits", "pinned-tokens"]
     assert {f["name"] for f in row["fields"]} == {"source", "source_file", "bert", "max_terms", "ngram_max", "diversity",
                                                    "always_keep", "pooling", "word_boundary", "vector"}
     assert all(f["doc"] for f in row["fields"])

@@ -12,6 +12,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from diffaccel import Strategy, hookimpl
+from diffaccel.capabilities import BLOCK_STACK, BLOCK_TAIL, SPATIAL_FEATURES
 
 from .config import DCTAnchorConfig
 from .dct import band_energy, dct2, dct_basis, low_band, relative_band_change, relative_energy_change
@@ -20,7 +21,7 @@ from .strategy import DCTAnchor, decide
 
 @hookimpl
 def diffaccel_register(register):
-    register(Strategy(name="dct-anchor", config=DCTAnchorConfig, factory=DCTAnchor, adapters=("unet",),
+    register(Strategy(name="dct-anchor", config=DCTAnchorConfig, factory=DCTAnchor, requires=(BLOCK_STACK, BLOCK_TAIL, SPATIAL_FEATURES),
                       description="reuse UNet blocks while the low-frequency DCT band of their input holds still"))
 
 

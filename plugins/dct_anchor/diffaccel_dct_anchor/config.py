@@ -12,7 +12,7 @@ from diffaccel.validators import in_range, non_negative, one_of, positive
 from .dct import CRITERIA
 
 # Up-block classes whose last layers the strategy can run alone (their forward is a loop of
-# resnet [+ attention] layers, then upsamplers; see diffaccel.adapters.unet.tail).
+# resnet [+ attention] layers, then upsamplers; see the adapter's block-tail layer methods).
 TAIL_BLOCK_TYPES = ("UpBlock2D", "CrossAttnUpBlock2D")
 
 
@@ -83,10 +83,13 @@ def output_sizes(layers: list[str], sample_size: int) -> dict[str, int]:
 
 
 def check_against_model(config: DCTAnchorConfig, info: dict[str, Any]) -> None:
-    """Reject what depends on the model: the adapter, block names, band vs the maps, tail blocks."""
-    adapter = info.get("adapter")
-    if adapter is not None and adapter != "unet":
-        raise ConfigValueError("use", f"dct-anchor works on UNet pipelines ([model] adapter = \"unet\"); this model's adapter is '{adapter}'")
+    """Reject what depends on the model: its capabilities, block names, band vs the maps, tail blocks."""
+    from diffaccel.capabilities import BLOCK_STACK, BLOCK_TAIL, SPATIAL_FEATURES
+
+    caps = info.get("capabilities")
+    lacking = [c for c in (BLOCK_STACK, BLOCK_TAIL, SPATIAL_FEATURES) if caps is not None and c not in caps]
+    if lacking:
+        raise ConfigValueError("use", f"dct-anchor needs UNet-like feature maps; this model lacks capability '{lacking[0]}'")
     layers = list(info.get("layers") or [])
     names = config.block_list(layers)
     unknown = [n for n in names if n not in layers]

@@ -12,7 +12,8 @@ by the next strategy or the default.
 With ``signal = "input"`` anchors cascade: a block fed by an anchored block gets the very tensors
 of its cached step (recognised by identity, no DCT needed). The last up block is never served
 whole (that would freeze the model's output): when anchored it runs its last ``tail_layers``
-layers on the cached features entering them and the fresh skip samples (``diffaccel.adapters.unet.tail``).
+layers on the cached features entering them and the fresh skip samples (the layer's ``block-tail``
+methods: ``tail_start``, ``capture_tail``, ``can_run_tail``, ``run_tail``).
 
 Guards: ``warmup`` first steps and ``final_full`` last steps in full; a block reused
 ``max_reuse`` times in a row is recomputed. A block runs on the whole batch, so it is anchored
@@ -28,9 +29,9 @@ import attrs
 import torch
 
 from diffaccel import hookimpl
+from diffaccel.capabilities import BLOCK_STACK, BLOCK_TAIL, SPATIAL_FEATURES
 from diffaccel.errors import DiffaccelError
 
-from diffaccel.adapters.unet import tail
 from .config import DCTAnchorConfig, check_against_model
 from .dct import CRITERIA, CRITERION_POWER, low_band
 
@@ -58,6 +59,24 @@ class BlockState:
     """signal = "output": the low band of the block's output at the cached step."""
     rate: torch.Tensor | None = None
     """signal = "output": per row, the output's relative low-band change per step (to the power of the criterion) between its last two computations."""
+
+
+@attrs.define(eq=False)
+class DCTState:
+    """dct-anchor's state for one generation and guidance branch."""
+
+    blocks: dict[str, BlockState]
+    """Per anchored block, its state."""
+    record: dict[str, dict[str, list[Any]]]
+    """Per block, the decision (a character) and the measured change at each step."""
+    x0_low: torch.Tensor | None = None
+    """signal = "x0": the low band of the last step's denoised estimate."""
+    memo: tuple[Any, Any, float] | None = None
+    """(current, reference, change) measured once per step for blocks sharing a reference."""
+
+
+NEEDS = (BLOCK_STACK, BLOCK_TAIL, SPATIAL_FEATURES)
+"""What dct-anchor needs of a model (its ``requires``)."""
 
 
 def predicted_change(bs: "BlockState", step: int, power: int) -> float | None:
@@ -107,8 +126,9 @@ class DCTAnchor:
         self._order: list[str] = []
 
     # -- set-up --------------------------------------------------------------------------------------
-    def setup(self, info: dict[str, Any]) -> None:
-        """Reject block names, band and adapters that do not fit the model (ConfigValueError)."""
+    @hookimpl
+    def diffaccel_setup(self, info: dict[str, Any]) -> None:
+        """Reject block names, band and models that do not fit (ConfigValueError)."""
         check_against_model(self.config, info)
         layers = list(info.get("layers") or [])
         names = self.config.block_list(layers)
@@ -117,17 +137,19 @@ class DCTAnchor:
         ups = [n for n in layers if n.startswith("up_blocks.")]
         self._last_up = ups[-1] if ups else None
 
-    def new_state(self, run) -> dict[str, Any]:
+    @hookimpl
+    def diffaccel_new_state(self, run) -> "DCTState":
         steps = run.num_steps
-        return {"blocks": {n: BlockState() for n in self._blocks},
-                "record": {n: {"decisions": [NOT_ASKED] * steps, "change": [None] * steps} for n in self._order}}
+        return DCTState(blocks={n: BlockState() for n in self._blocks},
+                        record={n: {"decisions": [NOT_ASKED] * steps, "change": [None] * steps} for n in self._order})
 
     # -- hooks ---------------------------------------------------------------------------------------
     @hookimpl
     def diffaccel_run_start(self, run) -> None:
-        if run.adapter != "unet":
-            raise DiffaccelError(f"dct-anchor: key 'use': works on UNet pipelines only, not the '{run.adapter}' adapter")
-        self.setup(run.info)  # instances given to apply(strategies=...) never went through build_strategies
+        lacking = [c for c in NEEDS if c not in run.capabilities]
+        if lacking:
+            raise DiffaccelError(f"dct-anchor: key 'use': this model lacks capability '{lacking[0]}'")
+        self.diffaccel_setup(run.info)  # instances given to apply(strategies=...) never went through build_strategies
         run.metrics[self.name] = {"branches": {}}
 
     @hookimpl
@@ -136,20 +158,20 @@ class DCTAnchor:
             return None
         c = self.config
         st = run.state(self)
-        bs: BlockState = st["blocks"][layer.name]
+        bs: BlockState = st.blocks[layer.name]
         is_last_up = layer.name == self._last_up
         start = self._tail_start(layer) if is_last_up else 0
         step = run.step
         low = None
         if self._signal == "x0":
-            change = self._x0_change(bs, st.get("x0_low"), st)
+            change = self._x0_change(bs, st.x0_low, st)
         elif self._signal == "input":
             maps = block_inputs(layer, hidden, c.tail_layers, is_last_up)
             low, change = self._change(bs, maps)
         else:
             change = predicted_change(bs, step, self._power)
         d = decide(step, run.num_steps, bs.step is not None, bs.reused, change, c)
-        rec = st["record"][layer.name]
+        rec = st.record[layer.name]
         if 0 <= step < len(rec["decisions"]):
             rec["decisions"][step] = d
             rec["change"][step] = change
@@ -166,10 +188,10 @@ class DCTAnchor:
         if self._signal == "input":
             bs.inputs, bs.low = maps, low if low is not None else self._low(maps)
         elif self._signal == "x0":
-            bs.x0_ref = st.get("x0_low")
+            bs.x0_ref = st.x0_low
         bs.step, bs.reused = step, 0
         if is_last_up:  # computed here, to keep the features entering its tail
-            with tail.capture_tail_input(layer.module, start, tail.skip_channels(layer.module, hidden, start), {}) as got:
+            with layer.capture_tail(hidden, start) as got:
                 out = layer.compute(hidden)
             bs.tail_h = got.get("h")
             if self._signal == "output":
@@ -186,9 +208,9 @@ class DCTAnchor:
         st = run.state(self)
         if self._signal == "x0":
             x0 = output.pred_original if output.pred_original is not None else output.latents
-            st["x0_low"] = self._low([x0])
+            st.x0_low = self._low([x0])
         # branch names are final here (unbatched guidance renames 'main' to 'uncond' during step 0)
-        run.metrics[self.name]["branches"][run.branch] = st["record"]
+        run.metrics[self.name]["branches"][run.branch] = st.record
 
     @hookimpl
     def diffaccel_finalize(self, run, final) -> None:
@@ -207,11 +229,12 @@ class DCTAnchor:
     def diffaccel_run_end(self, run) -> None:
         for key, st in list(run._states.items()):  # noqa: SLF001 - drop our tensors in every branch
             if key[0] == self.name:
-                for bs in st["blocks"].values():
+                for bs in st.blocks.values():
                     bs.inputs = bs.low = bs.tail_h = bs.out_low = bs.rate = bs.x0_ref = None
-                st["x0_low"] = st["memo"] = None
+                st.x0_low = st.memo = None
 
-    def bench_plot(self, reports: list[dict[str, Any]], path) -> None:
+    @hookimpl
+    def diffaccel_bench_plot(self, reports: list[dict[str, Any]], path) -> None:
         """Called by ``diffaccel bench --plots DIR``: the decisions and changes over the steps."""
         from .plot import plot_decisions
 
@@ -236,18 +259,18 @@ class DCTAnchor:
             return low, None  # another batch or map size: compute
         return low, float(self._measure(low, bs.low).max())
 
-    def _x0_change(self, bs: BlockState, cur: torch.Tensor | None, st: dict | None = None) -> float | None:
+    def _x0_change(self, bs: BlockState, cur: torch.Tensor | None, st: "DCTState | None" = None) -> float | None:
         ref = bs.x0_ref
         if cur is None or ref is None or cur.shape != ref.shape:
             return None
         if cur is ref:
             return 0.0
-        memo = st.get("memo") if st is not None else None
+        memo = st.memo if st is not None else None
         if memo is not None and memo[0] is cur and memo[1] is ref:
             return memo[2]  # blocks computed at the same step share the reference: measured once per step
         value = float(self._measure(cur, ref).max())
         if st is not None:
-            st["memo"] = (cur, ref, value)
+            st.memo = (cur, ref, value)
         return value
 
     def _update_rate(self, bs: BlockState, feature: torch.Tensor, step: int, before: int | None) -> None:
@@ -258,7 +281,7 @@ class DCTAnchor:
 
     def _tail_start(self, layer) -> int:
         try:
-            return tail.tail_start(layer.module, self.config.tail_layers, layer.name)
+            return layer.tail_start(self.config.tail_layers)
         except ValueError as exc:
             raise DiffaccelError(f"dct-anchor: key 'tail_layers': {exc}") from None
 
@@ -266,13 +289,13 @@ class DCTAnchor:
         """The anchored block's output without running it (the last up block: its tail only)."""
         if not is_last_up:
             return layer.cached_output
-        if bs.tail_h is None or not tail.can_run_tail(layer.module, hidden):
+        if bs.tail_h is None or not layer.can_run_tail(hidden):
             return None
-        out = tail.run_tail(layer.module, hidden, bs.tail_h, start)
+        out = layer.run_tail(hidden, bs.tail_h, start)
         c = run.counters  # the block ran, partly
         c.layers_computed += 1
         c.positions_computed += run.positions_per_layer
         return out
 
 
-__all__ = ["BlockState", "DCTAnchor", "block_inputs", "decide"]
+__all__ = ["BlockState", "DCTAnchor", "DCTState", "block_inputs", "decide"]

@@ -47,7 +47,7 @@ def cfg(steps=8, checkpoint="synthetic-sd-tiny", batch=1, **options):
 
 def anchor(pipe, **kw) -> DCTAnchor:
     s = DCTAnchor(DCTAnchorConfig(**kw))
-    s.setup(UNetAdapter.info(pipe))
+    s.diffaccel_setup(UNetAdapter.info(pipe))
     return s
 
 
@@ -292,7 +292,7 @@ def test_bench_plot_writes_a_png(sd, tmp_path):
     s = anchor(sd, blocks=SD_BLOCKS, threshold=0.05, max_reuse=2)
     out = run(sd, [s], steps=6)
     path = tmp_path / "d.png"
-    s.bench_plot([out.report], path)
+    s.diffaccel_bench_plot([out.report], path)
     assert path.stat().st_size > 1000 and path.read_bytes()[:4] == b"\x89PNG"
 
 
@@ -355,10 +355,10 @@ def test_text_adapter_is_refused(tmp_path):
     tiny_text_pipe = tiny_text_pipeline()
     path = tmp_path / "t.toml"
     path.write_text('[model]\nadapter = "text"\n[[strategy]]\nuse = "dct-anchor"\n')
-    with pytest.raises(ConfigError, match=r"strategy 'dct-anchor' does not support adapter 'text'; it supports: unet"):
+    with pytest.raises(ConfigError, match=r"strategy 'dct-anchor' requires capability 'block-stack', which adapter 'text' does not declare"):
         load_config(path)
-    with pytest.raises(ConfigValueError, match=r"key 'use': dct-anchor works on UNet pipelines"):
-        DCTAnchor().setup({"adapter": "text", "layers": ["block.0"]})
+    with pytest.raises(ConfigValueError, match=r"key 'use': dct-anchor needs UNet-like feature maps; this model lacks capability 'block-stack'"):
+        DCTAnchor().diffaccel_setup({"capabilities": ["token-positions"], "layers": ["block.0"]})
     with pytest.raises(DiffaccelError, match=r"key 'use'"):
         with diffaccel.apply(tiny_text_pipe, strategies=[DCTAnchor()]):
             tiny_text_pipe(length=8, steps=2, progress=False)

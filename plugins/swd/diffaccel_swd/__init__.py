@@ -13,14 +13,14 @@ __version__ = "0.1.0"
 
 from diffaccel import Strategy, hookimpl
 
-from .strategy import SWD, SWDConfig, radius_at, update_stability, widen
+from .strategy import NEEDS, SWD, SWDConfig, SWDState, radius_at, update_stability, widen
 
 _DESCRIPTION = "stable window decoding: compute only a window around the positions whose top-1 token still moves"
 
 
 @hookimpl
 def diffaccel_register(register):
-    register(Strategy(name="swd", config=SWDConfig, factory=SWD, adapters=("text",), description=_DESCRIPTION))
+    register(Strategy(name="swd", config=SWDConfig, factory=SWD, requires=NEEDS, description=_DESCRIPTION))
 
 
-__all__ = ["SWD", "SWDConfig", "__version__", "diffaccel_register", "radius_at", "update_stability", "widen"]
+__all__ = ["SWD", "SWDConfig", "SWDState", "__version__", "diffaccel_register", "radius_at", "update_stability", "widen"]

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from diffaccel import hookimpl
+from diffaccel.capabilities import TOKEN_LOGITS, TOKEN_POSITIONS
 from diffaccel.errors import ConfigError
 from diffaccel.state import StepPlan
 from diffaccel.validators import in_range, one_of
@@ -98,6 +99,46 @@ def radius_at(step: int, num_steps: int, R: int, R_end: int | None) -> int:
     return round(R + (R_end - R) * step / (num_steps - 1))
 
 
+NEEDS = (TOKEN_POSITIONS, TOKEN_LOGITS)
+"""What swd needs of a model (its ``requires``)."""
+
+
+@attrs.define(eq=False)
+class SWDState:
+    """swd's state for one generation and guidance branch (tensors (B, N) unless said)."""
+
+    tau: float
+    """Resolved for the run's sampler (``SWD.resolved``)."""
+    K: int
+    R: int
+    R_end: int | None
+    max_age: int
+    run_len: torch.Tensor | None = None
+    """Consecutive steps each position's top-1 has held."""
+    probs: torch.Tensor | None = None
+    """(K, B, N) the last K top-1 probabilities."""
+    top1: torch.Tensor | None = None
+    tokens: torch.Tensor | None = None
+    """Masked sampler: the sequence after the last step."""
+    latents: torch.Tensor | None = None
+    """stable_latents = "hold": the latents after the last step."""
+    next: torch.Tensor | None = None
+    """The positions the next step computes; None before the first step (every position)."""
+    age: torch.Tensor | None = None
+    """Steps since each position was last computed."""
+    reuse: bool = False
+    """The next step may be reused whole (exact_skip)."""
+    asked_reuse: bool = False
+    first_stable: torch.Tensor | None = None
+    """The step each position first counted as stable (-1: never)."""
+    computed: list[float] = attrs.Factory(list)
+    """Per step, the share of positions computed."""
+    stable: list[float] = attrs.Factory(list)
+    """Per step, the share of positions stable."""
+    reused: int = 0
+    stopped_at: int | None = None
+
+
 class SWD:
     """Strategy instance; one per ``[[strategy]]`` table, reused across runs (state lives in the run)."""
 
@@ -105,11 +146,6 @@ class SWD:
 
     def __init__(self, config: SWDConfig | None = None):
         self.config = config or SWDConfig()
-
-    def setup(self, info: dict[str, Any]) -> None:
-        adapter = info.get("adapter", "text")
-        if adapter != "text":
-            raise ConfigError(f"strategy 'swd' runs on the text adapter only, not on the '{adapter}' adapter")
 
     def resolved(self, sampler: str) -> dict[str, Any]:
         """tau, K, R, R_end and max_age for a sampler: the config's values, else the sampler's defaults
@@ -120,25 +156,26 @@ class SWD:
         out["max_age"] = d["max_age"] if c.max_age is None else c.max_age
         return out
 
-    def new_state(self, run) -> dict[str, Any]:
-        return {**self.resolved(run.info.get("sampler", "masked")), "run_len": None, "probs": None, "top1": None, "tokens": None, "latents": None,
-                "next": None, "reuse": False, "asked_reuse": False, "first_stable": None, "computed": [], "stable": [],
-                "reused": 0, "stopped_at": None}
+    @hookimpl
+    def diffaccel_new_state(self, run) -> SWDState:
+        return SWDState(**self.resolved(run.info.get("sampler", "masked")))
 
     @hookimpl
     def diffaccel_run_start(self, run) -> None:
-        if run.adapter != "text":
-            raise ConfigError(f"strategy 'swd' runs on the text adapter only, not on the '{run.adapter}' adapter")
+        # instances handed to apply(strategies=...) skip the config's capability check
+        lacking = [c for c in NEEDS if c not in run.capabilities]
+        if lacking:
+            raise ConfigError(f"strategy 'swd' needs a model with capability '{lacking[0]}'")
         run.state(self)
 
     @hookimpl
     def diffaccel_pre_step(self, run) -> StepPlan | None:
         st = run.state(self)
-        if st["next"] is None:
+        if st.next is None:
             return StepPlan()  # first step: every position
         # positions too when reusing: if another strategy's plan does not reuse, the merge computes these
-        st["asked_reuse"] = st["reuse"]
-        return StepPlan(positions=st["next"], reuse_step=st["reuse"])
+        st.asked_reuse = st.reuse
+        return StepPlan(positions=st.next, reuse_step=st.reuse)
 
     @hookimpl
     def diffaccel_post_step(self, run, output) -> None:
@@ -149,86 +186,86 @@ class SWD:
         if masked_sampler:
             # MDLM's carry-over: a committed position's estimate is its token, with certainty
             top1 = torch.where(output.masked, top1, output.tokens)
-        if st["top1"] is None:
-            st["run_len"] = torch.zeros(B, N, dtype=torch.long, device=top1.device)
-            st["probs"] = torch.zeros(st["K"], B, N, device=top1.device)
-            st["first_stable"] = torch.full((B, N), -1, dtype=torch.long, device=top1.device)
-            st["age"] = torch.zeros(B, N, dtype=torch.long, device=top1.device)
-            st["top1"] = top1
+        if st.top1 is None:
+            st.run_len = torch.zeros(B, N, dtype=torch.long, device=top1.device)
+            st.probs = torch.zeros(st.K, B, N, device=top1.device)
+            st.first_stable = torch.full((B, N), -1, dtype=torch.long, device=top1.device)
+            st.age = torch.zeros(B, N, dtype=torch.long, device=top1.device)
+            st.top1 = top1
         prob = output.top1_prob.float()
         if masked_sampler:
             prob = prob.masked_fill(~output.masked, 1.0)
-        stable, top1_changed = update_stability(st["run_len"], st["probs"], st["top1"], top1, prob,
-                                                run.step, st["K"], st["tau"])
-        st["top1"] = top1.clone()
+        stable, top1_changed = update_stability(st.run_len, st.probs, st.top1, top1, prob,
+                                                run.step, st.K, st.tau)
+        st.top1 = top1.clone()
         if output.fixed is not None:
             stable |= output.fixed  # prompt / condition positions: never recomputed for their own sake
         input_changed = None
         if masked_sampler:
             # tokens committed at this step: their cached keys and values still see [MASK]
-            if st["tokens"] is None:  # the first input was [MASK] wherever the sequence is not fixed
+            if st.tokens is None:  # the first input was [MASK] wherever the sequence is not fixed
                 input_changed = ~output.masked if output.fixed is None else ~output.masked & ~output.fixed
             else:
-                input_changed = output.tokens != st["tokens"]
+                input_changed = output.tokens != st.tokens
             # a committed token is certain (carry-over): stable once its cache has seen it, and
             # recomputed at the step right after its commit, never for the K-step test
             stable = torch.where(output.masked, stable, ~input_changed)
-            st["tokens"] = output.tokens.clone()  # the sampler writes its sequence in place
+            st.tokens = output.tokens.clone()  # the sampler writes its sequence in place
         elif c.stable_latents == "hold" and getattr(output, "latents", None) is not None:
             self._hold(st, output, computed)
-        if st["max_age"]:
-            st["age"] = torch.where(computed, 0, st["age"] + 1)
-            old = st["age"] >= st["max_age"]
+        if st.max_age:
+            st.age = torch.where(computed, 0, st.age + 1)
+            old = st.age >= st.max_age
             stable &= ~(old & output.masked) if masked_sampler else ~old
-        st["first_stable"].masked_fill_(stable & (st["first_stable"] < 0), run.step)
-        nxt = widen(~stable, radius_at(run.step + 1, run.num_steps, st["R"], st["R_end"]))
+        st.first_stable.masked_fill_(stable & (st.first_stable < 0), run.step)
+        nxt = widen(~stable, radius_at(run.step + 1, run.num_steps, st.R, st.R_end))
         if masked_sampler and not c.widen_committed:
             nxt = (nxt & output.masked) | ~stable  # the widening reaches masked neighbours only
-        st["next"] = nxt
-        st["reuse"] = bool(c.exact_skip and input_changed is not None and not run.info.get("time_conditioned", True)
+        st.next = nxt
+        st.reuse = bool(c.exact_skip and input_changed is not None and not run.info.get("time_conditioned", True)
                            and not input_changed.any() and not (top1_changed & computed).any())
-        st["computed"].append(float(computed.float().mean()))
-        st["stable"].append(float(stable.float().mean()))
+        st.computed.append(float(computed.float().mean()))
+        st.stable.append(float(stable.float().mean()))
         # an exact skip that took effect (a step whose window was empty computed nothing either,
         # but reused nothing on purpose)
-        st["reused"] += int(st["asked_reuse"] and output.computed is not None and not bool(output.computed.any()))
+        st.reused += int(st.asked_reuse and output.computed is not None and not bool(output.computed.any()))
         if c.early_stop and bool(stable.all()) and not (masked_sampler and bool(output.masked.any())):
             run.stop = True
-            st["stopped_at"] = run.step
+            st.stopped_at = run.step
 
-    def _hold(self, st: dict[str, Any], output, computed: torch.Tensor) -> None:
+    def _hold(self, st: "SWDState", output, computed: torch.Tensor) -> None:
         """Freeze the latents of the positions not computed at this step (continuous samplers)."""
         z = output.latents
-        if st["latents"] is not None:
+        if st.latents is not None:
             hold = ~computed
             if output.fixed is not None:
                 hold &= ~output.fixed  # the sampler drives prompt latents itself
-            z[hold] = st["latents"][hold]
-        st["latents"] = z.clone()
+            z[hold] = st.latents[hold]
+        st.latents = z.clone()
 
     @hookimpl
     def diffaccel_finalize(self, run, final) -> None:
         st = run.state(self)
-        steps = len(st["computed"])
+        steps = len(st.computed)
         run.metrics[self.name] = {
-            "tau": st["tau"], "K": st["K"], "R": st["R"], "R_end": st["R_end"], "max_age": st["max_age"],
+            "tau": st.tau, "K": st.K, "R": st.R, "R_end": st.R_end, "max_age": st.max_age,
             "sampler": run.info.get("sampler"),
-            "computed_per_step": st["computed"],
-            "stable_per_step": st["stable"],
-            "mean_computed": sum(st["computed"]) / steps if steps else 1.0,
-            "steps_reused": st["reused"],
-            "stopped_at": st["stopped_at"],
-            "first_stable_step": st["first_stable"].tolist() if st["first_stable"] is not None else [],
+            "computed_per_step": st.computed,
+            "stable_per_step": st.stable,
+            "mean_computed": sum(st.computed) / steps if steps else 1.0,
+            "steps_reused": st.reused,
+            "stopped_at": st.stopped_at,
+            "first_stable_step": st.first_stable.tolist() if st.first_stable is not None else [],
         }
 
     @hookimpl
     def diffaccel_run_end(self, run) -> None:
         st = run.state(self)
         for key in ("run_len", "probs", "top1", "tokens", "latents", "next", "age"):
-            st[key] = None
+            setattr(st, key, None)
 
-    @staticmethod
-    def bench_plot(reports: list[dict[str, Any]], path) -> None:
+    @hookimpl
+    def diffaccel_bench_plot(self, reports: list[dict[str, Any]], path) -> None:
         from .plot import stability_curve
 
         stability_curve(reports, path)

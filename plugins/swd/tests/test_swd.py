@@ -19,6 +19,9 @@ from diffaccel.testing import run_with, tiny_text_pipeline
 from diffaccel_swd import SWD, SWDConfig, radius_at, update_stability, widen
 
 
+
+TEXT = frozenset({"token-positions", "token-logits", "mask-confidences"})  # what a text run offers
+
 def swd(**kw) -> SWD:
     return SWD(SWDConfig(**kw))
 
@@ -101,7 +104,7 @@ def test_first_step_full_then_fewer_positions(masked_pipe):
 
 def test_first_step_plan_covers_every_position():
     s = swd()
-    run = RunState(adapter="text", num_steps=4, batch_size=1)
+    run = RunState(adapter="text", capabilities=TEXT, num_steps=4, batch_size=1)
     run.info.update(sampler="masked", time_conditioned=False)
     run.step = 0
     s.diffaccel_run_start(run)
@@ -120,7 +123,7 @@ def _step_output(top1, prob, tokens=None, masked=None, fixed=None, computed=None
 
 
 def _continuous_run(num_steps=10, batch=2):
-    run = RunState(adapter="text", num_steps=num_steps, batch_size=batch)
+    run = RunState(adapter="text", capabilities=TEXT, num_steps=num_steps, batch_size=batch)
     run.info.update(sampler="ddim", time_conditioned=True)
     return run
 
@@ -135,7 +138,7 @@ def test_rows_decide_independently():
         # row 0 keeps its tokens; row 1's position 2 flips every step
         row1 = [1, 1, 9 if step % 2 else 8, 1, 1, 1]
         s.diffaccel_post_step(run, _step_output([[1] * 6, row1], [[0.9] * 6, [0.9] * 6]))
-    nxt = run.state(s)["next"]
+    nxt = run.state(s).next
     assert nxt[0].tolist() == [False] * 6
     assert nxt[1].tolist() == [False, True, True, True, False, False]
 
@@ -151,8 +154,8 @@ def test_fixed_positions_count_as_stable():
         # every top-1 changes at every step, with low probability
         s.diffaccel_post_step(run, _step_output([[step] * 4], [[0.1] * 4], fixed=fixed))
     st = run.state(s)
-    assert st["next"][0].tolist() == [False, False, True, True]
-    assert st["first_stable"][0].tolist() == [0, 0, -1, -1]
+    assert st.next[0].tolist() == [False, False, True, True]
+    assert st.first_stable[0].tolist() == [0, 0, -1, -1]
 
 
 def test_fixed_prompt_positions_are_not_recomputed(masked_pipe):
@@ -164,7 +167,7 @@ def test_fixed_prompt_positions_are_not_recomputed(masked_pipe):
 
 def test_committed_positions_are_recomputed_at_the_next_step():
     s = swd(tau=0.01, K=1, R=0, early_stop=False)
-    run = RunState(adapter="text", num_steps=4, batch_size=1)
+    run = RunState(adapter="text", capabilities=TEXT, num_steps=4, batch_size=1)
     run.info.update(sampler="masked", time_conditioned=False)
     s.diffaccel_run_start(run)
     M = 2  # mask id
@@ -175,14 +178,14 @@ def test_committed_positions_are_recomputed_at_the_next_step():
         t = torch.tensor([tokens])
         s.diffaccel_post_step(run, _step_output([[5, 7, 6, 7]], [[0.9] * 4], tokens=t, masked=t == M))
         changed = [i for i in range(4) if steps[step][i] != (steps[step - 1][i] if step else M)]
-        assert run.state(s)["next"][0].nonzero().squeeze(1).tolist() == changed
+        assert run.state(s).next[0].nonzero().squeeze(1).tolist() == changed
 
 
 def _window_after_a_flip(R: int, widen_committed: bool) -> list[int]:
     """The next step's positions on a masked row where positions 0 and 4 were committed earlier and
     position 2 (masked) flips its top-1 at the last of three steps."""
     s = swd(tau=0.01, K=2, R=R, early_stop=False, widen_committed=widen_committed)
-    run = RunState(adapter="text", num_steps=4, batch_size=1)
+    run = RunState(adapter="text", capabilities=TEXT, num_steps=4, batch_size=1)
     run.info.update(sampler="masked", time_conditioned=False)
     s.diffaccel_run_start(run)
     M = 2  # mask id
@@ -191,7 +194,7 @@ def _window_after_a_flip(R: int, widen_committed: bool) -> list[int]:
         s.diffaccel_pre_step(run)
         t = torch.tensor([[5, M, M, M, 6, M]])
         s.diffaccel_post_step(run, _step_output([[5, 7, top2, 7, 6, 7]], [[0.9] * 6], tokens=t, masked=t == M))
-    return run.state(s)["next"][0].nonzero().squeeze(1).tolist()
+    return run.state(s).next[0].nonzero().squeeze(1).tolist()
 
 
 @pytest.mark.parametrize("widen_committed", [False, True])
@@ -268,9 +271,9 @@ def test_state_is_kept_per_guidance_branch():
         run.branch = branch
         s.diffaccel_post_step(run, _step_output(top1, [[0.9, 0.2]]))
     run.branch = "cond"
-    assert run.state(s)["top1"].tolist() == [[1, 1]]
+    assert run.state(s).top1.tolist() == [[1, 1]]
     run.branch = "uncond"
-    assert run.state(s)["top1"].tolist() == [[2, 2]]
+    assert run.state(s).top1.tolist() == [[2, 2]]
 
 
 def test_defaults_depend_on_the_sampler():
@@ -342,15 +345,14 @@ def test_config_file_errors_name_table_and_key(table, words):
     assert msg.startswith("x.toml: [[strategy]] #1 (swd): ") and words in msg and "\n" not in msg
 
 
-def test_unet_adapter_is_rejected_by_name():
+def test_a_model_without_token_positions_is_refused_by_capability():
     with pytest.raises(ConfigError) as err:
         parse_config({"model": {"adapter": "unet", "checkpoint": "digits"}, "strategy": [{"use": "swd"}]},
                      source="u.toml", registry=registry())
-    assert "does not support adapter 'unet'" in str(err.value)
-    with pytest.raises(ConfigError, match="text adapter only, not on the 'unet' adapter"):
-        swd().setup({"adapter": "unet"})
-    with pytest.raises(ConfigError, match="'unet' adapter"):
-        swd().diffaccel_run_start(RunState(adapter="unet", num_steps=2, batch_size=1))
+    assert str(err.value).startswith("u.toml: [[strategy]] #1 (swd): strategy 'swd' requires capability 'token-positions', "
+                                     "which adapter 'unet' does not declare")
+    with pytest.raises(ConfigError, match="needs a model with capability 'token-positions'"):
+        swd().diffaccel_run_start(RunState(adapter="unet", num_steps=2, batch_size=1, capabilities=frozenset({"block-stack"})))
 
 
 def test_cli_exits_2_on_bad_input(tmp_path, capsys):
@@ -385,7 +387,7 @@ def test_shipped_configs_are_valid():
 def test_bench_plot_writes_a_png(masked_pipe, tmp_path):
     reports = [run_with(masked_pipe, [swd(tau=0.01, K=2, R=1)], length=16, steps=16, seed=s).report for s in (0, 1)]
     path = tmp_path / "curve.png"
-    SWD.bench_plot(reports, path)
+    SWD().diffaccel_bench_plot(reports, path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

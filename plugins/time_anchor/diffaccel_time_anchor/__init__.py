@@ -6,8 +6,9 @@
     max_age = 2        # an anchored entry is served for at most this many steps
     warmup = 5         # steps computed in full first
 
-Text models: anchored positions are left out of the layer's computation. UNet models: a block
-depth whose blocks are anchored in every row is skipped (with every deeper depth).
+Models with token positions (text): anchored positions are left out of the layer's computation
+(``tokens.py``). Models with a block stack (UNets): a depth whose blocks are anchored in every row
+is skipped, with every deeper depth (``blocks.py``). The policy follows the model's capabilities.
 """
 
 from __future__ import annotations
@@ -15,17 +16,20 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from diffaccel import Strategy, hookimpl
+from diffaccel.capabilities import BLOCK_STACK, TOKEN_POSITIONS
 
 from .cache import LatentCache
 from .config import TimeAnchorConfig
 from .gate import Gate, fit_gates
 from .strategy import TimeAnchor
+from .tokens import TokenPolicy, TokenState
+from .blocks import BlockPolicy, BlockStackState
 
 
 @hookimpl
 def diffaccel_register(register):
-    register(Strategy(name="time-anchor", config=TimeAnchorConfig, factory=TimeAnchor, adapters=("text", "unet"),
+    register(Strategy(name="time-anchor", config=TimeAnchorConfig, factory=TimeAnchor, requires=((TOKEN_POSITIONS, BLOCK_STACK),),
                       description="skip settled (layer, position) states, served from a bounded versioned cache"))
 
 
-__all__ = ["Gate", "LatentCache", "TimeAnchor", "TimeAnchorConfig", "__version__", "diffaccel_register", "fit_gates"]
+__all__ = ["BlockPolicy", "BlockStackState", "Gate", "LatentCache", "TimeAnchor", "TokenPolicy", "TokenState", "TimeAnchorConfig", "__version__", "diffaccel_register", "fit_gates"]

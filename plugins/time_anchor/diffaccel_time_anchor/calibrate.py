@@ -15,11 +15,23 @@ import json
 from pathlib import Path
 from typing import Any
 
+import attrs
 import torch
 
 from diffaccel import hookimpl
+from diffaccel.capabilities import TOKEN_POSITIONS
 
 from .gate import Gate, fit_gates, schedule_fraction
+
+
+@attrs.define(eq=False)
+class RecorderState:
+    """What the recorder keeps for one generation and guidance branch."""
+
+    prev: dict[int, torch.Tensor] = attrs.Factory(dict)
+    """Per layer index, its output at the last step."""
+    rates: dict[int, dict[int, torch.Tensor]] = attrs.Factory(dict)
+    """Per layer index and step, the relative change of each state since the step before."""
 
 
 class Recorder:
@@ -30,20 +42,22 @@ class Recorder:
     def __init__(self):
         self.runs: list[dict[str, Any]] = []  # one per finished generation (and branch)
 
-    def new_state(self, run):
-        return {"prev": {}, "rates": {}}
+    @hookimpl
+    def diffaccel_new_state(self, run) -> RecorderState:
+        return RecorderState()
 
     @hookimpl
     def diffaccel_layer_output(self, run, layer, hidden):
         st = run.state(self)
         out = layer.compute(hidden)
         main = out[0] if isinstance(out, tuple) else out
-        cur = main.float().reshape(main.shape[0], main.shape[1], -1) if run.adapter == "text" else main.float().reshape(main.shape[0], 1, -1)
-        prev = st["prev"].get(layer.index)
+        per_position = TOKEN_POSITIONS in run.capabilities  # a rate per position, else per row
+        cur = main.float().reshape(main.shape[0], main.shape[1], -1) if per_position else main.float().reshape(main.shape[0], 1, -1)
+        prev = st.prev.get(layer.index)
         if prev is not None and prev.shape == cur.shape:
             rate = torch.linalg.vector_norm(cur - prev, dim=-1) / torch.linalg.vector_norm(prev, dim=-1).clamp(min=1e-6)
-            st["rates"].setdefault(layer.index, {})[run.step] = rate.flatten().cpu()
-        st["prev"][layer.index] = cur.clone()
+            st.rates.setdefault(layer.index, {})[run.step] = rate.flatten().cpu()
+        st.prev[layer.index] = cur.clone()
         return out
 
     @hookimpl
@@ -52,12 +66,12 @@ class Recorder:
             saved, run.branch = run.branch, branch
             st = run.state(self, factory=lambda _r: None)
             run.branch = saved
-            if st and st["rates"]:
+            if st is not None and st.rates:
                 names = layer_names(run.info)
                 L = len(names)
-                steps = sorted(st["rates"][0])
+                steps = sorted(st.rates[0])
                 # rates: (L, steps, states); step 0 has no predecessor
-                rates = torch.stack([torch.stack([st["rates"][i][s] for s in steps]) for i in range(L)])
+                rates = torch.stack([torch.stack([st.rates[i][s] for s in steps]) for i in range(L)])
                 self.runs.append({"layers": names, "num_steps": run.num_steps,
                                   "steps": steps, "rates": rates})
 

@@ -112,7 +112,7 @@ def test_gate_for_another_model_fails_when_the_strategies_are_built(tmp_path):
 def test_entry_point_is_registered():
     reg = diffaccel.Registry()
     spec = reg.get("time-anchor")
-    assert spec is not None and set(spec.adapters) == {"text", "unet"}
+    assert spec is not None and spec.requires == (("token-positions", "block-stack"),)
 
 
 @pytest.mark.parametrize("name", ["text-time-anchor.toml", "digits-time-anchor.toml"])

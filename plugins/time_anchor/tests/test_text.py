@@ -248,7 +248,7 @@ def test_gate_file_for_another_layer_count_is_an_error(pipe, tmp_path):
 
     s = anchor(gate=gate_file(tmp_path, L + 1, 0.0))
     with pytest.raises(ConfigValueError, match=r"key 'gate': the gate file has 4 layers but the model has 3"):
-        s.setup(TextAdapter.info(pipe))
+        s.diffaccel_setup(TextAdapter.info(pipe))
 
 
 class PlanSpy:

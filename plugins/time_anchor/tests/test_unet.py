@@ -9,7 +9,7 @@ import torch
 import diffaccel
 from diffaccel.adapters.unet.adapter import UNetAdapter, load_checkpoint
 from diffaccel_time_anchor import Gate, TimeAnchor, TimeAnchorConfig
-from diffaccel_time_anchor.strategy import depth_of
+from diffaccel.adapters.unet.hooks import depth_of
 
 STEPS = 16
 PROMPTS = ["digit 3", "digit 7"]
@@ -156,12 +156,12 @@ def test_gate_open_skips_and_wrong_layer_count_is_an_error(pipe, tmp_path):
     bad = tmp_path / "bad.json"
     Gate(torch.zeros(4, 17), torch.zeros(4), [f"block.{i}" for i in range(4)]).save(bad)
     with pytest.raises(diffaccel.ConfigValueError, match="key 'gate': the gate file has 4 layers but the model has 7"):
-        anchor(gate=str(bad)).setup(UNetAdapter.info(pipe))
+        anchor(gate=str(bad)).diffaccel_setup(UNetAdapter.info(pipe))
 
 
 def test_bench_plot_writes_a_png(pipe, tmp_path):
     _, rep = generate(pipe, [anchor()])
     s = anchor()
-    s.bench_plot([rep, rep], tmp_path / "plot.png")
+    s.diffaccel_bench_plot([rep, rep], tmp_path / "plot.png")
     data = (tmp_path / "plot.png").read_bytes()
     assert data[:4] == b"\x89PNG" and len(data) < 200_000

@@ -11,13 +11,14 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from diffaccel import Strategy, hookimpl
+from diffaccel.capabilities import TOKEN_LOGITS
 
 from .strategy import TopK, TopKConfig, draw_topk, self_similarity
 
 
 @hookimpl
 def diffaccel_register(register):
-    register(Strategy(name="topk", config=TopKConfig, factory=TopK, adapters=("text",),
+    register(Strategy(name="topk", config=TopKConfig, factory=TopK, requires=(TOKEN_LOGITS,),
                       description="top-k sampling (seeded, per batch row) and top-k logit truncation"))
 
 

@@ -29,7 +29,6 @@ import attrs
 import torch
 
 from diffaccel import hookimpl
-from diffaccel.adapters.text.logits import TopKLogits
 from diffaccel.errors import ConfigValueError
 from diffaccel.validators import in_range, one_of, positive
 
@@ -86,6 +85,28 @@ def self_similarity(samples: Sequence[Any], n: int = 2) -> float:
     return sum(pairs) / len(pairs) if pairs else 1.0
 
 
+@attrs.define(eq=False)
+class TopKState:
+    """topk's state for one generation and guidance branch."""
+
+    gens: list[torch.Generator]
+    """One generator per batch row, seeded from the row's seed: draws do not depend on the batch."""
+    values: torch.Tensor | None = None
+    """The last step's kept logits and their token ids (B, N, k)."""
+    indices: torch.Tensor | None = None
+    steps: int = 0
+    """Steps truncated."""
+    steps_sampled: int = 0
+    """Steps where tokens were drawn from the top k (at_steps)."""
+    seconds: float = 0.0
+    held: int = 0
+    """Logit values held, summed over steps (held_bytes: their bytes, with the indices)."""
+    held_bytes: int = 0
+    full: int = 0
+    """Logit values of the full vocabulary, summed over steps (full_bytes: their bytes)."""
+    full_bytes: int = 0
+
+
 class TopK:
     """Strategy instance; one per ``[[strategy]]`` table, reused across runs (state lives in the run)."""
 
@@ -94,7 +115,8 @@ class TopK:
     def __init__(self, config: TopKConfig | None = None):
         self.config = config or TopKConfig()
 
-    def setup(self, info: dict[str, Any]) -> None:
+    @hookimpl
+    def diffaccel_setup(self, info: dict[str, Any]) -> None:
         """Reject k and k_keep above the model's vocabulary (called by the core with adapter facts)."""
         vocab, c = info.get("vocab_size"), self.config
         if vocab is None:
@@ -104,19 +126,18 @@ class TopK:
         if c.k_keep and c.k_keep > vocab:
             raise ConfigValueError("k_keep", f"must be at most the vocabulary size ({vocab}), got {c.k_keep}; 0 keeps the whole vocabulary")
 
-    def new_state(self, run) -> dict[str, Any]:
+    @hookimpl
+    def diffaccel_new_state(self, run) -> "TopKState":
         seeds = run.info.get("seeds") or range(run.batch_size)
-        return {"gens": [torch.Generator().manual_seed((int(s) + _SALT) % 2**63) for s in seeds],
-                "values": None, "indices": None, "steps": 0, "steps_sampled": 0, "seconds": 0.0,
-                "held": 0, "held_bytes": 0, "full": 0, "full_bytes": 0}
+        return TopKState(gens=[torch.Generator().manual_seed((int(s) + _SALT) % 2**63) for s in seeds])
 
     @hookimpl
     def diffaccel_run_start(self, run) -> None:
-        self.setup(run.info)  # instances passed to apply(strategies=...) never went through build_strategies
+        self.diffaccel_setup(run.info)  # instances passed to apply(strategies=...) never went through build_strategies
         run.state(self)  # the per-row generators start fresh with every run
 
     @hookimpl
-    def diffaccel_denoiser_output(self, run, output: torch.Tensor) -> "torch.Tensor | TopKLogits | None":
+    def diffaccel_denoiser_output(self, run, output: torch.Tensor) -> Any:
         c = self.config
         sample = c.at_steps and run.info.get("sampler") == "masked"  # only the masked sampler commits tokens
         if not (c.k_keep or sample):
@@ -126,7 +147,7 @@ class TopK:
         vals, idx = output.topk(c.k_keep or c.k, dim=-1)  # largest first
         dense = bool(c.k_keep)
         if sample:
-            scores = vals[..., :c.k].float() / c.temperature + gumbel(st["gens"], vals.shape[1:-1] + (c.k,)).to(vals.device)
+            scores = vals[..., :c.k].float() / c.temperature + gumbel(st.gens, vals.shape[1:-1] + (c.k,)).to(vals.device)
             if c.rank == "gumbel":
                 # the sampler's argmax and its softmax confidence both follow the perturbed scores
                 vals, idx, dense = scores.to(vals.dtype), idx[..., :c.k], True
@@ -136,17 +157,18 @@ class TopK:
                 j = scores.argmax(-1, keepdim=True)
                 drawn, top = idx.gather(-1, j), idx[..., :1]
                 idx = idx.scatter(-1, j, top).scatter(-1, torch.zeros_like(j), drawn)
-            st["steps_sampled"] += 1
+            st.steps_sampled += 1
         # truncated: hand the sampler the k_keep (values, indices) themselves; it samples from them
         # without ever building the (B, N, V) tensor (-inf elsewhere) that a dense answer would be
-        out = TopKLogits(vals, idx, output.shape[-1]) if dense else output.scatter(-1, idx, vals)
-        st["values"], st["indices"] = vals, idx
-        st["steps"] += 1
-        st["held"] += vals.numel()
-        st["held_bytes"] += vals.numel() * vals.element_size() + idx.numel() * idx.element_size()
-        st["full"] += output.numel()
-        st["full_bytes"] += output.numel() * output.element_size()
-        st["seconds"] += time.perf_counter() - t0
+        # the adapter's truncated-logits type (token-logits): values and indices, no dense tensor
+        out = run.info["truncated_logits"](vals, idx, output.shape[-1]) if dense else output.scatter(-1, idx, vals)
+        st.values, st.indices = vals, idx
+        st.steps += 1
+        st.held += vals.numel()
+        st.held_bytes += vals.numel() * vals.element_size() + idx.numel() * idx.element_size()
+        st.full += output.numel()
+        st.full_bytes += output.numel() * output.element_size()
+        st.seconds += time.perf_counter() - t0
         return out
 
     @hookimpl
@@ -160,16 +182,16 @@ class TopK:
                 todo &= final.draft == final.mask_id
             if bool(todo.any()):
                 mask = torch.tensor([final.mask_id], device=final.logits.device)
-                tokens = draw_topk(final.logits.index_fill(-1, mask, -math.inf), c.k, c.temperature, st["gens"])
+                tokens = draw_topk(final.logits.index_fill(-1, mask, -math.inf), c.k, c.temperature, st.gens)
                 final.tokens = torch.where(todo, tokens, final.draft)
                 drawn = int(todo.sum())
-        steps = max(st["steps"], 1)
+        steps = max(st.steps, 1)
         m: dict[str, Any] = {
             "k": c.k, "k_keep": c.k_keep or None, "temperature": c.temperature,
-            "vocab_size": run.info.get("vocab_size"), "steps_truncated": st["steps"], "steps_sampled": st["steps_sampled"],
-            "finalize_drawn": drawn, "held_values_per_step": st["held"] // steps, "full_values_per_step": st["full"] // steps,
-            "held_bytes_per_step": st["held_bytes"] // steps, "full_bytes_per_step": st["full_bytes"] // steps,
-            "held_ratio": st["full_bytes"] / st["held_bytes"] if st["held_bytes"] else 1.0, "seconds": st["seconds"],
+            "vocab_size": run.info.get("vocab_size"), "steps_truncated": st.steps, "steps_sampled": st.steps_sampled,
+            "finalize_drawn": drawn, "held_values_per_step": st.held // steps, "full_values_per_step": st.full // steps,
+            "held_bytes_per_step": st.held_bytes // steps, "full_bytes_per_step": st.full_bytes // steps,
+            "held_ratio": st.full_bytes / st.held_bytes if st.held_bytes else 1.0, "seconds": st.seconds,
         }
         tokens = final.tokens if final.tokens is not None else final.draft
         if tokens.shape[0] > 1:  # several samples in one batch: how alike they are
@@ -179,4 +201,4 @@ class TopK:
     @hookimpl
     def diffaccel_run_end(self, run) -> None:
         st = run.state(self)
-        st["values"] = st["indices"] = None
+        st.values = st.indices = None

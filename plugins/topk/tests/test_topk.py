@@ -73,9 +73,9 @@ def test_bad_values_name_the_key(kwargs, key, words):
 @pytest.mark.parametrize("kwargs, key", [({"k": 65, "k_keep": None}, "k"), ({"k_keep": 100}, "k_keep")])
 def test_setup_rejects_values_above_the_vocabulary(kwargs, key):
     with pytest.raises(ConfigValueError) as err:
-        TopK(TopKConfig(**kwargs)).setup({"vocab_size": V})
+        TopK(TopKConfig(**kwargs)).diffaccel_setup({"vocab_size": V})
     assert err.value.key == key and "vocabulary size (64)" in err.value.message
-    TopK(TopKConfig(k=V, k_keep=V)).setup({"vocab_size": V})  # the whole vocabulary is allowed
+    TopK(TopKConfig(k=V, k_keep=V)).diffaccel_setup({"vocab_size": V})  # the whole vocabulary is allowed
 
 
 def test_config_file_errors_name_file_table_and_key(pipe):
@@ -92,7 +92,7 @@ def test_config_file_errors_name_file_table_and_key(pipe):
 
 def test_registered_with_documented_fields():
     (row,) = registry().describe()
-    assert row["name"] == "topk" and row["adapters"] == ["text"]
+    assert row["name"] == "topk" and row["requires"] == ["token-logits"]
     assert {f["name"]: f["default"] for f in row["fields"]} == {
         "k": 5, "temperature": 1.0, "k_keep": 128, "at_steps": False, "at_finalize": True, "rank": "model"}
     assert all(f["doc"] for f in row["fields"])

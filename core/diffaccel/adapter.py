@@ -1,0 +1,99 @@
+"""The adapter contract: what the core needs from a model family, in one typed protocol.
+
+An adapter is a plugin like a strategy: a distribution names it in the ``diffaccel.adapters``
+entry-point group (``text = "pkg.module:TextAdapter"``); the entry-point name is what
+``[model] adapter = "..."`` selects. The shipped ``text`` and ``unet`` adapters register that way,
+from diffaccel's own pyproject.toml, and nothing in the core knows their names.
+
+The object the entry point names (a class with static methods, or an instance) must provide every
+member of ``Adapter``; ``diffaccel plugins --check`` and the first use verify it
+(``missing_members``). What the adapter's layers and steps offer to strategies is its
+``capabilities`` (``diffaccel.capabilities``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class Adapter(Protocol):
+    """One model family: loads its pipelines, runs them, and routes their layers through the hooks."""
+
+    name: str
+    """The entry-point name, as ``[model] adapter`` writes it (set from the entry point)."""
+    Options: type
+    """Frozen attrs class of the ``[model]`` keys only this adapter reads."""
+    capabilities: frozenset[str]
+    """What its layers and steps offer strategies (``diffaccel.capabilities``)."""
+    PEERS: Mapping[str, type]
+    """Other libraries' accelerators ``bench`` may compare (``[[peer]] use = name``): name -> attrs
+    class of the peer's keys. Empty when it offers none."""
+    layer_types: tuple[type, ...]
+    """The ``diffaccel.Layer`` subclasses its ``layer_output`` calls hand to strategies (documented
+    in docs/writing-a-plugin.md)."""
+
+    def accepts(self, pipe: Any) -> bool:
+        """Whether this adapter drives ``pipe`` (``diffaccel.apply`` picks the first that does)."""
+
+    def load(self, config: Any) -> Any:
+        """The pipeline a ``RunConfig`` names; raises ``ModelLoadError`` / ``ConfigError`` (one line)."""
+
+    def info(self, pipe: Any) -> dict[str, Any]:
+        """Model facts handed to ``diffaccel_setup`` (``n_layers``, ``layers``, ``capabilities``...)."""
+
+    def attach(self, pipe: Any, accelerator: Any) -> None:
+        """Route ``pipe``'s steps and layers through ``accelerator`` (a ``diffaccel.Accelerator``)."""
+
+    def detach(self, pipe: Any) -> None:
+        """Remove every hook: ``pipe`` behaves bitwise as if it never had any."""
+
+    def run(self, pipe: Any, config: Any, seed: int, progress: bool = True, **extra: Any) -> Any:
+        """One generation of ``config.model.batch`` rows from ``seed``; the output has ``.report``
+        (``RunState.report()``)."""
+
+    def reference_run(self, pipe: Any, config: Any, seed: int) -> Any | None:
+        """The unaccelerated run slightly perturbed (its agreement with the baseline is ``bench``'s
+        noise floor), or None when the adapter has no such notion."""
+
+    def write(self, outputs: list[Any], out: str | None) -> str:
+        """Write outputs (``generate --out``); returns where."""
+
+    def quality(self, baseline: list[Any], outputs: list[Any], references: list[Any] | None = None) -> dict[str, float]:
+        """``bench``'s quality columns: ``outputs`` against the unaccelerated ``baseline`` of the same seeds."""
+
+    def peer_name(self, entry: Any) -> str:
+        """``bench``'s entry name for a ``[[peer]]`` table (a ``PeerEntry``)."""
+
+    def peer_context(self, pipe: Any, peer: Any) -> AbstractContextManager[Any]:
+        """Apply a peer accelerator (an instance of a ``PEERS`` class) for a ``with`` block."""
+
+
+@runtime_checkable
+class TimesPartialSteps(Protocol):
+    """Optional: ``diffaccel partial`` (adapters declaring ``token-positions``)."""
+
+    def time_partial_steps(self, pipe: Any, config: Any, fractions: tuple[float, ...], repeats: int) -> dict[float, list[float]]:
+        """Seconds of one denoiser step computing each fraction of the positions (rows choosing their
+        own), ``repeats`` times, interleaved; fraction 1.0 is the full step."""
+
+
+@runtime_checkable
+class MeasuresFluency(Protocol):
+    """Optional: ``diffaccel fluency`` (text adapters)."""
+
+    def fluency_rows(self, pipe: Any, config: Any, seeds: int) -> Iterator[tuple[str, dict[str, float]]]:
+        """(row name, quality dict with ``perplexity``, ``distinct_1``, ``distinct_2``) of the model's
+        samples and of reference texts; the first row is the model's."""
+
+
+def missing_members(adapter: Any) -> list[str]:
+    """Members of ``Adapter`` that ``adapter`` lacks (an empty list: it conforms)."""
+    return [n for n in MEMBERS if not hasattr(adapter, n)]
+
+
+MEMBERS = tuple(sorted({*Adapter.__annotations__, *(n for n, v in vars(Adapter).items()
+                                                    if callable(v) and not n.startswith("_"))}))
+"""Every member name of the ``Adapter`` protocol."""

@@ -1,0 +1,113 @@
+"""Generate docs/writing-a-plugin.md from its template and the code that is the contract.
+
+    python docs/generate.py           # rewrite the guide
+    python docs/generate.py --check   # exit 1 if the guide is out of date (tests/test_docs.py)
+
+The reference part comes from ``diffaccel.hookspecs`` (lifecycle, exceptions, every hook with its
+merge rule), ``diffaccel.capabilities``, the installed adapters (their capabilities and layer
+objects, through the ``diffaccel.adapters`` entry points) and ``RunState.report`` (report keys).
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import sys
+from pathlib import Path
+
+DOCS = Path(__file__).resolve().parent
+TEMPLATE = DOCS / "templates" / "writing-a-plugin.md"
+GUIDE = DOCS / "writing-a-plugin.md"
+
+
+def _module_docs(module) -> list[tuple[str, str]]:
+    """(name, docstring) of module-level constants documented by a string right below them."""
+    tree = ast.parse(inspect.getsource(module))
+    out = []
+    for node, nxt in zip(tree.body, tree.body[1:]):
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
+            out.append((node.targets[0].id, inspect.cleandoc(nxt.value.value)))
+    return out
+
+
+def hooks() -> list[tuple[str, str, bool, str]]:
+    """(name, signature, firstresult, docstring) of every hookspec, in source order."""
+    from diffaccel import hookspecs
+
+    out = []
+    for name, fn in vars(hookspecs).items():
+        if not name.startswith("diffaccel_") or not callable(fn):
+            continue
+        opts = getattr(fn, "diffaccel_spec", {})
+        sig = str(inspect.signature(fn)).replace("'", "")
+        out.append((name, sig, bool(opts.get("firstresult")), inspect.getdoc(fn) or ""))
+    return out
+
+
+def reference() -> str:
+    from diffaccel import capabilities, hookspecs
+    from diffaccel.adapters_registry import adapter_names, get_adapter
+    from diffaccel.plugins import field_doc
+    from diffaccel.state import Counters, RunState
+
+    parts = ["## Reference (generated)", "", "### Lifecycle and exceptions", "",
+             inspect.getdoc(hookspecs).split("\n\n", 1)[1], "", "### Hooks", ""]
+    for name, sig, first, doc in hooks():
+        if doc.startswith("Per strategy"):
+            rule = "called on one strategy at a time; its own result is used"
+        elif first:
+            rule = "first non-None result wins, in config order"
+        else:
+            rule = "every implementation is called, in config order"
+        parts += [f"#### `{name}{sig}`", "", f"*{rule}*", "", doc, ""]
+    parts += ["### Capabilities", "", inspect.getdoc(capabilities).split("\n\n", 1)[1], ""]
+    const = {v: k for k, v in vars(capabilities).items() if isinstance(v, str) and k.isupper()}
+    for name, doc in _module_docs(capabilities):
+        value = getattr(capabilities, name)
+        if isinstance(value, str):
+            parts += [f"* **`{value}`** (`diffaccel.capabilities.{const[value]}`): {' '.join(doc.split())}"]
+    parts += ["", "### Adapters and their layer objects", "",
+              "Installed here (`diffaccel plugins` lists yours): what each declares and the `Layer` objects "
+              "its `diffaccel_layer_output` calls hand over.", ""]
+    for aname in adapter_names():
+        a = get_adapter(aname)
+        parts += [f"#### `{aname}`", "", f"Capabilities: {', '.join(f'`{c}`' for c in sorted(a.capabilities))}.", ""]
+        for layer_type in a.layer_types:
+            doc = " ".join((inspect.getdoc(layer_type) or "").split())
+            parts += [f"* `{layer_type.__name__}`: {doc}"]
+        parts += [""]
+    parts += ["### The run report", "",
+              "`RunState.report()`, returned with every output as `out.report` and per seed in `bench --json`:", ""]
+    report_doc = {"adapter": "the adapter's name", "steps": "denoising steps planned", "steps_run": "steps run (less when a strategy stopped the run)",
+                  "counters": "what the denoiser did (below), with `fraction_computed` = positions_computed / positions_total",
+                  "strategies": "per strategy name, what it put in `run.metrics[self.name]`"}
+    keys = list(RunState(adapter="-", num_steps=0, batch_size=0).report())
+    for k in keys:
+        parts += [f"* `{k}`: {report_doc.get(k, '')}"]
+    parts += [""]
+    import attrs
+
+    for f in attrs.fields(Counters):
+        parts += [f"* `counters.{f.name}`: {field_doc(Counters, f.name)}"]
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def render() -> str:
+    return TEMPLATE.read_text().replace("{{REFERENCE}}\n", reference())
+
+
+def main(argv: list[str]) -> int:
+    text = render()
+    if argv == ["--check"]:
+        if GUIDE.read_text() != text:
+            print(f"{GUIDE} is out of date: run 'make docs'", file=sys.stderr)
+            return 1
+        return 0
+    GUIDE.write_text(text)
+    print(f"wrote {GUIDE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
