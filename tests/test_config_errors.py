@@ -51,7 +51,7 @@ CASES = [
     ("batch-negative", GOOD_MODEL + "batch = -2\n", "[model]: key 'batch': must be positive, got -2"),
     ("seed-float", GOOD_MODEL + "seed = 1.5\n", "[model]: key 'seed': expected an integer, got 1.5"),
     ("temperature-negative", GOOD_MODEL + "temperature = -1.0\n", "[model]: key 'temperature': must be in [0.0, inf), got -1.0"),
-    ("sampler-unknown", GOOD_MODEL + 'sampler = "euler"\n', "[model]: key 'sampler': must be one of 'masked', 'ddim', 'ddpm', 'hybrid', got 'euler'"),
+    ("sampler-unknown", GOOD_MODEL + 'sampler = "euler"\n', "[model]: key 'sampler': must be one of 'masked', 'ddim', 'ddpm', 'hybrid', 'block', got 'euler'"),
     ("prompts-type", GOOD_MODEL + "prompts = [1, 2]\n", "[model]: key 'prompts': expected a list of strings, got [1, 2]"),
     ("checkpoint-empty", '[model]\nadapter = "text"\ncheckpoint = ""\n', "[model]: key 'checkpoint': must not be empty"),
     ("strategy-not-array", GOOD_MODEL + '[strategy]\nuse = "demo"\n', "'strategy' must be an array of tables, written [[strategy]]"),

@@ -20,7 +20,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = Path(__file__).with_name("golden") / "outputs.json"
-CONFIGS = sorted([*ROOT.glob("configs/*.toml"), *ROOT.glob("plugins/*/configs/*.toml")])
+# Configs whose checkpoint a command builds into ./runs/ (random-weights DiffusionGemma stand-ins,
+# absent on a fresh clone) are left out; tests/test_diffusion_gemma.py builds and checks them.
+CONFIGS = sorted(p for p in [*ROOT.glob("configs/*.toml"), *ROOT.glob("plugins/*/configs/*.toml")]
+                 if 'checkpoint = "./runs/' not in p.read_text())
 
 
 def shrink(cfg):

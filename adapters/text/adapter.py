@@ -12,6 +12,7 @@ from diffaccel.capabilities import MASK_CONFIDENCES, PINNED_TOKENS, TOKEN_LOGITS
 from diffaccel.errors import ConfigError, DiffaccelError
 from diffaccel.validators import in_range, one_of, positive
 
+from .diffusion_gemma import BLOCK, BLOCK_CAPABILITIES, DiffusionGemmaPipeline, GemmaLayer
 from .pipeline import SAMPLERS, TextDiffusionPipeline, TextLayer, TextOutput, run_capabilities
 
 #: Standard deviation of the logit perturbation whose effect is the agreement noise floor.
@@ -23,11 +24,11 @@ class TextOptions:
     """Keys of ``[model]`` that only the text adapter reads."""
 
     length: int = attrs.field(default=128, validator=positive)
-    """Tokens per sample, prompt included."""
-    sampler: str | None = attrs.field(default=None, validator=one_of(SAMPLERS))
-    """masked, ddim, ddpm or hybrid (default: masked for masked models, hybrid for continuous)."""
+    """Tokens per sample, prompt included (block sampler: generated tokens after the prompt, a multiple of the model's block)."""
+    sampler: str | None = attrs.field(default=None, validator=one_of(SAMPLERS + (BLOCK,)))
+    """masked, ddim, ddpm, hybrid or block (default: masked for masked models, hybrid for continuous, block for DiffusionGemma)."""
     temperature: float = attrs.field(default=1.0, validator=in_range(0.0, None))
-    """Sampling temperature; 0 takes the argmax."""
+    """Sampling temperature; 0 takes the argmax (block sampler: scales the model's temperature schedule, > 0)."""
     block_size: int | None = attrs.field(default=None, validator=positive)
     """Masked sampler: semi-autoregressive blocks of this many positions (default: one block)."""
     prompts: list[str] = attrs.Factory(list)
@@ -43,14 +44,14 @@ class TextAdapter:
     capabilities = frozenset({TOKEN_POSITIONS, MASK_CONFIDENCES, TOKEN_LOGITS, PINNED_TOKENS})
     """``mask-confidences`` only on runs of the masked sampler (``run.capabilities`` says)."""
     PEERS: dict[str, type] = {}
-    layer_types = (TextLayer,)
+    layer_types = (TextLayer, GemmaLayer)
 
     @staticmethod
     def accepts(pipe: Any) -> bool:
-        return isinstance(pipe, TextDiffusionPipeline)
+        return isinstance(pipe, (TextDiffusionPipeline, DiffusionGemmaPipeline))
 
     @staticmethod
-    def attach(pipe: TextDiffusionPipeline, accelerator) -> None:
+    def attach(pipe: TextDiffusionPipeline, accelerator) -> None:  # or a DiffusionGemmaPipeline
         pipe.accelerator = accelerator
 
     @staticmethod
@@ -60,18 +61,32 @@ class TextAdapter:
     @staticmethod
     def info(pipe: TextDiffusionPipeline) -> dict[str, Any]:
         den = pipe.denoiser
-        return {"adapter": "text", "vocab_size": den.vocab_size, "n_layers": den.n_layers, "kind": den.kind,
+        block = isinstance(pipe, DiffusionGemmaPipeline)
+        info = {"adapter": "text", "vocab_size": den.vocab_size, "n_layers": den.n_layers, "kind": den.kind,
                 "max_len": den.max_len, "time_conditioned": den.time_conditioned,
-                "layers": [f"block.{i}" for i in range(den.n_layers)],
+                "layers": [f"{'decoder' if block else 'block'}.{i}" for i in range(den.n_layers)],
                 "cond_dim": den.cond_dim, "tokenizer": pipe.tokenizer,
-                "capabilities": sorted(run_capabilities("masked" if den.kind == "masked" else "hybrid"))}
+                "capabilities": sorted(BLOCK_CAPABILITIES if block else run_capabilities("masked" if den.kind == "masked" else "hybrid"))}
+        if block:  # uniform noise, no mask token, no pinned positions
+            info.update(sampler=BLOCK, mask_id=None, canvas_length=pipe.canvas_length)
+        return info
 
     @staticmethod
     def load(config) -> TextDiffusionPipeline:
+        from .diffusion_gemma import precheck
         from .loading import load_pipeline
 
-        pipe = load_pipeline(config.model.checkpoint).to(config.model.device)
         opts, where = config.options, f"{config.source}: [model]"
+        problem = precheck(config.model.checkpoint, opts.length, opts.sampler, opts.block_size, opts.temperature)
+        if problem:  # a DiffusionGemma folder's options, checked before its weights load
+            key, _, message = problem.partition(": ")
+            raise ConfigError(f"{where}: key '{key}': {message}")
+        pipe = load_pipeline(config.model.checkpoint).to(config.model.device)
+        if isinstance(pipe, DiffusionGemmaPipeline):
+            TextAdapter._check_block(pipe, config, where)
+            return pipe
+        if opts.sampler == BLOCK:
+            raise ConfigError(f"{where}: key 'sampler': 'block' is DiffusionGemma's sampler, and '{config.model.checkpoint}' is a {pipe.kind} model; allowed: {'masked' if pipe.kind == 'masked' else 'ddim, ddpm, hybrid'}")
         if opts.length > pipe.denoiser.max_len:
             raise ConfigError(f"{where}: key 'length': {opts.length} exceeds the model's {pipe.denoiser.max_len} positions")
         if opts.sampler is not None and (opts.sampler == "masked") != (pipe.kind == "masked"):
@@ -80,12 +95,25 @@ class TextAdapter:
         return pipe
 
     @staticmethod
+    def _check_block(pipe: DiffusionGemmaPipeline, config, where: str) -> None:
+        """DiffusionGemma's options, checked before any step runs."""
+        o = config.options
+        if o.sampler not in (None, BLOCK):
+            raise ConfigError(f"{where}: key 'sampler': '{o.sampler}' does not fit the DiffusionGemma model '{config.model.checkpoint}' (uniform noise, no mask token); allowed: {BLOCK}")
+        prompts = [o.prompts[i % len(o.prompts)] for i in range(config.model.batch)] if o.prompts else [None]
+        problem = pipe.check(o.length, o.block_size, o.temperature, [len(p) for p in pipe.prompt_ids(prompts)])
+        if problem:
+            key, _, message = problem.partition(": ")
+            raise ConfigError(f"{where}: key '{key}': {message}")
+
+    @staticmethod
     def run(pipe: TextDiffusionPipeline, config, seed: int, progress: bool = True, **extra) -> TextOutput:
         m, o = config.model, config.options
         prompts = None
         if o.prompts:
             prompts = [o.prompts[i % len(o.prompts)] for i in range(m.batch)]
-        return pipe(prompts, length=o.length, steps=m.steps or o.length, seed=seed, batch=m.batch,
+        block = isinstance(pipe, DiffusionGemmaPipeline)  # steps: per block, default from the checkpoint
+        return pipe(prompts, length=o.length, steps=m.steps if block else (m.steps or o.length), seed=seed, batch=m.batch,
                     sampler=o.sampler, temperature=o.temperature, block_size=o.block_size, progress=progress, **extra)
 
     @staticmethod
@@ -145,6 +173,9 @@ class TextAdapter:
     @staticmethod
     def time_partial_steps(pipe, config, fractions, repeats):
         from .measure import time_partial_steps
+
+        if isinstance(pipe, DiffusionGemmaPipeline):
+            raise ConfigError(f"{config.source}: [model] key 'checkpoint': partial steps are timed on the reference and BERT-family models, not on DiffusionGemma '{config.model.checkpoint}'")
 
         return time_partial_steps(pipe, config, fractions, repeats)
 

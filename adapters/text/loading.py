@@ -5,7 +5,9 @@
   tokenizer.json);
 * a local folder or hub id of a transformers BERT-family masked LM, loaded with
   ``AutoModelForMaskedLM.from_pretrained``. Offline, a hub id that is not cached is one clear
-  ``ModelLoadError``.
+  ``ModelLoadError``;
+* a local folder or hub id whose config.json says ``model_type = "diffusion_gemma"``:
+  transformers' ``DiffusionGemmaForBlockDiffusion``, driven by ``diffusion_gemma.py``.
 """
 
 from __future__ import annotations
@@ -35,16 +37,36 @@ def load_pipeline(checkpoint: str):
         if not (path / "model.safetensors").is_file():
             raise ModelLoadError(f"shipped model '{checkpoint}' is missing at {path}; reinstall diffaccel or retrain it (see README)")
         return TextDiffusionPipeline(ReferenceDenoiser(TextDiffusionLM.load(path)), TextTokenizer.from_file(path / "tokenizer.json"), name=checkpoint)
+    from .diffusion_gemma import is_diffusion_gemma, load_diffusion_gemma
+
     path = Path(checkpoint)
     if path.is_dir() and (path / "config.json").is_file():
-        cfg = json.loads((path / "config.json").read_text())
+        try:
+            cfg = json.loads((path / "config.json").read_text())
+        except ValueError as exc:
+            raise ModelLoadError(f"{path / 'config.json'}: not valid JSON ({exc})") from None
+        if is_diffusion_gemma(cfg):
+            return load_diffusion_gemma(checkpoint, local=True)
         if "kind" in cfg and (path / "model.safetensors").is_file():
             if not (path / "tokenizer.json").is_file():
                 raise ModelLoadError(f"{path}: no tokenizer.json beside the model")
             return TextDiffusionPipeline(ReferenceDenoiser(TextDiffusionLM.load(path)), TextTokenizer.from_file(path / "tokenizer.json"), name=path.name)
     elif path.exists() or checkpoint.startswith((".", "/", "~")):
         raise ModelLoadError(f"{checkpoint}: not a model folder (no config.json)")
+    elif _hub_model_type(checkpoint) == "diffusion_gemma":
+        return load_diffusion_gemma(checkpoint, local=False)
     return load_hf_masked_lm(checkpoint)
+
+
+def _hub_model_type(name: str) -> str | None:
+    """The ``model_type`` of a hub id's config.json when it is at hand (cached, or online), else
+    None (``load_hf_masked_lm`` then says why it cannot be loaded)."""
+    try:
+        from huggingface_hub import hf_hub_download
+
+        return json.loads(Path(hf_hub_download(name, "config.json")).read_text()).get("model_type")
+    except Exception:  # offline, unknown id, no config: the masked-LM path reports it in one line
+        return None
 
 
 class HFTokenizer:

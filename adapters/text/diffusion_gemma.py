@@ -1,0 +1,540 @@
+"""DiffusionGemma (transformers' ``DiffusionGemmaForBlockDiffusion``) driven with diffaccel's hooks.
+
+The model generates block by block (``canvas_length`` tokens per block, "canvas"): a causal
+encoder writes the finished tokens into its key/value cache, and a bidirectional decoder
+denoises the active canvas from uniform noise (no mask token), with self-conditioning on the
+last step's logits, entropy-bounded acceptance, re-noising of what was not accepted, and an
+early exit once the argmax canvas is stable and confident.
+
+``DiffusionGemmaPipeline`` runs that loop with transformers' own pieces (the encoder, the
+generation config, ``EntropyBoundSampler``, the stopping criteria, ``_denoising_step``), so with
+no strategy active its tokens are those of ``model.generate`` for the same seed; without an
+accelerator it *is* ``model.generate``. What diffaccel adds is the decoder, run layer by layer:
+
+* ``pre_step`` / ``post_step`` at each denoising step of the active canvas (``run.step`` counts
+  steps over all blocks; ``run.timestep`` is the share of the block's steps left);
+* ``layer_output`` per decoder layer (``model.model.decoder.layers[i]``), whose ``compute`` may run
+  on a subset of the canvas positions: their queries attend over the finished blocks' keys and
+  values read from the encoder's cache (never recomputed) and the canvas keys and values of the
+  other positions as of their last computation;
+* the head and the self-conditioning embedding (a softmax and a (V, D) product per position)
+  run only on the positions computed.
+
+Positions (``StepPlan.positions``, ``TextStepOutput``) are those of the active canvas, (B, C).
+The first step of every block computes every position and layer whatever a strategy asks: the
+caches of the last block hold another canvas. ``run.stop`` set by a strategy ends the active
+block's denoising (the model's own early exit), not the generation.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from diffaccel.capabilities import TOKEN_LOGITS, TOKEN_POSITIONS
+from diffaccel.state import Layer, RunState
+
+from .logits import TopKLogits
+from .positions import Positions
+
+#: how ``[model] sampler`` names this model family's sampler
+BLOCK = "block"
+#: what its runs offer strategies: no mask token (uniform noise), no pinned tokens
+BLOCK_CAPABILITIES = frozenset({TOKEN_POSITIONS, TOKEN_LOGITS})
+
+
+def softcap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """The head's final soft cap, as ``DiffusionGemmaForBlockDiffusion.forward`` applies it."""
+    logits = logits.to(torch.float32)
+    if cap is None:
+        return logits
+    return torch.tanh(logits / cap) * cap
+
+
+class _Block:
+    """One active canvas: the encoder prefix length and per-layer key/value buffers
+    (B, kv heads, S + C, head dim), prefix copied once from the encoder cache."""
+
+    def __init__(self, model, cache, B: int, C: int, position_ids: torch.Tensor):
+        dec = model.model.decoder
+        self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for i, layer in enumerate(dec.layers):
+            pk, pv = cache.layers[i].keys, cache.layers[i].values
+            S = pk.shape[-2]  # sliding layers keep a shorter prefix
+            k = pk.new_empty(pk.shape[0], pk.shape[1], S + C, pk.shape[-1])
+            v = pv.new_empty(pv.shape[0], pv.shape[1], S + C, pv.shape[-1])
+            k[:, :, :S] = pk
+            v[:, :, :S] = pv
+            self.kv.append((k, v))
+        self.rope = {t: dec.rotary_emb(dec.embed_tokens.weight[:1], position_ids, t) for t in dec.unique_layer_types}
+
+
+class _GemmaContext:
+    """Per-generation state of the hooked decoder: the block's buffers, per-layer outputs,
+    the last logits, and what the current step computes."""
+
+    def __init__(self, model, run: RunState, mask_mapping: dict):
+        self.model = model
+        self.run = run
+        dec = model.model.decoder
+        self.types = list(dec.text_config.layer_types)
+        self.mask_mapping = mask_mapping
+        self.block: _Block | None = None
+        self.fresh = True  # the first step of a block: every position and layer is computed
+        self.out: list[torch.Tensor | None] = [None] * len(dec.layers)
+        self.h0: torch.Tensor | None = None
+        self.logits: torch.Tensor | None = None
+        self.step_sel: Positions | None = None
+        self.last_sel: Any = None
+        self.layers = [GemmaLayer(i, self) for i in range(len(dec.layers))]
+
+    def new_block(self, block: _Block) -> None:
+        self.block, self.fresh = block, True
+        self.out = [None] * len(self.out)
+        self.h0 = self.logits = None
+
+
+class GemmaLayer(Layer):
+    """One decoder layer of DiffusionGemma; ``compute`` may run on a subset of canvas positions."""
+
+    supports_positions = True
+
+    def __init__(self, index: int, ctx: _GemmaContext):
+        super().__init__(f"decoder.{index}", index, "transformer-block")
+        self.ctx = ctx
+        self.module = ctx.model.model.decoder.layers[index]
+
+    @property
+    def cached_output(self) -> torch.Tensor | None:
+        """The layer's output at every canvas position as of its last computation in this block
+        (None at a block's first step: there is none yet)."""
+        return self.ctx.out[self.index]
+
+    @property
+    def step_positions(self) -> Positions | None:
+        return self.ctx.step_sel
+
+    @staticmethod
+    def select(mask: torch.Tensor) -> Positions:
+        """The adapter's position set for a (B, C) bool mask (``token-positions``)."""
+        return Positions(mask)
+
+    def compute(self, hidden: torch.Tensor, positions: "torch.Tensor | Positions | None" = None) -> torch.Tensor:
+        ctx, i = self.ctx, self.index
+        counters = ctx.run.counters
+        sel = ctx.step_sel if positions is None else Positions.coerce(positions, hidden.shape[1])
+        if ctx.fresh or ctx.out[i] is None:
+            sel = None  # no cache of this canvas yet: the whole layer
+        if sel is None:
+            ctx.out[i] = decoder_layer(self.module, hidden, ctx, i, None)
+            counters.layers_computed += 1
+            counters.positions_computed += hidden.shape[0] * hidden.shape[1]
+        elif sel.count:
+            y = decoder_layer(self.module, sel.gather(hidden), ctx, i, sel)
+            sel.scatter_(ctx.out[i], y)
+            counters.layers_computed += 1
+            counters.positions_computed += sel.count
+        if i == len(ctx.layers) - 1:
+            ctx.last_sel = sel
+        return ctx.out[i]
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dim: int) -> torch.Tensor:
+    from transformers.models.diffusion_gemma.modeling_diffusion_gemma import apply_rotary_pos_emb
+
+    return apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim=dim)
+
+
+def decoder_layer(layer, h: torch.Tensor, ctx: _GemmaContext, i: int, sel: Positions | None) -> torch.Tensor:
+    """``DiffusionGemmaDecoderTextLayer.forward``, op for op, on every canvas position (``sel``
+    None, h (B, C, D)) or on the T positions of ``sel`` (h (T, D)); the canvas keys and values
+    computed are written into the block's buffer, which the queries attend over."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    attn = layer.self_attn
+    cos, sin = ctx.block.rope[ctx.types[i]]
+    kbuf, vbuf = ctx.block.kv[i]
+    S = kbuf.shape[-2] - (ctx.out[i].shape[1] if sel is not None else h.shape[1])
+    residual = h
+    x = layer.input_layernorm(h)
+    shape = (*x.shape[:-1], -1, attn.head_dim)
+    if sel is None:
+        unsq = 2
+    else:  # (T, heads, dh): the rotary tables of each pair's canvas position
+        cos, sin, unsq = cos[0].index_select(0, sel.pos), sin[0].index_select(0, sel.pos), 1
+    q = _rope(attn.q_norm(attn.q_proj(x).view(shape)), cos, sin, unsq)
+    k = attn.k_proj(x).view(shape)
+    v = attn.v_proj(x).view(shape) if attn.v_proj is not None else k
+    k = _rope(attn.k_norm(k), cos, sin, unsq)
+    v = attn.v_norm(v)
+    interface = ALL_ATTENTION_FUNCTIONS.get_interface(attn.config._attn_implementation, sdpa_attention_forward)
+    if sel is None:
+        kbuf[:, :, S:] = k.transpose(1, 2)
+        vbuf[:, :, S:] = v.transpose(1, 2)
+        out, _ = interface(attn, q.transpose(1, 2), kbuf, vbuf, ctx.mask_mapping[ctx.types[i]], dropout=0.0,
+                           scaling=attn.scaling, sliding_window=attn.sliding_window, is_causal=False)
+        out = attn.o_proj(out.reshape(*h.shape[:-1], -1).contiguous())
+    else:
+        T, Hk, dh = k.shape
+        N = kbuf.shape[-2]
+        heads = torch.arange(Hk, device=k.device)
+        rows = ((sel.rows[:, None] * Hk + heads) * N + S + sel.pos[:, None]).reshape(-1)
+        kbuf.view(-1, dh).index_copy_(0, rows, k.reshape(T * Hk, dh))
+        vbuf.view(-1, dh).index_copy_(0, rows, v.reshape(T * Hk, dh))
+        out, _ = interface(attn, sel.pad(q).transpose(1, 2), kbuf, vbuf, None, dropout=0.0,
+                           scaling=attn.scaling, sliding_window=attn.sliding_window, is_causal=False)
+        out = attn.o_proj(sel.unpad(out).reshape(T, -1))
+    h = residual + layer.post_attention_layernorm(out)
+    return _feed_forward(layer, h)
+
+
+def _feed_forward(layer, h: torch.Tensor) -> torch.Tensor:
+    """The second half of ``DiffusionGemmaDecoderTextLayer.forward``: dense MLP plus experts."""
+    residual = h
+    h1 = layer.post_feedforward_layernorm_1(layer.mlp(layer.pre_feedforward_layernorm(h)))
+    flat = residual.reshape(-1, residual.shape[-1])
+    _, weights, index = layer.router(flat)
+    h2 = layer.experts(layer.pre_feedforward_layernorm_2(flat), index, weights).reshape(residual.shape)
+    h2 = layer.post_feedforward_layernorm_2(h2)
+    h = residual + layer.post_feedforward_layernorm(h1 + h2)
+    h *= layer.layer_scalar
+    return h
+
+
+class _StepResult:
+    """What ``_denoising_step`` reads from its ``decoder_forward``."""
+
+    __slots__ = ("logits",)
+
+    def __init__(self, logits):
+        self.logits = logits
+
+
+class DiffusionGemmaPipeline:
+    """Generate with a ``DiffusionGemmaForBlockDiffusion``: ``pipe(prompt, length=64, seed=0)``.
+
+    ``length`` counts the generated tokens (``max_new_tokens``), a multiple of the model's
+    ``canvas_length``; ``steps`` is the most denoising steps per block (default: the checkpoint's
+    generation config); ``temperature`` scales its linear temperature schedule (1: unchanged).
+    The whole batch draws from one random stream seeded with ``seed``, as ``generate`` does after
+    ``torch.manual_seed(seed)``: a row depends on the batch it is generated in.
+    """
+
+    kind = BLOCK
+
+    def __init__(self, model, tokenizer, name: str = "diffusion-gemma"):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        self.accelerator = None
+        cfg = model.config
+        tc = cfg.text_config
+        self.denoiser = self  # the adapter reads the model facts below through ``pipe.denoiser``
+        self.vocab_size = tc.vocab_size
+        self.n_layers = tc.num_hidden_layers
+        self.max_len = tc.max_position_embeddings
+        self.canvas_length = cfg.canvas_length
+        self.time_conditioned = False
+        self.cond_dim = 0
+        self.mask_id = None  # uniform noise: no mask token
+        self.special_ids = {i for i in (tc.pad_token_id, tc.bos_token_id) if i is not None}
+        gc = model.generation_config
+        self.bos_id = gc.bos_token_id if gc.bos_token_id is not None else tc.bos_token_id
+        self.pad_id = gc.pad_token_id if gc.pad_token_id is not None else tc.pad_token_id
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    def to(self, device) -> "DiffusionGemmaPipeline":
+        self.model.to(torch.device(device))
+        return self
+
+    # -- inputs ----------------------------------------------------------------------------------
+    def prompt_ids(self, prompts: list[str | None]) -> list[list[int]]:
+        """Each prompt's ids after the BOS token (an empty prompt is BOS alone)."""
+        bos = [] if self.bos_id is None else [self.bos_id]
+        return [bos + (self.tokenizer.encode(p) if p else []) for p in prompts]
+
+    def check(self, length: int, block_size: int | None, temperature: float, prompt_lengths: list[int]) -> str | None:
+        """What is wrong with these options for this model, as ``key: message``, or None."""
+        C = self.canvas_length
+        if length % C:
+            return f"length: {length} is not a multiple of the model's block (canvas_length {C}); use {_multiples(length, C)}"
+        if block_size is not None and block_size != C:
+            return f"block_size: {block_size}, but this model denoises blocks of canvas_length {C} (fixed by its training); leave it out or set {C}"
+        if not temperature > 0:
+            return f"temperature: must be > 0 for the block sampler (it scales the model's temperature schedule), got {temperature}"
+        if len(set(prompt_lengths)) > 1:
+            return f"prompts: they tokenize to different lengths {sorted(set(prompt_lengths))}; the block sampler needs prompts of one length per batch (no padding)"
+        if prompt_lengths and max(prompt_lengths) + length > self.max_len:
+            return f"length: prompt + length = {max(prompt_lengths) + length} exceeds the model's {self.max_len} positions"
+        return None
+
+    def _gen_kwargs(self, length: int, steps: int | None, temperature: float) -> dict[str, Any]:
+        from transformers.models.diffusion_gemma.generation_diffusion_gemma import DiffusionGemmaGenerationConfig
+
+        gc = self.model.generation_config
+        d = DiffusionGemmaGenerationConfig._get_default_generation_params()
+        t_min = gc.t_min if gc.t_min is not None else d["t_min"]
+        t_max = gc.t_max if gc.t_max is not None else d["t_max"]
+        kw: dict[str, Any] = {"max_new_tokens": length, "cache_implementation": None, "disable_compile": True}
+        if steps is not None:
+            kw["max_denoising_steps"] = steps
+        if temperature != 1.0:
+            kw["t_min"], kw["t_max"] = t_min * temperature, t_max * temperature
+        return kw
+
+    # -- public call -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def __call__(self, prompt: str | list[str] | None = None, *, length: int = 64, steps: int | None = None,
+                 seed: int = 0, batch: int = 1, sampler: str | None = None, temperature: float = 1.0,
+                 block_size: int | None = None, progress: bool = True, logit_noise: float = 0.0):
+        from .pipeline import TextOutput, _NoAccelerator
+
+        if sampler not in (None, BLOCK):
+            raise ValueError(f"sampler {sampler!r} does not fit DiffusionGemma; allowed: {BLOCK}")
+        prompts = [prompt] * batch if prompt is None or isinstance(prompt, str) else list(prompt)
+        ids = self.prompt_ids(prompts)
+        problem = self.check(length, block_size, temperature, [len(p) for p in ids])
+        if problem:
+            raise ValueError(problem)
+        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+        kw = self._gen_kwargs(length, steps, temperature)
+        accel = self.accelerator
+        devices = [self.device] if self.device.type == "cuda" else []
+        # one stream for the batch, seeded like ``torch.manual_seed(seed); model.generate(...)``,
+        # without disturbing the caller's global generator
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            if accel is None and not logit_noise:  # untouched: transformers' own loop
+                out = self.model.generate(input_ids, **kw)
+                seqs, report = out.sequences, {"adapter": "text", "steps_run": None, "counters": {}, "strategies": {}}
+            else:
+                seqs, report = self._hooked(input_ids, kw, seed, accel or _NoAccelerator(), logit_noise, progress, temperature)
+        P = input_ids.shape[1]
+        if seqs.shape[1] < P + length:  # every row ended (EOS) before the last block: pad as generate pads
+            seqs = torch.nn.functional.pad(seqs, (0, P + length - seqs.shape[1]), value=self.pad_id if self.pad_id is not None else 0)
+        seqs = seqs.cpu()
+        return TextOutput(texts=[self.tokenizer.decode(row[P:].tolist()) for row in seqs], tokens=seqs,
+                          prompt_lengths=[P] * seqs.shape[0], report=report)
+
+    # -- the hooked loop -------------------------------------------------------------------------
+    def _hooked(self, input_ids: torch.Tensor, kw: dict[str, Any], seed: int, accel, logit_noise: float, progress: bool,
+                temperature: float = 1.0):
+        """``DiffusionGemmaGenerationMixin.generate`` (transformers 5.x), step for step, with the
+        decoder replaced by the hooked one and the hooks called around each denoising step."""
+        from .pipeline import TextFinal
+
+        model = self.model
+        gc, model_kwargs = model._prepare_generation_config(None, **kw)
+        B, cur_len = input_ids.shape
+        _, max_new = model._prepare_generated_length(gc, cur_len)
+        C = model.config.canvas_length
+        n_blocks = math.ceil(max_new / C)
+        steps = gc.max_denoising_steps
+        device = input_ids.device
+        cache = model._prepare_cache_for_generation(generation_config=gc, batch_size=B, max_length=cur_len + max_new)
+        eos = torch.tensor(gc.eos_token_id, device=device) if gc.eos_token_id is not None else None
+        finished = torch.zeros(B, dtype=torch.bool, device=device)
+        enc_pos = torch.arange(0, cur_len, dtype=torch.int32, device=device).unsqueeze(0)
+        dec_pos = torch.arange(cur_len, cur_len + C, dtype=torch.int32, device=device).unsqueeze(0)
+        attention_mask = torch.ones((B, cur_len), dtype=torch.bool, device=device)
+        dec_mask = torch.nn.functional.pad(attention_mask, (0, C), value=True)
+        sampler = model._prepare_sampler(gc)
+        processors = model._prepare_logits_processor(gc, None)
+        stopping = model._prepare_ar_stopping_criteria(gc, None)
+        adaptive = model._prepare_diffusion_stopping_criteria(gc)
+
+        run = RunState(adapter="text", num_steps=n_blocks * steps, batch_size=B, capabilities=BLOCK_CAPABILITIES)
+        run.info.update(seeds=[seed] * B, temperature=temperature, length=C, vocab_size=self.vocab_size, kind=BLOCK,
+                        sampler=BLOCK, time_conditioned=False, n_layers=self.n_layers, tokenizer=self.tokenizer,
+                        prompt_lengths=[0] * B, cond_dim=0, canvas_length=C, blocks=n_blocks, pins=False,
+                        layers=[f"decoder.{i}" for i in range(self.n_layers)], truncated_logits=TopKLogits)
+        run.positions_per_layer = B * C
+        noise_gen = torch.Generator().manual_seed(10_000_019 + seed)
+        accel.start_run(run)
+        ctx = None
+        try:
+            bar = tqdm(total=n_blocks * steps, desc=f"{self.name} (block)", unit="step", disable=not progress, leave=False)
+            is_prefill, step, blocks_run = True, 0, 0
+            for _ in range(n_blocks):
+                ids_in, enc_masks = model._prepare_encoder_inputs(
+                    input_ids=input_ids, attention_mask=attention_mask, encoder_position_ids=enc_pos, cache=cache,
+                    is_prefill=is_prefill, canvas_length=C, batch_size=B, **model_kwargs)
+                cache = model.model.encoder(input_ids=ids_in, attention_mask=enc_masks, cache=cache,
+                                            position_ids=enc_pos, **model_kwargs).cache
+                is_prefill = False
+                canvas, sc_logits, mask_mapping, done = model._prepare_denoiser_inputs(
+                    decoder_attention_mask=dec_mask, cache=cache, sampler=sampler, diffusion_stopping_criteria=adaptive,
+                    batch_size=B, device=device, model_kwargs=model_kwargs)
+                argmax = canvas
+                if ctx is None:
+                    ctx = _GemmaContext(model, run, mask_mapping)
+                ctx.mask_mapping = mask_mapping
+                ctx.new_block(_Block(model, cache, B, C, dec_pos))
+
+                def decoder_forward(decoder_input_ids, self_conditioning_logits, **_):
+                    logits = self._step_logits(ctx, accel, decoder_input_ids, self_conditioning_logits)
+                    if logit_noise:
+                        logits = logits + logit_noise * torch.randn(logits.shape, generator=noise_gen).to(logits)
+                    out = accel.denoiser_output(run, logits)
+                    return _StepResult(out.dense() if isinstance(out, TopKLogits) else out)
+
+                for cur_step in reversed(range(1, steps + 1)):
+                    run.step, run.timestep = step, cur_step / steps
+                    canvas, argmax, sc_logits, done = model._denoising_step(
+                        decoder_forward=decoder_forward, current_canvas=canvas, argmax_canvas=argmax,
+                        input_ids=input_ids, decoder_position_ids=dec_pos, self_conditioning_logits=sc_logits,
+                        mask_mapping=mask_mapping, cache=cache, finished_denoising=done, cur_step=cur_step,
+                        sampler=sampler, logits_processor=processors, diffusion_stopping_criteria=adaptive, **model_kwargs)
+                    ctx.fresh = False
+                    self._post(ctx, accel, argmax, sc_logits)
+                    step += 1
+                    bar.update(1)
+                    if bool(done.all()) or run.stop:  # the model's early exit, or a strategy's
+                        run.stop = False
+                        break
+                blocks_run += 1
+                input_ids = torch.cat([input_ids, argmax], dim=-1)
+                input_ids, finished = model._finalize_canvas(input_ids=input_ids, finished_sequences=finished,
+                                                             generation_config=gc, stopping_criteria=stopping,
+                                                             canvas_length=C, eos_tensor=eos)
+                if bool(finished.all()):
+                    break
+                cur_len, dec_mask, attention_mask, enc_pos, dec_pos = model._prepare_kwargs_for_next_canvas(
+                    attention_mask=attention_mask, decoder_attention_mask=dec_mask, decoder_position_ids=dec_pos,
+                    canvas_length=C, cur_len=cur_len)
+            bar.close()
+            run.step = step - 1
+            final = TextFinal(logits=ctx.logits, draft=argmax, fixed=torch.zeros_like(argmax, dtype=torch.bool),
+                              mask_id=-1, tokens=argmax, base=None)
+            accel.finalize(run, final)  # the tokens are the model's: strategies add metrics only
+        finally:
+            accel.end_run(run)
+        report = run.report()
+        report["blocks_run"] = blocks_run
+        return input_ids, report
+
+    def _step_logits(self, ctx: _GemmaContext, accel, canvas: torch.Tensor, sc_logits: torch.Tensor | None) -> torch.Tensor:
+        """One hooked decoder evaluation of the canvas (B, C) -> logits (B, C, V)."""
+        run = ctx.run
+        accel.pre_step(run)
+        plan = run.plan
+        if plan is not None and plan.reuse_step and ctx.logits is not None and not ctx.fresh:
+            run.counters.steps_reused += 1
+            ctx.step_sel = Positions(torch.zeros(canvas.shape, dtype=torch.bool, device=canvas.device))
+            return ctx.logits
+        model = self.model
+        dec = model.model.decoder
+        if ctx.fresh or plan is None or plan.positions is None or bool(plan.positions.all()):
+            sel = ctx.step_sel = None
+            emb = dec.embed_tokens(canvas)
+            if sc_logits is not None:
+                soft = torch.matmul(sc_logits.softmax(dim=-1, dtype=torch.float32).to(dec.embed_tokens.weight.dtype),
+                                    dec.embed_tokens.weight) * dec.embed_tokens.embed_scale.to(emb.dtype)
+            else:
+                soft = torch.zeros_like(emb)
+            h = ctx.h0 = dec.self_conditioning(emb, soft)
+        else:
+            sel = ctx.step_sel = Positions(plan.positions.to(canvas.device))
+            emb = dec.embed_tokens(canvas.reshape(-1).index_select(0, sel.flat))
+            rows = sel.gather(sc_logits)
+            soft = torch.matmul(rows.softmax(dim=-1, dtype=torch.float32).to(dec.embed_tokens.weight.dtype),
+                                dec.embed_tokens.weight) * dec.embed_tokens.embed_scale.to(emb.dtype)
+            h = sel.scatter_(ctx.h0, dec.self_conditioning(emb, soft))
+        ctx.last_sel = None
+        for layer in ctx.layers:
+            h = accel.layer_output(run, layer, h)
+        cap = model.final_logit_softcapping
+        head = sel
+        if not ctx.fresh and h is ctx.out[-1]:
+            head = ctx.last_sel  # the head runs where the last layer ran
+        if head is None or ctx.logits is None:
+            ctx.logits = softcap(model.lm_head(dec.norm(h)), cap)
+        elif head.count:
+            head.scatter_(ctx.logits, softcap(model.lm_head(dec.norm(head.gather(h))), cap))
+        return ctx.logits
+
+    def _post(self, ctx: _GemmaContext, accel, argmax: torch.Tensor, logits: torch.Tensor) -> None:
+        if not accel.active:
+            return
+        from .pipeline import TextStepOutput
+
+        prob, _ = logits.float().softmax(-1).max(-1)
+        computed = None if ctx.step_sel is None else ctx.step_sel.mask()
+        accel.post_step(ctx.run, TextStepOutput(tokens=argmax, top1=argmax, top1_prob=prob, logits=logits,
+                                                computed=computed, masked=None, fixed=None))
+
+
+# -- loading -------------------------------------------------------------------------------------
+WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+
+
+def is_diffusion_gemma(config: dict) -> bool:
+    return config.get("model_type") == "diffusion_gemma"
+
+
+def load_diffusion_gemma(name_or_path: str, local: bool) -> DiffusionGemmaPipeline:
+    """A ``DiffusionGemmaPipeline`` from a local folder or a hub id (whose config says
+    ``model_type = "diffusion_gemma"``). Missing files and loading failures are one
+    ``ModelLoadError`` naming the checkpoint and what is wrong."""
+    from pathlib import Path
+
+    from diffaccel.errors import ModelLoadError
+
+    from .loading import HFTokenizer
+
+    if local:
+        path = Path(name_or_path)
+        if not any((path / f).is_file() for f in WEIGHTS):
+            raise ModelLoadError(f"{path}: a DiffusionGemma folder (config.json model_type 'diffusion_gemma') without its weights; expected one of {', '.join(WEIGHTS)}")
+        if not any((path / f).is_file() for f in TOKENIZER_FILES):
+            raise ModelLoadError(f"{path}: no tokenizer beside the DiffusionGemma weights; expected one of {', '.join(TOKENIZER_FILES)}")
+    try:
+        from transformers import AutoTokenizer, DiffusionGemmaForBlockDiffusion
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # errors stay one line; a load is seconds here
+        model = DiffusionGemmaForBlockDiffusion.from_pretrained(name_or_path)
+        tok = AutoTokenizer.from_pretrained(name_or_path)
+    except (OSError, ValueError, TypeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelLoadError(f"checkpoint '{name_or_path}': transformers could not load it as DiffusionGemma ({first[:200]})") from None
+    return DiffusionGemmaPipeline(model, HFTokenizer(tok), name=Path(name_or_path).name)
+
+
+def _multiples(length: int, C: int) -> str:
+    """The multiples of C around ``length``, as a user would pick one."""
+    lo = length - length % C
+    return f"{lo} or {lo + C}" if lo else str(C)
+
+
+def precheck(checkpoint: str, length: int, sampler: str | None, block_size: int | None, temperature: float = 1.0) -> str | None:
+    """For a local DiffusionGemma folder, what is wrong with these options as ``key: message``,
+    read from its config.json before the weights load (None: nothing, or not such a folder)."""
+    import json
+    from pathlib import Path
+
+    path = Path(checkpoint) / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None  # not a local folder, or not readable: the loader says so
+    if not is_diffusion_gemma(cfg):
+        return None
+    if sampler not in (None, BLOCK):
+        return f"sampler: '{sampler}' does not fit the DiffusionGemma model '{checkpoint}' (uniform noise, no mask token); allowed: {BLOCK}"
+    C = cfg.get("canvas_length") or 256
+    if length % C:
+        return f"length: {length} is not a multiple of the model's block (canvas_length {C} in {path}); use {_multiples(length, C)}"
+    if block_size is not None and block_size != C:
+        return f"block_size: {block_size}, but this model denoises blocks of canvas_length {C} (fixed by its training); leave it out or set {C}"
+    if not temperature > 0:
+        return f"temperature: must be > 0 for the block sampler (it scales the model's temperature schedule), got {temperature}"
+    return None
