@@ -173,6 +173,19 @@ class TextAdapter:
         return str(path)
 
     @staticmethod
+    def load_judge(spec: str | None):
+        """The judge the bench scores samples with (``judge.load_judge``; None: the default one)."""
+        from .judge import DEFAULT_JUDGE, load_judge
+
+        return load_judge(spec or DEFAULT_JUDGE)
+
+    @staticmethod
+    def judge_lines(outputs: list[TextOutput]) -> list[str]:
+        from .judge import judge_lines
+
+        return judge_lines([t for o in outputs for t in o.texts])
+
+    @staticmethod
     def quality(baseline: list[TextOutput], outputs: list[TextOutput], references: list[TextOutput] | None = None) -> dict[str, float]:
         """Quality of ``outputs`` against the unaccelerated ``baseline`` of the same seeds."""
         from .metrics import agreement, text_quality
@@ -223,7 +236,7 @@ class TextAdapter:
         return time_partial_steps(pipe, config, fractions, repeats)
 
     @staticmethod
-    def fluency_rows(pipe, config, seeds):
+    def fluency_rows(pipe, config, seeds, judge=None):
         from .measure import fluency_rows
 
-        return fluency_rows(pipe, config, seeds)
+        return fluency_rows(pipe, config, seeds, judge=judge)

@@ -48,10 +48,18 @@ def time_partial_steps(pipe, config, fractions: tuple[float, ...], repeats: int)
     return times
 
 
-def fluency_rows(pipe, config, seeds: int) -> Iterator[tuple[str, dict[str, Any]]]:
+def fluency_rows(pipe, config, seeds: int, judge=None) -> Iterator[tuple[str, dict[str, Any]]]:
     """The model's samples (``seeds`` batches), held-out text, a unigram sampler and random tokens:
-    (name, ``text_quality`` dict); the model's row also has ``samples``."""
+    (name, ``text_quality`` dict, with ``gen_ppl`` under ``judge`` if given); the model's row also
+    has ``samples``."""
     from .adapter import TextAdapter
+    from .judge import judge_lines
+
+    def quality(texts: list[str]) -> dict[str, Any]:
+        q = metrics.text_quality(texts)
+        if judge is not None:
+            q["gen_ppl"] = judge.score(judge_lines(texts)).perplexity()
+        return q
 
     texts = []
     for k in range(seeds):
@@ -61,8 +69,7 @@ def fluency_rows(pipe, config, seeds: int) -> Iterator[tuple[str, dict[str, Any]
     gen = torch.Generator().manual_seed(0)
     random_texts = [tok.decode(torch.randint(4, tok.vocab_size, (config.options.length,), generator=gen).tolist())
                     for _ in range(len(texts))]
-    yield "model samples", {**metrics.text_quality(texts), "samples": len(texts)}
-    yield "held-out text", metrics.text_quality(metrics.reference_lines()[:400])
-    yield "unigram sampler", metrics.text_quality(
-        [metrics.unigram_sample(max(1, n_words // len(texts)), s) for s in range(len(texts))])
-    yield "random tokens", metrics.text_quality(random_texts)
+    yield "model samples", {**quality(texts), "samples": len(texts)}
+    yield "held-out text", quality(metrics.reference_lines()[:400])
+    yield "unigram sampler", quality([metrics.unigram_sample(max(1, n_words // len(texts)), s) for s in range(len(texts))])
+    yield "random tokens", quality(random_texts)

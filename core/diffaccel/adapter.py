@@ -86,7 +86,20 @@ class MeasuresFluency(Protocol):
 
     def fluency_rows(self, pipe: Any, config: Any, seeds: int) -> Iterator[tuple[str, dict[str, float]]]:
         """(row name, quality dict with ``perplexity``, ``distinct_1``, ``distinct_2``) of the model's
-        samples and of reference texts; the first row is the model's."""
+        samples and of reference texts; the first row is the model's. Adapters that are also
+        ``JudgesSamples`` take ``judge=`` and add ``gen_ppl``."""
+
+
+@runtime_checkable
+class JudgesSamples(Protocol):
+    """Optional: ``gen_ppl`` in ``bench`` and ``fluency`` (text adapters): a language model scores the samples."""
+
+    def load_judge(self, spec: str | None) -> Any:
+        """A judge (``name``, ``score(lines)`` -> per-line NLL sums and token counts) named by
+        ``--judge`` (None: the adapter's default); one ``DiffaccelError`` if it does not load."""
+
+    def judge_lines(self, outputs: list[Any]) -> list[str]:
+        """The lines of ``outputs`` that the judge scores."""
 
 
 def missing_members(adapter: Any) -> list[str]:

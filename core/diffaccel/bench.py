@@ -9,11 +9,15 @@ same seeds, with the adapter's metrics.
 to the same pipeline through the adapter's ``peer_context`` instead of strategies, on the same
 prompts and seeds, interleaved with the rest. A peer runs on the bare pipeline, so diffaccel
 counts nothing for it ("computed" shows "-").
+
+A judge (``judge``, adapters with ``load_judge``: text) scores every entry's outputs after the
+timed runs: ``gen_ppl``, and ``gen_ppl_noise``, the baseline on a second, disjoint seed set.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +28,7 @@ from tqdm.auto import tqdm
 from .accelerator import apply, build_strategies
 from .adapters_registry import get_adapter
 from .config import RunConfig, load_config
-from .errors import ConfigError
+from .errors import ConfigError, DiffaccelError
 from .plugins import Registry, call_own
 
 
@@ -52,17 +56,31 @@ def load_bench_configs(paths: list[str], registry: Registry) -> list[RunConfig]:
     return configs
 
 
+def with_seed(config: RunConfig, seed: int) -> RunConfig:
+    """The config with ``[model] seed`` replaced (``--seed`` of ``bench``: e.g. tuning seeds)."""
+    return attrs.evolve(config, model=attrs.evolve(config.model, seed=seed))
+
+
 def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: str | None = None,
               noise_floor: bool = True, progress: bool = True, registry: Registry | None = None,
-              plot_dir: str | None = None, batch: int | None = None) -> dict[str, Any]:
+              plot_dir: str | None = None, batch: int | None = None, seed: int | None = None,
+              judge: str | None = None, judge_noise: bool | None = None) -> dict[str, Any]:
     """``batch`` overrides every config's ``[model] batch`` (rows per call; seed k of the bench
-    starts at ``seed + k * batch``, so no row is generated twice)."""
+    starts at ``seed + k * batch``, so no row is generated twice); ``seed`` their first seed.
+    ``judge``: a judge the adapter's ``load_judge`` knows (text: 'smollm2', a causal LM folder or
+    hub id), loaded before any sampling; "default": the adapter's default judge, if it loads (if
+    not, a note in the result); None or "none": no judge. ``judge_noise`` (default: as
+    ``noise_floor``): also score the baseline on as many seeds again for ``gen_ppl_noise``."""
+    wall0 = time.perf_counter()
     registry = registry or Registry()
     configs = load_bench_configs(paths, registry)
     if batch is not None:
         configs = [with_batch(c, batch) for c in configs]
+    if seed is not None:
+        configs = [with_seed(c, seed) for c in configs]
     base = configs[0]
     adapter = get_adapter(base.model.adapter)
+    judge_obj, judge_info = _load_judge(adapter, judge)
     pipe = adapter.load(base)
     info = adapter.info(pipe)
     entries: list[tuple[str, list[Any]]] = [("baseline", [])]
@@ -125,6 +143,14 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
                 Path(plot_dir).mkdir(parents=True, exist_ok=True)
                 call_own(s, "diffaccel_bench_plot", reports=reports, path=Path(plot_dir) / f"{name}-{s.name}.png")
     _strategy_quality(result, entries, outputs, seed_list)
+    if judge_obj is not None:
+        _judge_quality(result, adapter, judge_obj, pipe, base, outputs, noise_floor if judge_noise is None else judge_noise)
+    if judge_info:
+        result["judge"] = {**judge_info, **result.get("judge", {})}
+    result["wall_s"] = time.perf_counter() - wall0
+    if "score_s" in result.get("judge", {}):
+        j = result["judge"]
+        j["share_of_wall"] = (j["load_s"] + j["score_s"]) / result["wall_s"]
     if json_path:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(json_path).with_name(Path(json_path).name + ".partial")
@@ -145,6 +171,50 @@ def _strategy_quality(result: dict[str, Any], entries: list[tuple[str, list[Any]
             for q in call_own(s, "diffaccel_bench_quality", outputs=outputs["baseline"], seeds=seeds):
                 for k, v in q.items():
                     by_name["baseline"]["quality"].setdefault(k, v)
+
+
+def _load_judge(adapter: Any, spec: str | None) -> tuple[Any, dict[str, Any]]:
+    """(judge or None, what the result's "judge" key starts with). A judge named explicitly that
+    does not load is the adapter's one-line error (``ModelLoadError``); the default one is a note."""
+    if spec in (None, "none") or not hasattr(adapter, "load_judge"):
+        return None, {}
+    t0 = time.perf_counter()
+    try:
+        judge = adapter.load_judge(None if spec == "default" else spec)
+    except DiffaccelError as exc:
+        if spec != "default":
+            raise
+        return None, {"name": None, "note": str(exc)}
+    return judge, {"name": judge.name, "load_s": time.perf_counter() - t0}
+
+
+def _judge_quality(result: dict[str, Any], adapter: Any, judge: Any, pipe: Any, base: RunConfig,
+                   outputs: dict[str, list[Any]], noise: bool) -> None:
+    """``gen_ppl`` of every entry, scored in one batched call; with ``noise``, the baseline also
+    runs (untimed) on as many seeds again, disjoint from the bench's, for ``gen_ppl_noise``."""
+    groups = {name: adapter.judge_lines(outs) for name, outs in outputs.items()}
+    info: dict[str, Any] = {}
+    if noise:
+        n, b = len(result["seeds"]), base.model.batch
+        info["noise_seeds"] = [base.model.seed + k * b for k in range(n, 2 * n)]
+        t0 = time.perf_counter()
+        groups[None] = adapter.judge_lines([adapter.run(pipe, base, s, progress=False) for s in info["noise_seeds"]])
+        info["noise_runs_s"] = time.perf_counter() - t0
+    lines = [line for g in groups.values() for line in g]
+    t0 = time.perf_counter()
+    scores = judge.score(lines)
+    info.update(score_s=time.perf_counter() - t0, lines=len(lines), tokens=sum(scores.tokens))
+    by_name = {e["name"]: e for e in result["entries"]}
+    k = 0
+    for name, g in groups.items():
+        nll, toks = sum(scores.nll[k : k + len(g)]), sum(scores.tokens[k : k + len(g)])
+        k += len(g)
+        ppl = math.exp(nll / toks) if toks else float("nan")
+        if name is None:
+            by_name["baseline"]["quality"]["gen_ppl_noise"] = ppl
+        else:
+            by_name[name]["quality"]["gen_ppl"] = ppl
+    result["judge"] = info
 
 
 def _peer_entries(configs: list[RunConfig], adapter: Any, taken: set[str]) -> dict[str, Any]:
@@ -177,6 +247,13 @@ def format_table(result: dict[str, Any]) -> str:
     m = result["model"]
     lines.insert(0, f"{m['adapter']} model {m['checkpoint']}, seeds {result['seeds']}, {result['repeats']} repeat(s), interleaved")
     lines.insert(2, "  ".join("-" * w for w in widths))
+    j = result.get("judge")
+    if j and j.get("note"):
+        lines.append(f"gen_ppl: not reported: {j['note']}")
+    elif j:
+        noise = f"; gen_ppl_noise: the baseline on seeds {j['noise_seeds']}" if "noise_seeds" in j else ""
+        lines.append(f"gen_ppl: judge {j['name']}, {j['lines']} lines, {j['tokens']} tokens, loading and scoring "
+                     f"{j['share_of_wall']:.0%} of the bench's wall time{noise}")
     return "\n".join(lines)
 
 

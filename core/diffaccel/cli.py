@@ -96,7 +96,10 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--batch", type=int, help="override [model] batch: rows generated per call (e.g. 8, as a server batches requests)")
     b.add_argument("--json", dest="json_path", help="write the results as JSON")
     b.add_argument("--plots", dest="plot_dir", help="folder for the strategies' plots")
-    b.add_argument("--no-noise-floor", action="store_true", help="skip the perturbed reference runs")
+    b.add_argument("--no-noise-floor", action="store_true", help="skip the perturbed reference runs (and gen_ppl_noise's seeds)")
+    b.add_argument("--seed", type=int, help="override [model] seed: the first seed (e.g. seeds kept for tuning)")
+    b.add_argument("--judge", default="default", metavar="NAME_OR_PATH",
+                   help="language model scoring text samples (gen_ppl): smollm2 (default), none, a causal LM folder or hub id, a .gguf file")
     b.add_argument("--no-progress", action="store_true")
 
     o = cmd("overhead", "measure the hook machinery's cost with no strategy active")
@@ -135,6 +138,7 @@ def _parser() -> argparse.ArgumentParser:
     f = cmd("fluency", "fluency of a model's samples beside reference texts")
     f.add_argument("config")
     f.add_argument("--seeds", type=int, default=4)
+    f.add_argument("--judge", default="default", metavar="NAME_OR_PATH", help="as bench's --judge: gen_ppl's language model, or none")
     return p
 
 
@@ -171,7 +175,7 @@ def _bench(args) -> int:
 
     result = run_bench(args.configs, seeds=args.seeds, repeats=args.repeats, json_path=args.json_path,
                        noise_floor=not args.no_noise_floor, progress=not args.no_progress, plot_dir=args.plot_dir,
-                       batch=args.batch)
+                       batch=args.batch, seed=args.seed, judge=args.judge)
     print(format_table(result))
     if args.json_path:
         print(f"wrote {args.json_path}")

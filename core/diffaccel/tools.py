@@ -8,7 +8,7 @@ import time
 from .accelerator import Accelerator
 from .adapters_registry import get_adapter
 from .config import load_config
-from .errors import ConfigError
+from .errors import ConfigError, DiffaccelError
 from .plugins import Registry
 
 
@@ -127,10 +127,22 @@ def fluency(args) -> int:
     if not hasattr(adapter, "fluency_rows"):  # the optional MeasuresFluency protocol
         raise ConfigError(f"{cfg.source}: [model] key 'adapter': fluency is measured on adapters that score text; "
                           f"'{adapter.name}' does not")
-    rows = list(adapter.fluency_rows(pipe, cfg.without_strategies(), args.seeds))
+    judge, note = None, ""
+    if getattr(args, "judge", "none") != "none" and hasattr(adapter, "load_judge"):
+        try:
+            judge = adapter.load_judge(None if args.judge == "default" else args.judge)
+        except DiffaccelError as exc:
+            if args.judge != "default":
+                raise
+            note = f"gen_ppl: not reported: {exc}"
+    kw = {"judge": judge} if judge else {}
+    rows = list(adapter.fluency_rows(pipe, cfg.without_strategies(), args.seeds, **kw))
     print(f"{cfg.model.checkpoint}: trigram Kneser-Ney perplexity (fitted on held-out WordNet text), "
-          f"{rows[0][1]['samples']} samples")
-    print(f"{'text':<16} {'perplexity':>11} {'distinct-1':>11} {'distinct-2':>11}")
+          f"{rows[0][1]['samples']} samples" + (f"; gen_ppl under {judge.name}" if judge else ""))
+    print(f"{'text':<16} {'perplexity':>11} {'distinct-1':>11} {'distinct-2':>11}" + (f" {'gen_ppl':>9}" if judge else ""))
     for name, q in rows:
-        print(f"{name:<16} {q['perplexity']:>11.1f} {q['distinct_1']:>11.3f} {q['distinct_2']:>11.3f}")
+        gen = f" {q['gen_ppl']:>9.1f}" if judge else ""
+        print(f"{name:<16} {q['perplexity']:>11.1f} {q['distinct_1']:>11.3f} {q['distinct_2']:>11.3f}{gen}")
+    if note:
+        print(note)
     return 0

@@ -9,7 +9,11 @@ the baseline's [model] and one [[strategy]] use = "swd" table, plus --extra keys
 runs on the same seeds, interleaved with the baseline (``diffaccel bench``), so the speedups are
 wall-clock ratios taken in the same run. Varying one key at a time (--vary-one) keeps the table
 short: the first value of each list is the centre, the others are changed one key at a time.
-``--config`` adds whole configs (same [model]) to the same interleaved bench.
+``--config`` adds whole configs (same [model]) to the same interleaved bench. ``--judge`` scores
+every entry with a language model (``gen_ppl``, the bench's default judge unless 'none'), and
+``--seed`` moves the seeds (tune on seeds that the bench's figures do not use). ``--fewer-steps
+64,43,32`` adds the other way to go faster: the baseline with fewer steps (committing more tokens
+per step), timed interleaved with the full baseline in a second pass on the same seeds.
 """
 
 from __future__ import annotations
@@ -18,10 +22,13 @@ import argparse
 import itertools
 import sys
 import tempfile
+import time
 from pathlib import Path
 
-from diffaccel.bench import run_bench
-from diffaccel.config import read_toml
+import attrs
+
+from diffaccel.bench import run_bench, with_batch, with_seed
+from diffaccel.config import load_config, read_toml
 
 
 def _values(text: str, cast) -> list:
@@ -66,9 +73,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", action="append", default=[], help="also bench this config (same [model]); repeatable")
     ap.add_argument("--plots", help="bench's --plots: stability curves of every entry into this folder")
     ap.add_argument("--out", help="also write the table to this markdown file")
+    ap.add_argument("--seed", type=int, help="first seed of every entry (bench's --seed), e.g. 100000 for tuning")
+    ap.add_argument("--judge", default="default", help="bench's --judge: gen_ppl's language model ('none': no gen_ppl)")
+    ap.add_argument("--no-noise-floor", action="store_true", help="skip the agreement noise-floor runs (gen_ppl_noise still runs)")
+    ap.add_argument("--no-judge-noise", action="store_true", help="skip gen_ppl_noise (the baseline on as many other seeds)")
+    ap.add_argument("--fewer-steps", default="", help="comma-separated step counts of the baseline, e.g. 64,43,32")
+    ap.add_argument("--fewer-steps-seeds", type=int, help="seeds of the fewer-steps pass (default: --seeds)")
+    ap.add_argument("--json", help="also write the bench's result (not the fewer-steps pass) as JSON")
+    ap.add_argument("--only-configs", action="store_true", help="no (tau, K, R) entries: bench the --config files only")
     args = ap.parse_args(argv)
 
-    combos = combinations(_values(args.tau, float), _values(args.K, int), _values(args.R, int), args.vary_one)
+    combos = [] if args.only_configs else combinations(_values(args.tau, float), _values(args.K, int), _values(args.R, int), args.vary_one)
     model = _model_table(args.baseline)
     with tempfile.TemporaryDirectory(prefix="swd-sweep-") as tmp:
         paths = [str(Path(tmp) / "base.toml")]
@@ -78,26 +93,75 @@ def main(argv: list[str] | None = None) -> int:
             p.write_text(f'{model}\n[[strategy]]\nuse = "swd"\ntau = {tau!r}\nK = {K}\nR = {R}\n{args.extra}\n')
             paths.append(str(p))
         result = run_bench(paths + args.config, seeds=args.seeds, progress=sys.stderr.isatty(), plot_dir=args.plots,
-                           batch=args.batch)
+                           batch=args.batch, seed=args.seed, judge=args.judge, noise_floor=not args.no_noise_floor,
+                           judge_noise=not args.no_judge_noise, json_path=args.json)
     entries = result["entries"]
     base_q = entries[0]["quality"]
+    judged = "gen_ppl" in base_q
+    noise = f"; agreement noise floor {base_q['agreement_noise_floor']:.3f}" if "agreement_noise_floor" in base_q else ""
+    if "gen_ppl_noise" in base_q:
+        noise += f"; gen_ppl of the baseline on other seeds {result['judge']['noise_seeds']}: {base_q['gen_ppl_noise']:.1f} ({base_q['gen_ppl_noise'] / base_q['gen_ppl'] - 1:+.1%})"
+    judge = (f"; gen_ppl judge {result['judge']['name']} (loading and scoring: {result['judge']['share_of_wall']:.0%} of the bench's wall time)"
+             if judged else "")
     lines = [f"{result['model']['checkpoint']}, {result['model']['steps']} steps, batch {result['model'].get('batch', 1)}, seeds {result['seeds']}, "
-             f"interleaved; agreement noise floor {base_q.get('agreement_noise_floor', float('nan')):.3f}", "",
-             "| tau | K | R | computed | speedup | perplexity (vs baseline) | distinct-2 (vs baseline) | agreement |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    b_ppl, b_d2 = base_q["perplexity"], base_q["distinct_2"]
-    lines.append(f"| baseline | | | 100% | 1.00x | {b_ppl:.1f} | {b_d2:.3f} | 1.000 |")
-    labels = [(f"{tau:g}", str(K), str(R)) for tau, K, R in combos] + [(f"`{Path(c).name}`", "", "") for c in args.config]
-    for (tau, K, R), e in zip(labels, entries[1:]):
-        q = e["quality"]
-        lines.append(f"| {tau} | {K} | {R} | {e['fraction_computed']:.0%} | {e['speedup']:.2f}x | "
-                     f"{q['perplexity']:.1f} ({q['perplexity'] / b_ppl - 1:+.1%}) | "
-                     f"{q['distinct_2']:.3f} ({q['distinct_2'] / b_d2:.0%}) | {q['agreement']:.3f} |")
+             f"interleaved{judge}{noise}", "",
+             "| tau | K | R | computed | speedup | perplexity (vs baseline) |" + (" gen_ppl (vs baseline) |" if judged else "")
+             + " distinct-2 (vs baseline) | agreement |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if judged else "") + " ---: | ---: |"]
+    rows = [(label, e) for label, e in zip([(f"{tau:g}", str(K), str(R)) for tau, K, R in combos]
+                                           + [(f"`{Path(c).name}`", "", "") for c in args.config], entries[1:])]
+    lines += [_row(("baseline", "", ""), entries[0], base_q, judged)] + [_row(label, e, base_q, judged) for label, e in rows]
+    if args.fewer_steps:
+        pass_base, steps_rows = fewer_steps(args.baseline, _values(args.fewer_steps, int), args)
+        lines += [_row(label, e, pass_base["quality"], judged) for label, e in [(("baseline, fewer-steps pass", "", ""), pass_base), *steps_rows]]
     table = "\n".join(lines)
     print(table)
     if args.out:
         Path(args.out).write_text(table + "\n")
     return 0
+
+
+def _row(label: tuple[str, str, str], e: dict, base_q: dict, judged: bool) -> str:
+    q = e["quality"]
+    computed = "-" if e["fraction_computed"] is None else f"{e['fraction_computed']:.0%}"
+    cells = [*label, computed, f"{e['speedup']:.2f}x", f"{q['perplexity']:.1f} ({q['perplexity'] / base_q['perplexity'] - 1:+.1%})"]
+    if judged:
+        cells.append(f"{q['gen_ppl']:.1f} ({q['gen_ppl'] / base_q['gen_ppl'] - 1:+.1%})")
+    cells += [f"{q['distinct_2']:.3f} ({q['distinct_2'] / base_q['distinct_2']:.0%})", f"{q['agreement']:.3f}"]
+    return "| " + " | ".join(cells) + " |"
+
+
+def fewer_steps(baseline: str, steps: list[int], args) -> tuple[dict, list[tuple[tuple[str, str, str], dict]]]:
+    """The baseline with fewer steps, each timed interleaved with the full baseline on the bench's
+    first seeds (a second pass: speedups and quality are relative to this pass's baseline, which
+    it returns beside the rows)."""
+    from diffaccel.adapters_registry import get_adapter
+
+    cfg = load_config(baseline).without_strategies()
+    if args.batch:
+        cfg = with_batch(cfg, args.batch)
+    if args.seed is not None:
+        cfg = with_seed(cfg, args.seed)
+    adapter = get_adapter(cfg.model.adapter)
+    judge = None if args.judge == "none" else adapter.load_judge(None if args.judge == "default" else args.judge)
+    pipe = adapter.load(cfg)
+    variants = [cfg] + [attrs.evolve(cfg, model=attrs.evolve(cfg.model, steps=s)) for s in steps]
+    seeds = [cfg.model.seed + k * cfg.model.batch for k in range(args.fewer_steps_seeds or args.seeds)]
+    adapter.run(pipe, cfg, seeds[0], progress=False)  # warm-up
+    times, outs = [0.0] * len(variants), [[] for _ in variants]
+    for k, seed in enumerate(seeds):
+        for i in [(k + j) % len(variants) for j in range(len(variants))]:  # rotating order, as bench does
+            t0 = time.perf_counter()
+            outs[i].append(adapter.run(pipe, variants[i], seed, progress=False))
+            times[i] += time.perf_counter() - t0
+    rows = []
+    for i, s in enumerate([cfg.model.steps, *steps]):
+        q = adapter.quality(outs[0], outs[i])
+        if judge is not None:
+            q["gen_ppl"] = judge.score(adapter.judge_lines(outs[i])).perplexity()
+        rows.append(((f"steps = {s}", "", ""), {"speedup": times[0] / times[i], "fraction_computed": None, "quality": q}))
+    rows[0][1]["fraction_computed"] = 1.0
+    return rows[0][1], rows[1:]
 
 
 if __name__ == "__main__":

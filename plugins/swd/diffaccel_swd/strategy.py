@@ -35,10 +35,12 @@ from diffaccel.validators import in_range, one_of
 #: sampler the masked positions that remain are, by construction, the unconfident ones (the
 #: confident ones are committed first), so a high ``tau`` would only ever mark committed
 #: positions; its default asks for an unchanged top-1 only (0.01 is below the top-1
-#: probabilities seen there).
+#: probabilities seen there). Masked max_age 8: kept logits older than 8 steps are computed
+#: again, which brings the samples' generative perplexity under a real LM (SmolLM2-135M) from
+#: +16% to +3% of the baseline's at 19% of positions instead of 15% (README, tuning seeds).
 DEFAULTS: dict[str, dict[str, Any]] = {
-    "masked": {"tau": 0.01, "K": 2, "R": 1, "R_end": None},
-    "continuous": {"tau": 0.5, "K": 3, "R": 1, "R_end": None},
+    "masked": {"tau": 0.01, "K": 2, "R": 1, "R_end": None, "max_age": 8},
+    "continuous": {"tau": 0.5, "K": 3, "R": 1, "R_end": None, "max_age": 0},
 }
 
 
@@ -62,8 +64,8 @@ class SWDConfig:
     """End the generation once every position is stable (masked sampler: and nothing is left to commit); the report says at which step."""
     widen_committed: bool = False
     """Masked sampler: the R-widening around an unstable position also recomputes committed neighbours. false (default): only masked neighbours; a committed token is recomputed at the step after its commit (so its keys and values see it), and not again because a neighbour moved (its prediction is the token)."""
-    max_age: int = attrs.field(default=0, validator=in_range(0, None))
-    """A position whose logits are max_age steps old counts as unstable and is computed again (0: no limit). Masked sampler: committed tokens are exempt (their estimate is the token)."""
+    max_age: int | None = attrs.field(default=None, validator=in_range(0, None))
+    """A position whose logits are max_age steps old counts as unstable and is computed again (0: no limit). Masked sampler: committed tokens are exempt (their estimate is the token). Default per sampler: masked 8, ddim/ddpm/hybrid 0."""
 
 
 def update_stability(run_len: torch.Tensor, probs: torch.Tensor, prev_top1: torch.Tensor, top1: torch.Tensor,
@@ -110,6 +112,7 @@ class SWDState:
     K: int
     R: int
     R_end: int | None
+    max_age: int
     run_len: torch.Tensor | None = None
     """Consecutive steps each position's top-1 has held."""
     probs: torch.Tensor | None = None
@@ -145,11 +148,12 @@ class SWD:
         self.config = config or SWDConfig()
 
     def resolved(self, sampler: str) -> dict[str, Any]:
-        """tau, K, R and R_end for a sampler: the config's values, else the sampler's defaults
+        """tau, K, R, R_end and max_age for a sampler: the config's values, else the sampler's defaults
         (R_end defaults only together with R: a config that sets R alone gets a constant R)."""
         d, c = DEFAULTS["masked" if sampler == "masked" else "continuous"], self.config
         out = {"tau": d["tau"] if c.tau is None else c.tau, "K": d["K"] if c.K is None else c.K}
         out["R"], out["R_end"] = (d["R"], d["R_end"] if c.R_end is None else c.R_end) if c.R is None else (c.R, c.R_end)
+        out["max_age"] = d["max_age"] if c.max_age is None else c.max_age
         return out
 
     @hookimpl
@@ -209,9 +213,9 @@ class SWD:
             st.tokens = output.tokens.clone()  # the sampler writes its sequence in place
         elif c.stable_latents == "hold" and getattr(output, "latents", None) is not None:
             self._hold(st, output, computed)
-        if c.max_age:
+        if st.max_age:
             st.age = torch.where(computed, 0, st.age + 1)
-            old = st.age >= c.max_age
+            old = st.age >= st.max_age
             stable &= ~(old & output.masked) if masked_sampler else ~old
         st.first_stable.masked_fill_(stable & (st.first_stable < 0), run.step)
         nxt = widen(~stable, radius_at(run.step + 1, run.num_steps, st.R, st.R_end))
@@ -244,7 +248,7 @@ class SWD:
         st = run.state(self)
         steps = len(st.computed)
         run.metrics[self.name] = {
-            "tau": st.tau, "K": st.K, "R": st.R, "R_end": st.R_end,
+            "tau": st.tau, "K": st.K, "R": st.R, "R_end": st.R_end, "max_age": st.max_age,
             "sampler": run.info.get("sampler"),
             "computed_per_step": st.computed,
             "stable_per_step": st.stable,

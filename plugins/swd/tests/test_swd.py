@@ -290,7 +290,7 @@ def test_defaults_depend_on_the_sampler():
 def test_the_defaults_reach_the_run(masked_pipe):
     out = run_with(masked_pipe, [swd()], length=16, steps=16, seed=0)
     m = out.report["strategies"]["swd"]
-    assert {k: m[k] for k in ("tau", "K", "R", "R_end")} == diffaccel_swd.strategy.DEFAULTS["masked"]
+    assert {k: m[k] for k in ("tau", "K", "R", "R_end", "max_age")} == diffaccel_swd.strategy.DEFAULTS["masked"]
 
 
 def test_reruns_start_fresh(masked_pipe):
@@ -433,3 +433,10 @@ def test_max_age_recomputes_positions_whose_logits_grew_old():
         s.diffaccel_post_step(run, _step_output([[1, 2, 3]], [[0.9] * 3], computed=computed))
     # step 0 full; step 1 nothing (all stable); after two steps without computation: all again
     assert plans == [None, [False] * 3, [False] * 3, [True] * 3]
+
+
+def test_masked_default_max_age_recomputes_old_logits_and_zero_turns_it_off(masked_pipe):
+    aged = run_with(masked_pipe, [swd()], length=32, steps=32, seed=0).report["strategies"]["swd"]
+    unlimited = run_with(masked_pipe, [swd(max_age=0)], length=32, steps=32, seed=0).report["strategies"]["swd"]
+    assert aged["max_age"] == 8 and unlimited["max_age"] == 0
+    assert aged["mean_computed"] > unlimited["mean_computed"]
