@@ -262,13 +262,9 @@ class DiffusionGemmaPipeline:
 
     def check(self, length: int, block_size: int | None, temperature: float, prompt_lengths: list[int]) -> str | None:
         """What is wrong with these options for this model, as ``key: message``, or None."""
-        C = self.canvas_length
-        if length % C:
-            return f"length: {length} is not a multiple of the model's block (canvas_length {C}); use {_multiples(length, C)}"
-        if block_size is not None and block_size != C:
-            return f"block_size: {block_size}, but this model denoises blocks of canvas_length {C} (fixed by its training); leave it out or set {C}"
-        if not temperature > 0:
-            return f"temperature: must be > 0 for the block sampler (it scales the model's temperature schedule), got {temperature}"
+        wrong = _block_options(length, block_size, temperature, self.canvas_length)
+        if wrong:
+            return wrong
         if len(set(prompt_lengths)) > 1:
             return f"prompts: they tokenize to different lengths {sorted(set(prompt_lengths))}; the block sampler needs prompts of one length per batch (no padding)"
         if prompt_lengths and max(prompt_lengths) + length > self.max_len:
@@ -515,6 +511,18 @@ def _multiples(length: int, C: int) -> str:
     return f"{lo} or {lo + C}" if lo else str(C)
 
 
+def _block_options(length: int, block_size: int | None, temperature: float, C: int, where: str = "") -> str | None:
+    """The checks of length, block_size and temperature against the model's canvas_length ``C``,
+    shared by the pre-load check (config.json) and the loaded pipeline's, as ``key: message``."""
+    if length % C:
+        return f"length: {length} is not a multiple of the model's block (canvas_length {C}{where}); use {_multiples(length, C)}"
+    if block_size is not None and block_size != C:
+        return f"block_size: {block_size}, but this model denoises blocks of canvas_length {C} (fixed by its training); leave it out or set {C}"
+    if not temperature > 0:
+        return f"temperature: must be > 0 for the block sampler (it scales the model's temperature schedule), got {temperature}"
+    return None
+
+
 def precheck(checkpoint: str, length: int, sampler: str | None, block_size: int | None, temperature: float = 1.0) -> str | None:
     """For a local DiffusionGemma folder, what is wrong with these options as ``key: message``,
     read from its config.json before the weights load (None: nothing, or not such a folder)."""
@@ -530,11 +538,4 @@ def precheck(checkpoint: str, length: int, sampler: str | None, block_size: int 
         return None
     if sampler not in (None, BLOCK):
         return f"sampler: '{sampler}' does not fit the DiffusionGemma model '{checkpoint}' (uniform noise, no mask token); allowed: {BLOCK}"
-    C = cfg.get("canvas_length") or 256
-    if length % C:
-        return f"length: {length} is not a multiple of the model's block (canvas_length {C} in {path}); use {_multiples(length, C)}"
-    if block_size is not None and block_size != C:
-        return f"block_size: {block_size}, but this model denoises blocks of canvas_length {C} (fixed by its training); leave it out or set {C}"
-    if not temperature > 0:
-        return f"temperature: must be > 0 for the block sampler (it scales the model's temperature schedule), got {temperature}"
-    return None
+    return _block_options(length, block_size, temperature, cfg.get("canvas_length") or 256, where=f" in {path}")
