@@ -110,7 +110,7 @@ class TextAdapter:
         if problem:  # a DiffusionGemma folder's options, checked before its weights load
             key, _, message = problem.partition(": ")
             raise ConfigError(f"{where}: key '{key}': {message}")
-        pipe = load_pipeline(config.model.checkpoint).to(config.model.device)
+        pipe = load_pipeline(config.model.checkpoint, config.model.allow_pickle).to(config.model.device)
         if isinstance(pipe, DiffusionGemmaPipeline):
             if opts.prefix_cache:
                 raise ConfigError(f"{where}: key 'prefix_cache': DiffusionGemma serves its finished blocks from its own exact "

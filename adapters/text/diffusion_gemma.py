@@ -476,7 +476,7 @@ def is_diffusion_gemma(config: dict) -> bool:
     return config.get("model_type") == "diffusion_gemma"
 
 
-def load_diffusion_gemma(name_or_path: str, local: bool) -> DiffusionGemmaPipeline:
+def load_diffusion_gemma(name_or_path: str, local: bool, allow_pickle: bool = False) -> DiffusionGemmaPipeline:
     """A ``DiffusionGemmaPipeline`` from a local folder or a hub id (whose config says
     ``model_type = "diffusion_gemma"``). Missing files and loading failures are one
     ``ModelLoadError`` naming the checkpoint and what is wrong."""
@@ -484,11 +484,14 @@ def load_diffusion_gemma(name_or_path: str, local: bool) -> DiffusionGemmaPipeli
 
     from diffaccel.errors import ModelLoadError
 
+    from ..checkpoints import check_loading_info, check_module_finite, check_vocab, precheck_folder, quiet_loading
     from .loading import HFTokenizer
 
+    safe = True
     if local:
         path = Path(name_or_path)
-        if not any((path / f).is_file() for f in WEIGHTS):
+        safe = precheck_folder(path, allow_pickle)  # whole safetensors headers; pickles only if allowed
+        if safe and not any((path / f).is_file() for f in WEIGHTS):
             raise ModelLoadError(f"{path}: a DiffusionGemma folder (config.json model_type 'diffusion_gemma') without its weights; expected one of {', '.join(WEIGHTS)}")
         if not any((path / f).is_file() for f in TOKENIZER_FILES):
             raise ModelLoadError(f"{path}: no tokenizer beside the DiffusionGemma weights; expected one of {', '.join(TOKENIZER_FILES)}")
@@ -497,11 +500,18 @@ def load_diffusion_gemma(name_or_path: str, local: bool) -> DiffusionGemmaPipeli
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # errors stay one line; a load is seconds here
-        model = DiffusionGemmaForBlockDiffusion.from_pretrained(name_or_path)
-        tok = AutoTokenizer.from_pretrained(name_or_path)
+        # a pickle (allowed) goes through transformers' torch.load(weights_only=True)
+        with quiet_loading():
+            model, info = DiffusionGemmaForBlockDiffusion.from_pretrained(
+                name_or_path, use_safetensors=True if safe and not allow_pickle else None,
+                output_loading_info=True, ignore_mismatched_sizes=True)
+            tok = AutoTokenizer.from_pretrained(name_or_path)
     except (OSError, ValueError, TypeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"checkpoint '{name_or_path}': transformers could not load it as DiffusionGemma ({first[:200]})") from None
+    check_loading_info(info, name_or_path)
+    check_module_finite(model, name_or_path)
+    check_vocab(len(tok), model.get_input_embeddings().num_embeddings, name_or_path, exact=False)
     return DiffusionGemmaPipeline(model, HFTokenizer(tok), name=Path(name_or_path).name)
 
 

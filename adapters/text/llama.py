@@ -55,6 +55,8 @@ import torch.nn.functional as F
 
 from diffaccel.errors import ModelLoadError
 
+from ..checkpoints import check_finite, check_vocab, folder_weights, match_state, read_tensors
+
 from .model import KVCache, attend_positions
 from .positions import Positions
 
@@ -239,23 +241,28 @@ def build_model(conf, family: str, device="meta"):
 
 # ---- weights --------------------------------------------------------------------------------
 
-def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+def read_safetensors(path: Path, allow_pickle: bool = False) -> dict[str, torch.Tensor]:
     """Every tensor of a checkpoint folder: ``model.safetensors`` or the shards its
-    ``model.safetensors.index.json`` lists."""
-    from safetensors.torch import load_file
-
+    ``model.safetensors.index.json`` lists; a pickled ``pytorch_model.bin`` (or ``*.pt``) only with
+    ``allow_pickle`` (``diffaccel.adapters.checkpoints``)."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        try:
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ModelLoadError(f"{index}: not a valid shard index (needs a 'weight_map' object: {exc})") from None
     elif (path / "model.safetensors").is_file():
         files = ["model.safetensors"]
     else:
-        raise ModelLoadError(f"{path}: no model.safetensors (nor model.safetensors.index.json); only safetensors weights are read")
+        _, pickles = folder_weights(path)
+        if not pickles:
+            raise ModelLoadError(f"{path}: no model.safetensors (nor model.safetensors.index.json); only safetensors weights are read")
+        files = [p.name for p in pickles]
     state: dict[str, torch.Tensor] = {}
     for f in files:
         if not (path / f).is_file():
             raise ModelLoadError(f"{path / f}: missing (listed in model.safetensors.index.json)")
-        state.update(load_file(str(path / f)))
+        state.update(read_tensors(path / f, allow_pickle))
     return state
 
 
@@ -278,13 +285,11 @@ def load_weights(model, state: dict[str, torch.Tensor], conf, where) -> None:
     state = {k: v.float() for k, v in state.items()}
     if conf.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    expected = set(model.state_dict())
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     if conf.tie_word_embeddings:
-        expected.discard("lm_head.weight")
-    missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
-    if missing or extra:
-        what = f"missing weight '{missing[0]}'" if missing else f"unexpected weight '{extra[0]}'"
-        raise ModelLoadError(f"{where}: {what} ({len(missing)} missing, {len(extra)} unexpected)")
+        expected.pop("lm_head.weight", None)
+    match_state(expected, {k: tuple(v.shape) for k, v in state.items()}, where)
+    check_finite(state.items(), where)
     if conf.tie_word_embeddings:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
     model.load_state_dict(state, strict=True, assign=True)
@@ -309,7 +314,7 @@ def mask_id_of(cfg: dict, where) -> int:
     return mid
 
 
-def load_decoder(path: Path, name: str | None = None):
+def load_decoder(path: Path, name: str | None = None, allow_pickle: bool = False):
     """A ``TextDiffusionPipeline`` from a LLaMA/Qwen2/Dream/LLaDA checkpoint folder."""
     from .pipeline import TextDiffusionPipeline
 
@@ -319,9 +324,12 @@ def load_decoder(path: Path, name: str | None = None):
     conf, family = hf_config(cfg, where)
     if mid >= conf.vocab_size:
         raise ModelLoadError(f"{where}: key 'mask_token_id' is {mid}, beyond the vocabulary ({conf.vocab_size} tokens)")
+    tok = _tokenizer(path)  # before the weights: a wrong tokenizer costs no load
+    check_vocab(tok.vocab_size, conf.vocab_size, path, exact=False)
     model = build_model(conf, family)
-    load_weights(model, map_state(read_safetensors(path), str(cfg.get("model_type", "")).lower(), path), conf, path)
-    tok = _tokenizer(path)
+    single = path / "model.safetensors"
+    load_weights(model, map_state(read_safetensors(path, allow_pickle), str(cfg.get("model_type", "")).lower(), path), conf,
+                 single if single.is_file() else path)
     tok.mask_id = mid
     special = set(tok.special_ids) | {mid}
     tok.special_ids = special

@@ -19,6 +19,9 @@ from pathlib import Path
 
 from diffaccel.errors import ModelLoadError
 
+from ..checkpoints import (check_finite, check_loading_info, check_module_finite, check_vocab, folder_weights, match_state,
+                           precheck_folder, quiet_loading, read_tensors)
+
 from .denoisers import BertDenoiser, ReferenceDenoiser
 from .llama import FAMILIES as FAMILY_NAMES
 from .llama import is_decoder_config, load_decoder
@@ -35,14 +38,14 @@ def shipped_path(name: str) -> Path:
     return ASSETS / SHIPPED[name]
 
 
-def load_pipeline(checkpoint: str):
-    from .pipeline import TextDiffusionPipeline
-
+def load_pipeline(checkpoint: str, allow_pickle: bool = False):
+    """``allow_pickle``: read a pickled weights file (``[model] allow_pickle``), through
+    ``torch.load(weights_only=True)`` only (``diffaccel.adapters.checkpoints``)."""
     if checkpoint in SHIPPED:
         path = shipped_path(checkpoint)
         if not (path / "model.safetensors").is_file():
             raise ModelLoadError(f"shipped model '{checkpoint}' is missing at {path}; reinstall diffaccel or retrain it (see README)")
-        return TextDiffusionPipeline(ReferenceDenoiser(TextDiffusionLM.load(path)), TextTokenizer.from_file(path / "tokenizer.json"), name=checkpoint)
+        return load_reference(path, name=checkpoint)
     if checkpoint in SYNTHETIC:
         from .synthetic import build_synthetic
 
@@ -56,18 +59,16 @@ def load_pipeline(checkpoint: str):
         except ValueError as exc:
             raise ModelLoadError(f"{path / 'config.json'}: not valid JSON ({exc})") from None
         if is_diffusion_gemma(cfg):
-            return load_diffusion_gemma(checkpoint, local=True)
-        if "kind" in cfg and (path / "model.safetensors").is_file():
-            if not (path / "tokenizer.json").is_file():
-                raise ModelLoadError(f"{path}: no tokenizer.json beside the model")
-            return TextDiffusionPipeline(ReferenceDenoiser(TextDiffusionLM.load(path)), TextTokenizer.from_file(path / "tokenizer.json"), name=path.name)
+            return load_diffusion_gemma(checkpoint, local=True, allow_pickle=allow_pickle)
+        if "kind" in cfg:  # diffaccel's own reference model (TextDiffusionLM.save)
+            return load_reference(path, name=path.name, allow_pickle=allow_pickle)
         if is_decoder_config(cfg):
-            return load_decoder(path)
+            return load_decoder(path, allow_pickle=allow_pickle)
         _refuse_unsupported_decoder(cfg, path / "config.json")
-        return load_hf_masked_lm(checkpoint)
+        return load_hf_masked_lm(checkpoint, allow_pickle=allow_pickle)
     elif path.exists() or checkpoint.startswith((".", "/", "~")):
         raise ModelLoadError(f"{checkpoint}: not a model folder (no config.json)")
-    return load_hub(checkpoint)
+    return load_hub(checkpoint, allow_pickle)
 
 
 def _refuse_unsupported_decoder(cfg: dict, where) -> None:
@@ -78,7 +79,7 @@ def _refuse_unsupported_decoder(cfg: dict, where) -> None:
                              f"{', '.join(sorted(set(FAMILY_NAMES)))} (and BERT-family masked LMs)")
 
 
-def load_hub(name: str):
+def load_hub(name: str, allow_pickle: bool = False):
     """A hub id: its config.json decides between DiffusionGemma, the decoder loader and the
     BERT-family one. Offline (HF_HUB_OFFLINE=1) and not cached: one ``ModelLoadError`` naming
     the checkpoint."""
@@ -95,14 +96,14 @@ def load_hub(name: str):
     from .diffusion_gemma import is_diffusion_gemma, load_diffusion_gemma
 
     if is_diffusion_gemma(cfg):
-        return load_diffusion_gemma(name, local=False)
+        return load_diffusion_gemma(name, local=False, allow_pickle=allow_pickle)
     if not is_decoder_config(cfg):
         _refuse_unsupported_decoder(cfg, f"{name}: config.json")
-        return load_hf_masked_lm(name)
+        return load_hf_masked_lm(name, allow_pickle=allow_pickle)
     from huggingface_hub import snapshot_download
 
     folder = snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"])
-    return load_decoder(Path(folder), name=name.split("/")[-1])
+    return load_decoder(Path(folder), name=name.split("/")[-1], allow_pickle=allow_pickle)
 
 
 class HFTokenizer:
@@ -121,14 +122,51 @@ class HFTokenizer:
         return self.tok.decode([int(i) for i in ids], skip_special_tokens=True)
 
 
-def load_hf_masked_lm(name_or_path: str):
+def load_reference(path: Path, name: str, allow_pickle: bool = False):
+    """diffaccel's own reference model: weights checked against its config (names, shapes,
+    finiteness) and its tokenizer against the embedding table, each one line."""
+    from .model import TextDiffusionConfig
     from .pipeline import TextDiffusionPipeline
 
+    weights = path / "model.safetensors"
+    if not weights.is_file():
+        _, pickles = folder_weights(path)
+        if not pickles:
+            raise ModelLoadError(f"{path}: no model.safetensors beside its config.json")
+        weights = pickles[0]
+    if not (path / "tokenizer.json").is_file():
+        raise ModelLoadError(f"{path}: no tokenizer.json beside the model")
+    try:
+        conf = TextDiffusionConfig.from_json((path / "config.json").read_text())
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ModelLoadError(f"{path / 'config.json'}: not a valid reference-model config ({str(exc).splitlines()[0][:200]})") from None
+    try:
+        tok = TextTokenizer.from_file(path / "tokenizer.json")
+    except Exception as exc:  # tokenizers raises its own Exception type for a damaged file
+        raise ModelLoadError(f"{path / 'tokenizer.json'}: not a readable tokenizer ({str(exc).splitlines()[0][:200]})") from None
+    check_vocab(tok.vocab_size, conf.vocab_size, path / "tokenizer.json")
+    state = read_tensors(weights, allow_pickle)
+    model = TextDiffusionLM(conf)
+    match_state({k: tuple(v.shape) for k, v in model.state_dict().items()}, {k: tuple(v.shape) for k, v in state.items()}, weights)
+    check_finite(state.items(), weights)
+    model.load_state_dict({k: v.float() for k, v in state.items()})
+    return TextDiffusionPipeline(ReferenceDenoiser(model.eval()), tok, name=name)
+
+
+def load_hf_masked_lm(name_or_path: str, allow_pickle: bool = False):
+    from .pipeline import TextDiffusionPipeline
+
+    local = Path(name_or_path).is_dir()
+    safe = precheck_folder(Path(name_or_path), allow_pickle) if local else True
     try:
         from transformers import AutoModelForMaskedLM, AutoTokenizer
 
-        model = AutoModelForMaskedLM.from_pretrained(name_or_path)
-        tok = AutoTokenizer.from_pretrained(name_or_path)
+        # hub ids: safetensors only unless allowed; transformers reads a pickle with weights_only=True
+        with quiet_loading():
+            model, info = AutoModelForMaskedLM.from_pretrained(
+                name_or_path, use_safetensors=True if safe and not allow_pickle else None,
+                output_loading_info=True, ignore_mismatched_sizes=True)
+            tok = AutoTokenizer.from_pretrained(name_or_path)
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(
@@ -137,6 +175,10 @@ def load_hf_masked_lm(name_or_path: str):
         ) from None
     if tok.mask_token_id is None:
         raise ModelLoadError(f"checkpoint '{name_or_path}': its tokenizer has no mask token; a masked LM is needed")
+    where = name_or_path if not local else Path(name_or_path)
+    check_loading_info(info, where)
+    check_module_finite(model, where)
+    check_vocab(len(tok), model.get_input_embeddings().num_embeddings, where, exact=False)
     try:
         den = BertDenoiser(model, tok.mask_token_id, set(tok.all_special_ids))
     except TypeError as exc:

@@ -28,6 +28,7 @@ from diffaccel.errors import ConfigError, DiffaccelError, ModelLoadError
 from diffaccel.state import RunState
 from diffaccel.validators import in_range, non_negative, one_of, positive
 
+from ..checkpoints import check_component_files, check_module_finite, precheck_folder, quiet_loading
 from . import hooks
 from .synthetic import SYNTHETIC
 
@@ -89,36 +90,28 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-@contextmanager
-def _quiet():
-    """Silence diffusers' and transformers' loading bars and notices (errors still raise)."""
-    from diffusers.utils import logging as dlog
-    from transformers.utils import logging as tlog
-
-    levels = (dlog.get_verbosity(), tlog.get_verbosity())
-    bars = (dlog.is_progress_bar_enabled(), tlog.is_progress_bar_enabled())
-    dlog.set_verbosity_error()
-    tlog.set_verbosity_error()
-    dlog.disable_progress_bar()
-    tlog.disable_progress_bar()
-    try:
-        yield
-    finally:
-        dlog.set_verbosity(levels[0])
-        tlog.set_verbosity(levels[1])
-        if bars[0]:
-            dlog.enable_progress_bar()
-        if bars[1]:
-            tlog.enable_progress_bar()
+def load_checkpoint(checkpoint: str, allow_pickle: bool = False):
+    """A pipeline for a ``checkpoint`` string (see the module docstring). Safetensors only unless
+    ``allow_pickle`` (then diffusers reads pickles with ``torch.load(weights_only=True)``); damaged
+    files and NaN/inf weights are one ``ModelLoadError`` (``diffaccel.adapters.checkpoints``)."""
+    with quiet_loading():
+        pipe = _load_checkpoint(checkpoint, allow_pickle)
+    check_pipeline(pipe, checkpoint)
+    return pipe
 
 
-def load_checkpoint(checkpoint: str):
-    """A pipeline for a ``checkpoint`` string (see the module docstring)."""
-    with _quiet():
-        return _load_checkpoint(checkpoint)
+def check_pipeline(pipe, checkpoint: str) -> None:
+    """Each model of the pipeline: no tensor its local files lack (diffusers would initialise it
+    at random), no NaN/inf weight (named ``component: tensor``)."""
+    folder = Path(checkpoint).expanduser()
+    for name, component in pipe.components.items():
+        if isinstance(component, torch.nn.Module):
+            if checkpoint not in SHIPPED and (folder / name).is_dir():
+                check_component_files(component, folder / name)
+            check_module_finite(component, f"checkpoint '{checkpoint}': {name}")
 
 
-def _load_checkpoint(checkpoint: str):
+def _load_checkpoint(checkpoint: str, allow_pickle: bool):
     from .pipeline import DigitsPipeline
 
     if checkpoint in SHIPPED:
@@ -138,14 +131,16 @@ def _load_checkpoint(checkpoint: str):
             raise ModelLoadError(f"{checkpoint}: not a diffusers pipeline folder (no model_index.json)")
         try:
             cls_name = json.loads(index.read_text()).get("_class_name")
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, AttributeError) as exc:
             raise ModelLoadError(f"{checkpoint}: unreadable model_index.json ({_first_line(exc)})") from None
+        safe = precheck_folder(path, allow_pickle, recursive=True)
+        use = {"use_safetensors": True} if safe and not allow_pickle else {}
         try:
             if cls_name == "DigitsPipeline":
-                return DigitsPipeline.from_pretrained(str(path))
+                return DigitsPipeline.from_pretrained(str(path), **use)
             from diffusers import StableDiffusionPipeline
 
-            return StableDiffusionPipeline.from_pretrained(str(path), safety_checker=None, requires_safety_checker=False)
+            return StableDiffusionPipeline.from_pretrained(str(path), safety_checker=None, requires_safety_checker=False, **use)
         except (OSError, ValueError, TypeError, KeyError) as exc:
             raise ModelLoadError(f"{checkpoint}: could not load the pipeline ({_first_line(exc)})") from None
     if path.exists() or checkpoint.startswith((".", "/", "~")):
@@ -153,7 +148,8 @@ def _load_checkpoint(checkpoint: str):
     try:
         from diffusers import StableDiffusionPipeline
 
-        return StableDiffusionPipeline.from_pretrained(checkpoint, safety_checker=None, requires_safety_checker=False)
+        use = {} if allow_pickle else {"use_safetensors": True}
+        return StableDiffusionPipeline.from_pretrained(checkpoint, safety_checker=None, requires_safety_checker=False, **use)
     except Exception as exc:  # hub errors come in many types; all mean "not loadable here"
         raise ModelLoadError(
             f"checkpoint '{checkpoint}': not a shipped model ({', '.join([*SHIPPED, *SYNTHETIC])}), not a local "
@@ -217,7 +213,7 @@ class UNetAdapter:
         from diffusers import DDIMScheduler
 
         m, opts, where = config.model, config.options, f"{config.source}: [model]"
-        pipe = load_checkpoint(m.checkpoint)
+        pipe = load_checkpoint(m.checkpoint, m.allow_pickle)
         if not UNetAdapter.accepts(pipe):
             raise ModelLoadError(f"checkpoint '{m.checkpoint}': its pipeline has no UNet2DConditionModel (.unet)")
         if opts.scheduler == "ddim" and not isinstance(pipe.scheduler, DDIMScheduler):

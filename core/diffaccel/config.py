@@ -49,6 +49,9 @@ class ModelConfig:
     """Samples generated together."""
     device: str = attrs.field(default="cpu", validator=non_empty)
     """torch device, e.g. ``cpu`` or ``cuda``."""
+    allow_pickle: bool = False
+    """Read a pickled checkpoint (``.bin``, ``.pt``, ``.ckpt``) where no safetensors exist, through
+    ``torch.load(weights_only=True)`` only; by default such a checkpoint is refused."""
 
 
 @attrs.frozen(kw_only=True)
