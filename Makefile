@@ -1,6 +1,7 @@
 # make demo   : set up .venv (torch CPU, diffaccel, every plugin) and run the default models
 # make test   : same set-up, then every test suite (core and plugins)
 # make test-plugin PLUGIN=topk : one plugin's tests
+# make soak   : 500 generations in one process (memory, determinism); writes docs/reliability.md
 # make docs   : regenerate docs/writing-a-plugin.md (tests/test_docs.py checks it is up to date)
 PY ?= python3
 VENV := .venv
@@ -8,7 +9,7 @@ BIN := $(VENV)/bin
 PLUGIN_DIRS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml))
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup demo test test-core test-plugin docs bench-overhead bench-partial fluency train-text clean
+.PHONY: setup demo test test-core test-plugin soak docs bench-overhead bench-partial fluency train-text clean
 
 $(VENV)/.installed: pyproject.toml $(addsuffix /pyproject.toml,$(PLUGIN_DIRS))
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -43,6 +44,10 @@ test-core: setup
 
 test-plugin: setup
 	$(BIN)/python -m pytest plugins/$(PLUGIN)/tests -q
+
+# the soak (tests/soak.py, also tests/test_soak.py -m slow): its figures go to docs/reliability.md
+soak: setup
+	OMP_NUM_THREADS=1 $(BIN)/python tests/soak.py --generations 500 --docs docs/reliability.md
 
 # docs/writing-a-plugin.md from its template, the hookspecs, the capabilities and the adapters
 docs: setup

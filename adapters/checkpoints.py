@@ -183,18 +183,21 @@ def match_state(expected: Mapping[str, tuple[int, ...]], found: Mapping[str, tup
 
 
 def check_finite(named: Iterable[tuple[str, torch.Tensor]], where) -> None:
-    """NaN or inf in any floating tensor: one line naming it. One reduction per tensor: if the sum
-    is finite no element can be NaN or inf (either would make it non-finite); only a non-finite
-    sum (a real NaN/inf, or overflow of large values) is confirmed element-wise."""
+    """NaN or inf in any floating tensor: one line naming it. One reduction per tensor, and one
+    test of all the sums together: if a sum is finite no element can be NaN or inf (either would
+    make it non-finite); only a tensor with a non-finite sum (a real NaN/inf, or overflow of large
+    values) is checked element-wise."""
     with torch.no_grad():
-        for name, t in named:
-            if not t.is_floating_point() or t.numel() == 0 or t.device.type == "meta":
-                continue
-            s = t.sum(dtype=torch.float32) if t.dtype in (torch.float16, torch.bfloat16) else t.sum()
-            if torch.isfinite(s):
-                continue
-            bad = ~torch.isfinite(t)
-            n = int(bad.sum())
+        tensors = [(n, t) for n, t in named if t.is_floating_point() and t.numel() and t.device.type != "meta"]
+        if not tensors:
+            return
+        sums = torch.stack([(t.sum(dtype=torch.float32) if t.dtype in (torch.float16, torch.bfloat16) else t.sum()).float().cpu()
+                            for _, t in tensors])
+        if bool(torch.isfinite(sums).all()):
+            return
+        for i in torch.nonzero(~torch.isfinite(sums)).flatten().tolist():
+            name, t = tensors[i]
+            n = int((~torch.isfinite(t)).sum())
             if n:
                 kind = "NaN" if bool(torch.isnan(t).any()) else "inf"
                 raise ModelLoadError(f"{where}: tensor '{name}' holds {kind} ({n} of {t.numel()} values are not finite); "
