@@ -217,11 +217,13 @@ def check_module_finite(module: torch.nn.Module, where) -> None:
     check_finite(tensors(), where)
 
 
-def check_vocab(tokenizer_size: int, table_rows: int, where, *, exact: bool = True) -> None:
+def check_vocab(tokenizer_size: int, table_rows: int, where, *, exact: bool = True, with_added: int | None = None) -> None:
     """A tokenizer against the embedding table it indexes. ``exact``: the sizes must be equal
-    (diffaccel's own models); otherwise the table may be padded past the tokenizer (LLaMA-class
-    and Qwen2 checkpoints round it up) by at most 1%, never be smaller."""
-    ok = tokenizer_size == table_rows if exact else tokenizer_size <= table_rows <= tokenizer_size * 1.01 + 128
+    (diffaccel's own models). Otherwise (transformers tokenizers) ``tokenizer_size`` is the base
+    vocabulary, which must fit in the table; the table may be padded past the tokenizer
+    (``with_added``: with its added tokens) as LLaMA-class and Qwen2 checkpoints do, by at most 1%."""
+    total = max(tokenizer_size, with_added or 0)
+    ok = tokenizer_size == table_rows if exact else tokenizer_size <= table_rows <= total * 1.01 + 128
     if not ok:
         rule = "they must be equal" if exact else "the table may be padded past the tokenizer by at most 1%, never smaller"
         raise ModelLoadError(f"{where}: the tokenizer has {tokenizer_size} tokens but the model's embedding table has "

@@ -511,7 +511,7 @@ def load_diffusion_gemma(name_or_path: str, local: bool, allow_pickle: bool = Fa
         raise ModelLoadError(f"checkpoint '{name_or_path}': transformers could not load it as DiffusionGemma ({first[:200]})") from None
     check_loading_info(info, name_or_path)
     check_module_finite(model, name_or_path)
-    check_vocab(len(tok), model.get_input_embeddings().num_embeddings, name_or_path, exact=False)
+    check_vocab(tok.vocab_size, model.get_input_embeddings().num_embeddings, name_or_path, exact=False, with_added=len(tok))
     return DiffusionGemmaPipeline(model, HFTokenizer(tok), name=Path(name_or_path).name)
 
 

@@ -325,7 +325,7 @@ def load_decoder(path: Path, name: str | None = None, allow_pickle: bool = False
     if mid >= conf.vocab_size:
         raise ModelLoadError(f"{where}: key 'mask_token_id' is {mid}, beyond the vocabulary ({conf.vocab_size} tokens)")
     tok = _tokenizer(path)  # before the weights: a wrong tokenizer costs no load
-    check_vocab(tok.vocab_size, conf.vocab_size, path, exact=False)
+    check_vocab(tok.tok.vocab_size, conf.vocab_size, path, exact=False, with_added=len(tok.tok))
     model = build_model(conf, family)
     single = path / "model.safetensors"
     load_weights(model, map_state(read_safetensors(path, allow_pickle), str(cfg.get("model_type", "")).lower(), path), conf,

@@ -178,7 +178,7 @@ def load_hf_masked_lm(name_or_path: str, allow_pickle: bool = False):
     where = name_or_path if not local else Path(name_or_path)
     check_loading_info(info, where)
     check_module_finite(model, where)
-    check_vocab(len(tok), model.get_input_embeddings().num_embeddings, where, exact=False)
+    check_vocab(tok.vocab_size, model.get_input_embeddings().num_embeddings, where, exact=False, with_added=len(tok))
     try:
         den = BertDenoiser(model, tok.mask_token_id, set(tok.all_special_ids))
     except TypeError as exc:
