@@ -102,7 +102,8 @@ def load_hub(name: str, allow_pickle: bool = False):
         return load_hf_masked_lm(name, allow_pickle=allow_pickle)
     from huggingface_hub import snapshot_download
 
-    folder = snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"])
+    pickles = ["*.bin", "*.pt"] if allow_pickle else []  # read with torch.load(weights_only=True) only
+    folder = snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", *pickles])
     return load_decoder(Path(folder), name=name.split("/")[-1], allow_pickle=allow_pickle)
 
 
