@@ -42,12 +42,17 @@ max_age = 2
 DIGITS = """[model]
 adapter = "unet"
 checkpoint = "digits"
-steps = 4
+steps = 8
 guidance_scale = 2.0
 
 [[strategy]]
 use = "dct-anchor"
+signal = "x0"
+criterion = "energy"
+threshold = 0.3
+band = 4
 warmup = 1
+max_reuse = 6
 """
 
 # 5 items shared 3 + 2; one gives its seed, one is empty (a failed item on process 0's share)
@@ -83,7 +88,8 @@ def test_two_processes_write_the_same_files(tmp_path, capsys, model, prompts, ex
     assert same_outputs(one, two)
     recs = [json.loads(x) for x in (two / "results.jsonl").read_text().splitlines()]
     assert [r["line"] for r in recs] == list(range(len(prompts.splitlines())))
-    assert any(r["report"]["counters"]["layers_skipped"] > 0 for r in recs if "report" in r)  # strategies were active
+    done = [r["report"]["counters"] for r in recs if "report" in r]
+    assert any(c["fraction_computed"] < 1 or c["layers_skipped"] > 0 for c in done)  # the strategies skipped work
 
 
 def test_load_failure_on_one_process_stops_both(tmp_path):
@@ -94,7 +100,8 @@ def test_load_failure_on_one_process_stops_both(tmp_path):
     lines = [x for x in proc.stderr.splitlines() if x.startswith("diffaccel: error:")]
     assert proc.returncode != 0, proc.stderr[-3000:]
     assert len(lines) == 2 and all("cannot load on this process (process 1 of 2)" in x for x in lines), proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr
+    # no traceback of diffaccel's (the launcher reports the failed workers in its own words)
+    assert "diffaccel/jobs.py" not in proc.stderr and "diffaccel/cli.py" not in proc.stderr
     assert not (tmp_path / "o" / "results.jsonl").exists()
 
 
