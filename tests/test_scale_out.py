@@ -1,6 +1,7 @@
-"""Two CPU processes under ``accelerate launch --cpu --num_processes 2`` (gloo): the shipped text and
-digits models write byte-identical files to a one-process run; bench --prompts reports the same
-quality; a model that fails to load on one process stops both, with one line, exit 2.
+"""Two CPU processes under ``accelerate launch --multi_gpu --num_processes 2`` (its torchrun
+launcher; gloo, no GPU): the shipped text and digits models write byte-identical files to a
+one-process run; bench --prompts reports the same quality; bad input, and a model that fails to
+load on one process, stop both with one line and exit 2.
 Few items and steps: each launch starts two Python processes, which is most of the time."""
 
 from __future__ import annotations
@@ -103,6 +104,16 @@ def test_load_failure_on_one_process_stops_both(tmp_path):
     # no traceback of diffaccel's (the launcher reports the failed workers in its own words)
     assert "diffaccel/jobs.py" not in proc.stderr and "diffaccel/cli.py" not in proc.stderr
     assert not (tmp_path / "o" / "results.jsonl").exists()
+
+
+def test_bad_prompts_file_stops_every_process(tmp_path):
+    cfg = _write(tmp_path / "c.toml", TEXT)
+    proc = _launch(["generate", cfg, "--prompts", _write(tmp_path / "p.txt", 'dog:\n{"prompt": 1}\n'),
+                    "--out", str(tmp_path / "o"), "--no-progress"])
+    lines = [x for x in proc.stderr.splitlines() if x.startswith("diffaccel: error:")]
+    assert proc.returncode != 0 and "exitcode  : 2" in proc.stderr, proc.stderr[-3000:]
+    assert len(lines) == 2 and all("p.txt: line 2: a JSON line needs" in x for x in lines), proc.stderr[-3000:]
+    assert not (tmp_path / "o").exists()
 
 
 def test_bench_prompts_two_processes_same_quality(tmp_path, capsys):

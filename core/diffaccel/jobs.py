@@ -215,7 +215,19 @@ def process_state(cfg):
     accelerate only builds one on the CPU when told so."""
     from accelerate import PartialState
 
+    if cfg is None:  # a config that did not load: the others' may have; they are all alike in practice
+        import torch
+
+        return PartialState(cpu=not torch.cuda.is_available())
     return PartialState(cpu=str(cfg.model.device).startswith("cpu"))
+
+
+def on_own_device(cfg, state):
+    """``device = "cuda"`` (no index) under a launcher: each process on its own GPU (accelerate's
+    ``LOCAL_RANK`` device); anything else as configured."""
+    if cfg.model.device == "cuda" and state.num_processes > 1:
+        return attrs.evolve(cfg, model=attrs.evolve(cfg.model, device=str(state.device)))
+    return cfg
 
 
 def _load_everywhere(state, adapter, cfg, registry):
@@ -262,21 +274,27 @@ def generate_job(config_path: str, prompts: str, out: str | None, *, seed: int |
     from .config import load_config
     from .plugins import Registry
 
-    # Everything a user can get wrong is checked here, on every process, before any collective.
-    registry = Registry()
-    cfg = load_config(config_path, registry)
-    if seed is not None:
-        cfg = attrs.evolve(cfg, model=attrs.evolve(cfg.model, seed=seed))
-    items = read_items(prompts, cfg.model.seed)
-    out_dir = check_out_dir(out)
-    adapter = get_adapter(cfg.model.adapter)
-    check_job_config(cfg, adapter)
-    digest = fingerprint(config_path, seed)
-    check_job_file(out_dir, config_path, digest)
-    done = done_records(out_dir, items)
-    todo = [it for it in items if it.line not in done]
-
+    # Everything a user can get wrong is checked here, on every process, before any model loads;
+    # then the processes compare notes, so that each prints the same line and none waits for another.
+    cfg = problem = None
+    try:
+        registry = Registry()
+        cfg = load_config(config_path, registry)
+        if seed is not None:
+            cfg = attrs.evolve(cfg, model=attrs.evolve(cfg.model, seed=seed))
+        items = read_items(prompts, cfg.model.seed)
+        out_dir = check_out_dir(out)
+        adapter = get_adapter(cfg.model.adapter)
+        check_job_config(cfg, adapter)
+        digest = fingerprint(config_path, seed)
+        check_job_file(out_dir, config_path, digest)
+        done = done_records(out_dir, items)
+        todo = [it for it in items if it.line not in done]
+    except DiffaccelError as exc:
+        problem = str(exc)
     state = process_state(cfg)
+    raise_if_any(state, problem)
+    cfg = on_own_device(cfg, state)
     state.wait_for_everyone()  # every process has read what is done before anything is written
     if state.is_main_process:
         (out_dir / PARTS).mkdir(parents=True, exist_ok=True)

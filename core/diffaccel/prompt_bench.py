@@ -29,23 +29,28 @@ def run_prompt_bench(paths: list[str], prompts: str, *, noise_floor: bool = True
     from .accelerator import apply, build_strategies
     from .adapters_registry import get_adapter
     from .bench import _judge_quality, _load_judge, _peer_entries, _strategy_quality, entry_name, load_bench_configs, with_seed
-    from .jobs import check_job_config, process_state, item_config, load_problem, raise_if_any, read_items
+    from .jobs import check_job_config, on_own_device, process_state, item_config, load_problem, raise_if_any, read_items
     from .plugins import Registry
 
     wall0 = time.perf_counter()
-    registry = Registry()
-    configs = load_bench_configs(paths, registry)
-    if seed is not None:
-        configs = [with_seed(c, seed) for c in configs]
-    base = configs[0]
-    items = read_items(prompts, base.model.seed)
-    empty = [it.line + 1 for it in items if not it.prompt.strip()]
-    if empty:
-        raise DiffaccelError(f"{prompts}: line {empty[0]}: empty prompt; bench needs a prompt on every line")
-    adapter = get_adapter(base.model.adapter)
-    check_job_config(base, adapter)
-
+    base = problem = None
+    try:  # bad input: every process raises the same line together (jobs.raise_if_any)
+        registry = Registry()
+        configs = load_bench_configs(paths, registry)
+        if seed is not None:
+            configs = [with_seed(c, seed) for c in configs]
+        base = configs[0]
+        items = read_items(prompts, base.model.seed)
+        empty = [it.line + 1 for it in items if not it.prompt.strip()]
+        if empty:
+            raise DiffaccelError(f"{prompts}: line {empty[0]}: empty prompt; bench needs a prompt on every line")
+        adapter = get_adapter(base.model.adapter)
+        check_job_config(base, adapter)
+    except DiffaccelError as exc:
+        problem = str(exc)
     state = process_state(base)
+    raise_if_any(state, problem)
+    base = on_own_device(base, state)
     judge_obj, judge_info = (None, {})
     problem = None
     try:

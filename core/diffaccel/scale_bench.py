@@ -1,7 +1,7 @@
 """``diffaccel scale-bench CONFIG --prompts FILE``: throughput of N processes against one.
 
 Runs ``diffaccel generate CONFIG --prompts FILE --out ...`` as one process, then under
-``accelerate launch --cpu --num_processes N``, every process with one thread
+``accelerate launch --multi_gpu --num_processes N`` (torchrun; CPU processes, gloo), every process with one thread
 (``OMP_NUM_THREADS``, default 1), alternating which goes first on each repeat, each into a fresh
 folder. Prints the throughput ratio of the generation phase (from the model being loaded on
 every process to the last item written, as the main process times it) and of the whole command
