@@ -65,7 +65,7 @@ EXAMPLES = {
     "scale-bench": """
         examples:
           diffaccel scale-bench configs/digits.toml --prompts configs/prompts/digits-64.txt
-          diffaccel scale-bench configs/text-default.toml --prompts configs/prompts/text-64.txt --processes 2
+          diffaccel scale-bench configs/text-scale.toml --prompts configs/prompts/text-64.txt --processes 2
         Runs 'generate --prompts' as one process and under 'accelerate launch --multi_gpu' as N (on the CPU), one
         thread each, alternating, and prints the throughput ratio and whether the outputs are
         byte-identical (docs/scale-out.md).""",
