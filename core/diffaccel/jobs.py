@@ -370,8 +370,23 @@ def _merge(out: Path, items: list[Item]) -> None:
 
 def main_generate(args) -> int:
     """The CLI's ``generate --prompts``: exit 0 if every item is done, 1 if any failed."""
-    s = generate_job(args.config, args.prompts, args.out, seed=args.seed, progress=not args.no_progress)
+    try:
+        s = generate_job(args.config, args.prompts, args.out, seed=args.seed, progress=not args.no_progress)
+    except DiffaccelError as exc:
+        return exit_together(exc)
     if s["main"]:
         print(f"diffaccel: {s['items']} items: {s['run']} run on {s['processes']} process(es), {s['skipped']} already done, "
               f"{s['failed']} failed; results: {s['results']}", file=sys.stderr)
     return 1 if s["failed"] else 0
+
+
+def exit_together(exc: DiffaccelError) -> int:
+    """The CLI's one line and exit code 2 for an error every process raised alike (``raise_if_any``):
+    each prints it, then waits for the others, so that the launcher, which stops the rest of the
+    job as soon as one process exits nonzero, stops none before it has said why."""
+    print(f"diffaccel: error: {exc}", file=sys.stderr, flush=True)
+    from accelerate import PartialState
+
+    if PartialState._shared_state and PartialState().num_processes > 1:
+        PartialState().wait_for_everyone()
+    return 2

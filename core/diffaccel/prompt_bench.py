@@ -142,8 +142,13 @@ def main_bench(args) -> int:
 
     if args.batch is not None or args.repeats != 1:
         raise DiffaccelError("bench --prompts runs every item once, one row per call: --batch and --repeats do not apply")
-    result = run_prompt_bench(args.configs, args.prompts, noise_floor=not args.no_noise_floor,
-                              progress=not args.no_progress, seed=args.seed, judge=args.judge)
+    from .jobs import exit_together
+
+    try:
+        result = run_prompt_bench(args.configs, args.prompts, noise_floor=not args.no_noise_floor,
+                                  progress=not args.no_progress, seed=args.seed, judge=args.judge)
+    except DiffaccelError as exc:
+        return exit_together(exc)
     if result is None:
         return 0
     head = f"{result['items']} items of {result['prompts']} on {result['processes']} process(es)"
