@@ -65,6 +65,9 @@ def same_outputs(a: Path, b: Path) -> bool:
 def scale_bench(args) -> int:
     from .jobs import read_items
 
+    if args.processes < 2 or args.threads < 1 or args.repeats < 1:
+        raise DiffaccelError(f"scale-bench: --processes must be 2 or more, --threads and --repeats 1 or more; got "
+                             f"{args.processes}, {args.threads}, {args.repeats}")
     n = len(read_items(args.prompts, 0))  # a bad prompts file: one line before anything runs
     runs: dict[int, list[dict]] = {1: [], args.processes: []}
     identical = True
