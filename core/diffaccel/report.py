@@ -176,16 +176,21 @@ def pareto_plot(result: dict[str, Any], path: Path) -> bool:
     higher = MEASURES[key]
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     points = []
+    finite = [e["quality"][key] for e in result["entries"] if _finite(e["quality"][key])]
+    # an entry whose outputs equal the baseline's (PSNR inf) is drawn above the others, so labelled
+    top = (max(finite) + 0.1 * ((max(finite) - min(finite)) or abs(max(finite)) or 1.0)) if finite else 1.0
     for e in result["entries"]:
         y = e["quality"][key]
         kind = "baseline" if e["name"] == "baseline" else ("peer" if "peer" in e else "diffaccel")
-        if y is None or not math.isfinite(y):
+        label = e["name"]
+        if not _finite(y):
             if kind == "baseline":  # e.g. PSNR of the baseline against itself: a line at 1x
                 ax.axvline(1.0, color="#555555", ls="--", lw=1)
-                ax.annotate("baseline (reference)", (1.0, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -12),
+                ax.annotate("baseline (reference)", (1.0, 0.0), xycoords=("data", "axes fraction"), xytext=(3, 4),
                             textcoords="offset points", fontsize=8, color="#555555")
-            continue
-        points.append((e["speedup"], y, e["name"], kind))
+                continue
+            y, label = top, f"{label} ({key} {fmt(y)}: the baseline's outputs)"
+        points.append((e["speedup"], y, label, kind))
     style = {"baseline": ("#555555", "s"), "diffaccel": ("#1f77b4", "o"), "peer": ("#ff7f0e", "^")}
     for kind, (colour, marker) in style.items():
         xs = [p[0] for p in points if p[3] == kind]
@@ -209,6 +214,10 @@ def pareto_plot(result: dict[str, Any], path: Path) -> bool:
     plt.close(fig)
     tmp.replace(path)
     return True
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v)
 
 
 def pareto_front(points: list[tuple[float, float]], higher: bool) -> list[tuple[float, float]]:
