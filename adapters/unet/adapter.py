@@ -178,6 +178,8 @@ class UNetAdapter:
     capabilities = hooks.CAPABILITIES
     PEERS = {"deepcache": DeepCachePeer}
     layer_types = (hooks.UNetBlock,)
+    output_suffix = ".png"
+    """``generate`` writes one PNG grid: ``--out`` must end in .png (default ``<config name>.png``)."""
 
     @staticmethod
     def accepts(pipe: Any) -> bool:

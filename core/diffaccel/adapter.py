@@ -72,6 +72,15 @@ class Adapter(Protocol):
 
 
 @runtime_checkable
+class WritesFiles(Protocol):
+    """Optional: an adapter whose ``write`` makes files of one kind (unet: a PNG grid). ``generate``
+    then checks ``--out`` ends in ``output_suffix`` before loading the model, and writes
+    ``<config name><output_suffix>`` in the current folder when ``--out`` is not given."""
+
+    output_suffix: str
+
+
+@runtime_checkable
 class TimesPartialSteps(Protocol):
     """Optional: ``diffaccel partial`` (adapters declaring ``token-positions``)."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import textwrap
 
@@ -23,12 +24,15 @@ EXAMPLES = {
           diffaccel bench configs/text-default.toml
           diffaccel bench configs/text-swd.toml configs/text-swd-time-anchor.toml --seeds 4 --json out/bench.json
           diffaccel bench configs/text-default.toml configs/text-time-anchor.toml --seeds 6 --batch 8
+          diffaccel bench configs/digits-dct.toml --seeds 2 --report report/digits
         All configs must share one [model] table. The baseline is that model with no strategy;
         every entry runs on the same seeds, interleaved. Speedup = baseline wall time / entry
         wall time. Quality columns compare each entry with the baseline of the same seed.
         --batch N generates N rows per call in every entry (rows use seeds seed .. seed+N-1):
         on a CPU a step's weights are then read once for N rows, and what skipping positions
-        saves grows (see 'diffaccel partial').""",
+        saves grows (see 'diffaccel partial'). --report DIR writes DIR/index.md and DIR/index.html
+        (opens offline): the table, speedup against quality, the images or samples of each entry
+        beside the baseline's, the strategies' plots, the command, versions and machine.""",
     "overhead": """
         example:
           diffaccel overhead configs/text-default.toml
@@ -94,7 +98,7 @@ def _parser() -> argparse.ArgumentParser:
 
     g = cmd("generate", "run a config and write its outputs")
     g.add_argument("config", help="TOML config file")
-    g.add_argument("--out", help="output file (text: default stdout)")
+    g.add_argument("--out", help="output file (text: default stdout; images: default <config name>.png here)")
     g.add_argument("--seed", type=int, help="override [model] seed")
     g.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     g.add_argument("--prompts", metavar="FILE", help="one item per line; --out is then a folder (docs/scale-out.md)")
@@ -106,6 +110,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--batch", type=int, help="override [model] batch: rows generated per call (e.g. 8, as a server batches requests)")
     b.add_argument("--json", dest="json_path", help="write the results as JSON")
     b.add_argument("--plots", dest="plot_dir", help="folder for the strategies' plots")
+    b.add_argument("--report", dest="report_dir", metavar="DIR",
+                   help="write DIR/index.md and DIR/index.html: table, Pareto plot, image grid or samples, plots, versions")
     b.add_argument("--no-noise-floor", action="store_true", help="skip the perturbed reference runs (and gen_ppl_noise's seeds)")
     b.add_argument("--seed", type=int, help="override [model] seed: the first seed (e.g. seeds kept for tuning)")
     b.add_argument("--judge", default="default", metavar="NAME_OR_PATH",
@@ -170,6 +176,7 @@ def _generate(args) -> int:
     from .accelerator import apply, build_strategies
     from .adapters_registry import get_adapter
     from .config import load_config
+    from .outputs import generate_out
     from .plugins import Registry
 
     registry = Registry()
@@ -177,6 +184,7 @@ def _generate(args) -> int:
     if args.seed is not None:
         cfg = attrs.evolve(cfg, model=attrs.evolve(cfg.model, seed=args.seed))
     adapter = get_adapter(cfg.model.adapter)
+    out_path = generate_out(adapter, cfg, args.out)  # checked before the model loads
     pipe = adapter.load(cfg)
     strategies = build_strategies(cfg, registry, adapter.info(pipe))
     if cfg.peers:
@@ -184,7 +192,7 @@ def _generate(args) -> int:
               f"'diffaccel bench' only; generate runs the config's strategies", file=sys.stderr)
     with apply(pipe, strategies=strategies):
         out = adapter.run(pipe, cfg, cfg.model.seed, progress=not args.no_progress)
-    where = adapter.write([out], args.out)
+    where = adapter.write([out], out_path)
     c = out.report["counters"]
     print(f"diffaccel: {cfg.model.checkpoint}, {out.report['steps_run']} steps, strategies: "
           f"{', '.join(s.name for s in strategies) or 'none'}; layers computed {c['layers_computed']}, "
@@ -198,13 +206,21 @@ def _bench(args) -> int:
 
         return main_bench(args)
     from .bench import format_table, run_bench
+    from .outputs import check_bench_args
 
+    check_bench_args(args)  # before any config or model loads
+    outputs: dict | None = {} if args.report_dir else None
+    plot_dir = args.plot_dir or (f"{args.report_dir}/plots" if args.report_dir else None)
     result = run_bench(args.configs, seeds=args.seeds, repeats=args.repeats, json_path=args.json_path,
-                       noise_floor=not args.no_noise_floor, progress=not args.no_progress, plot_dir=args.plot_dir,
-                       batch=args.batch, seed=args.seed, judge=args.judge)
+                       noise_floor=not args.no_noise_floor, progress=not args.no_progress, plot_dir=plot_dir,
+                       batch=args.batch, seed=args.seed, judge=args.judge, keep_outputs=outputs)
     print(format_table(result))
     if args.json_path:
         print(f"wrote {args.json_path}")
+    if args.report_dir:
+        from .report import write_report
+
+        print(f"wrote {write_report(args.report_dir, result, outputs, command=args.command_line, plot_dir=plot_dir)}")
     return 0
 
 
@@ -310,7 +326,9 @@ def _threads(n: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(argv)
+    args.command_line = "diffaccel " + shlex.join(argv)  # as the report records it
     handlers = {"generate": _generate, "bench": _bench, "plugins": _plugins, "check": _check, "train": _train,
                 "scale-bench": _scale_bench}
     try:
