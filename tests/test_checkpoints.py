@@ -292,6 +292,7 @@ def test_cli_pickle_and_truncation_exit_2_in_one_line(kind, copy_of, capsys, tmp
     adapter = "unet" if kind == "unet" else "text"
     extra = 'steps = 2\nprompts = ["digit 1"]\nbatch = 1\n' if kind == "unet" else "length = 8\nsteps = 2\n"
     cfg.write_text(f'[model]\nadapter = "{adapter}"\ncheckpoint = "{path}"\n{extra}')
-    assert main(["generate", str(cfg), "--no-progress", "--out", str(tmp_path / "o")]) == 2
+    out = tmp_path / ("o.png" if kind == "unet" else "o.txt")  # --out is checked before the load
+    assert main(["generate", str(cfg), "--no-progress", "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "allow_pickle = true" in err
