@@ -174,6 +174,30 @@ def test_rules_in_semi_autoregressive_blocks(pipe, rule, kw):
         assert all(masked[8 * b: 8 * b + 8].all() for b in open_blocks[1:])
 
 
+def test_spacing_in_a_run_keeps_each_steps_commits_apart(pipe):
+    seen = []
+
+    class Watch:
+        name = "watch"
+
+        from diffaccel import hookimpl
+
+        @hookimpl
+        def diffaccel_post_step(self, run, output):
+            seen.append(output.masked[0].clone())
+
+    out = run_with(pipe, [par(rule="factor", factor=8.0, spacing=2), Watch()], length=N, steps=N, seed=4)
+    assert not (out.tokens == pipe.denoiser.mask_id).any() and out.report["steps_run"] < N
+    before = torch.ones(N, dtype=torch.bool)
+    several = 0
+    for masked in seen:  # at steps = length the schedule commits one per step; extras keep 3 apart
+        pos = (before & ~masked).nonzero().squeeze(1)
+        several += len(pos) > 1
+        assert bool(((pos[1:] - pos[:-1]) > 2).all())
+        before = masked
+    assert several > 0
+
+
 def test_rows_of_a_batch_commit_independently(pipe):
     p = par(rule="factor", factor=3.0)
     batch = run_with(pipe, [p], length=N, steps=N, seed=10, batch=3)
