@@ -66,9 +66,12 @@ def write_configs(folder: Path, args) -> list[str]:
     paths[0].write_text(model + peers)
     for rule, knob in RULE_KNOB.items():
         for v in _values(getattr(args, knob)):
-            p = folder / f"{rule}-{knob}{v:g}.toml"
-            p.write_text(model + composed + f'[[strategy]]\nuse = "parallel"\nrule = "{rule}"\nscale = "{args.scale}"\n{knob} = {v!r}\n')
-            paths.append(p)
+            for sp in (int(x) for x in _values(args.spacing)):
+                tail = f"-s{sp}" if sp else ""
+                p = folder / f"{rule}-{knob}{v:g}{tail}.toml"
+                p.write_text(model + composed + f'[[strategy]]\nuse = "parallel"\nrule = "{rule}"\nscale = "{args.scale}"\n'
+                             f'{knob} = {v!r}\nspacing = {sp}\n')
+                paths.append(p)
     return [str(p) for p in paths]
 
 
@@ -89,11 +92,14 @@ def plot(result: dict, path: Path, metric: str) -> None:
             ax.annotate(e["name"].removeprefix("steps-"), (e["speedup"], e["quality"][key]), fontsize=7, xytext=(3, 3),
                         textcoords="offset points")
         for rule, marker in (("factor", "s"), ("threshold", "^"), ("entropy", "D")):
-            pts = sorted((e for e in entries if e["name"].startswith(rule + "-")), key=lambda e: e["speedup"])
-            if pts:
-                ax.plot([e["speedup"] for e in pts], [e["quality"][key] for e in pts], marker=marker, ls="-", ms=5, label=rule)
+            # one line per rule and spacing (entry names: <rule>-<knob><value>[-s<spacing>])
+            mine = [e for e in entries if e["name"].startswith(rule + "-")]
+            for sp in sorted({e["name"].partition("-s")[2] for e in mine}):
+                pts = sorted((e for e in mine if e["name"].partition("-s")[2] == sp), key=lambda e: e["speedup"])
+                ax.plot([e["speedup"] for e in pts], [e["quality"][key] for e in pts], marker=marker, ls="-" if not sp else "-.",
+                        ms=5, label=rule + (f", spacing {sp}" if sp else ""))
                 for e in pts:
-                    ax.annotate(e["name"].split("-", 1)[1], (e["speedup"], e["quality"][key]), fontsize=7,
+                    ax.annotate(e["name"].split("-")[1], (e["speedup"], e["quality"][key]), fontsize=7,
                                 xytext=(3, -9), textcoords="offset points")
         ax.plot([1.0], [base["quality"][key]], "k*", ms=10, label="baseline")
         if key == metric:
@@ -122,14 +128,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tau", default="0.8,0.6,0.4", help="threshold rule values")
     ap.add_argument("--gamma", default="1,3", help="entropy rule values (nats)")
     ap.add_argument("--scale", default="ratio", choices=("ratio", "prob"))
+    ap.add_argument("--spacing", default="0", help="spacing values, each crossed with every rule value")
     ap.add_argument("--steps", default="64,43,32,24", help="steps peers (the fewer-steps line)")
+    ap.add_argument("--judge", default="default", help="the bench's --judge (gen_ppl): smollm2, none, a folder...")
     ap.add_argument("--compose", action="append", default=[], help="a config whose [[strategy]] tables go before parallel's")
     ap.add_argument("--metric", default=None, help="quality key on the plot's left panel (default: gen_ppl if reported, else perplexity)")
     ap.add_argument("--out", required=True, help="PNG path; the bench JSON goes beside it")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         paths = write_configs(Path(tmp), args)
-        result = run_bench(paths, seeds=args.seeds, batch=args.batch, noise_floor=False)
+        result = run_bench(paths, seeds=args.seeds, batch=args.batch, noise_floor=False, judge=args.judge, judge_noise=True)
     out = Path(args.out)
     metric = args.metric or ("gen_ppl" if "gen_ppl" in result["entries"][0]["quality"] else "perplexity")
     out.with_suffix(".json").write_text(json.dumps(result, indent=2, default=float))

@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 from diffaccel import Strategy, hookimpl
 from diffaccel.capabilities import MASK_CONFIDENCES, TOKEN_LOGITS
 
-from .strategy import RULES, SCALES, Parallel, ParallelConfig, choose, entropies, scaled_confidence
+from .strategy import RULES, SCALES, Parallel, ParallelConfig, choose, entropies, scaled_confidence, spaced
 
 _DESCRIPTION = "parallel commits: the masked sampler commits every position a rule finds confident, so a run needs fewer steps"
 
@@ -27,4 +27,4 @@ def diffaccel_register(register):
 
 
 __all__ = ["RULES", "SCALES", "Parallel", "ParallelConfig", "__version__", "choose", "diffaccel_register", "entropies",
-           "scaled_confidence"]
+           "scaled_confidence", "spaced"]

@@ -23,6 +23,11 @@ candidate at least 70% as sure as the surest one. The factor rule on ``ratio`` a
 first through (ratio 1) and then reads the others against the best.
 
 ``max_per_step`` caps a row's commits at a step (the schedule's count when it is higher).
+``spacing`` keeps a step's extra commits apart: a candidate within ``spacing`` positions of one
+committed at the same step (the schedule's, or a surer extra) waits for a later step. Tokens
+drawn in one step are drawn independently of each other; neighbours depend on each other most,
+so committing them together is where parallel decoding loses coherence (the dilated schedules of
+DUS, Luxembourg et al. 2025, spread a step's commits for the same reason).
 """
 
 from __future__ import annotations
@@ -58,6 +63,8 @@ class ParallelConfig:
     """entropy rule: bound in nats on the committed candidates' summed entropy (ratio: excess over the row's lowest) less the largest."""
     max_per_step: int | None = attrs.field(default=None, validator=positive)
     """At most this many commits per row and step (the schedule's count when higher); None: no cap."""
+    spacing: int = attrs.field(default=0, validator=non_negative)
+    """Extra commits of a step stay more than this many positions from each other and from the schedule's (0: no constraint)."""
 
 
 def scaled_confidence(confidence: torch.Tensor, candidates: torch.Tensor, scale: str) -> torch.Tensor:
@@ -106,6 +113,31 @@ def choose(conf: torch.Tensor, config: ParallelConfig, entropy: torch.Tensor | N
     if c.max_per_step is not None:
         ok[:, c.max_per_step:] = False
     return torch.zeros_like(ok).scatter_(1, order, ok)
+
+
+def spaced(chosen: torch.Tensor, scheduled: torch.Tensor, conf: torch.Tensor, spacing: int) -> torch.Tensor:
+    """``chosen`` (B, N) less every extra commit within ``spacing`` positions of the schedule's
+    commits or of a surer extra one: greedy in confidence order, rows independent."""
+    if spacing <= 0:
+        return chosen
+    B, N = chosen.shape
+    # positions within ``spacing`` of a scheduled commit
+    blocked = torch.nn.functional.max_pool1d(scheduled.float()[:, None], 2 * spacing + 1, 1, spacing)[:, 0].bool()
+    extra = chosen & ~scheduled
+    order = conf.masked_fill(~extra, -math.inf).argsort(1, descending=True)
+    kept = scheduled.clone()
+    rows = torch.arange(B, device=chosen.device)
+    for j in range(int(extra.sum(1).max()) if bool(extra.any()) else 0):
+        pos = order[:, j]
+        take = extra[rows, pos] & ~blocked[rows, pos]
+        if not bool(take.any()):
+            continue
+        kept[rows[take], pos[take]] = True
+        for d in range(-spacing, spacing + 1):  # block the new commits' neighbourhoods
+            q = pos + d
+            t = take & (q >= 0) & (q < N)
+            blocked[rows[t], q[t]] = True
+    return kept
 
 
 class Parallel:
@@ -158,6 +190,8 @@ class Parallel:
         conf = scaled_confidence(proposal.confidence, proposal.candidates, c.scale)
         entropy = self._entropy(st, proposal) if c.rule == "entropy" else None
         chosen = choose(conf, c, entropy) & proposal.candidates
+        if c.spacing:
+            chosen = spaced(chosen, proposal.scheduled & proposal.candidates, conf, c.spacing)
         st["extra"] += int((chosen & ~proposal.scheduled).sum())
         st["commits"] += int((chosen | proposal.scheduled).sum())
         st["steps"] += 1

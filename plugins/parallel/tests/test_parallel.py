@@ -12,7 +12,7 @@ from diffaccel import ConfigError, parse_config
 from diffaccel.accelerator import build_strategies
 from diffaccel.adapters.text.logits import TopKLogits
 from diffaccel.testing import run_with, tiny_text_pipeline
-from diffaccel_parallel import Parallel, ParallelConfig, choose, entropies, scaled_confidence
+from diffaccel_parallel import Parallel, ParallelConfig, choose, entropies, scaled_confidence, spaced
 
 N = 32
 
@@ -105,6 +105,24 @@ def test_max_per_step_caps_a_row():
     assert got[0].nonzero().squeeze(1).tolist() == [2, 3]
 
 
+def test_spacing_keeps_a_steps_extra_commits_apart_in_confidence_order():
+    # row 0: scheduled 5; extras in confidence order 6 (next to 5: waits), 9, 8 (next to 9: waits), 1
+    # row 1: no schedule; 3 and 4 adjacent: only the surer 4 goes, 0 is far enough at spacing 1
+    conf = torch.tensor([[0.0, 0.5, 0.0, 0.0, 0.0, 1.0, 0.95, 0.0, 0.7, 0.9],
+                         [0.4, 0.0, 0.0, 0.6, 0.8, 0.0, 0.0, 0.0, 0.0, 0.0]])
+    chosen = conf > 0
+    scheduled = torch.zeros_like(chosen)
+    scheduled[0, 5] = True
+    got = spaced(chosen, scheduled, conf, 1)
+    assert got[0].nonzero().squeeze(1).tolist() == [1, 5, 9]
+    assert got[1].nonzero().squeeze(1).tolist() == [0, 4]
+    # spacing 4: the schedule's 5 blocks 1 to 9 in row 0; the kept 4 blocks 0 to 8 in row 1
+    got4 = spaced(chosen, scheduled, conf, 4)
+    assert got4[0].nonzero().squeeze(1).tolist() == [5]
+    assert got4[1].nonzero().squeeze(1).tolist() == [4]
+    assert torch.equal(spaced(chosen, scheduled, conf, 0), chosen)
+
+
 def test_entropies_match_the_softmax_definition_and_topk_logits():
     lg = torch.randn(2, 3, 11)
     rows = torch.tensor([0, 4, 5])
@@ -154,6 +172,30 @@ def test_rules_in_semi_autoregressive_blocks(pipe, rule, kw):
     for masked in seen:
         open_blocks = [b for b in range(N // 8) if masked[8 * b: 8 * b + 8].any()]
         assert all(masked[8 * b: 8 * b + 8].all() for b in open_blocks[1:])
+
+
+def test_spacing_in_a_run_keeps_each_steps_commits_apart(pipe):
+    seen = []
+
+    class Watch:
+        name = "watch"
+
+        from diffaccel import hookimpl
+
+        @hookimpl
+        def diffaccel_post_step(self, run, output):
+            seen.append(output.masked[0].clone())
+
+    out = run_with(pipe, [par(rule="factor", factor=8.0, spacing=2), Watch()], length=N, steps=N, seed=4)
+    assert not (out.tokens == pipe.denoiser.mask_id).any() and out.report["steps_run"] < N
+    before = torch.ones(N, dtype=torch.bool)
+    several = 0
+    for masked in seen:  # at steps = length the schedule commits one per step; extras keep 3 apart
+        pos = (before & ~masked).nonzero().squeeze(1)
+        several += len(pos) > 1
+        assert bool(((pos[1:] - pos[:-1]) > 2).all())
+        before = masked
+    assert several > 0
 
 
 def test_rows_of_a_batch_commit_independently(pipe):
@@ -213,7 +255,8 @@ def test_parallel_swd_time_anchor_together(pipe):
     ("factor = 0", "key 'factor': must be positive, got 0.0"),
     ("gamma = -1", "key 'gamma': must be 0 or more, got -1.0"),
     ("max_per_step = 0", "key 'max_per_step': must be positive, got 0"),
-    ("threshold = 0.9", "unknown key 'threshold'; allowed keys: factor, gamma, max_per_step, rule, scale, tau"),
+    ("spacing = -1", "key 'spacing': must be 0 or more, got -1"),
+    ("threshold = 0.9", "unknown key 'threshold'; allowed keys: factor, gamma, max_per_step, rule, scale, spacing, tau"),
 ])
 def test_bad_config(table, message):
     import tomllib
@@ -242,6 +285,7 @@ def test_cli_exit_2_on_a_continuous_model(tmp_path, capsys):
     path = tmp_path / "cont.toml"
     path.write_text('[model]\nadapter = "text"\ncheckpoint = "wordnet-continuous"\nsteps = 4\nlength = 16\n'
                     '[[strategy]]\nuse = "parallel"\n')
+    capsys.readouterr()  # the build's progress bars
     assert main(["generate", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "capability 'mask-confidences', which strategy 'parallel' requires" in err[0]
@@ -256,3 +300,19 @@ def test_cli_exit_2_on_a_bad_tau(tmp_path, capsys):
     assert main(["check", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"{path}: [[strategy]] #1 (parallel): key 'tau': must be in (0.0, 1.0], got 2" in err[0]
+
+
+def test_diffusion_gemma_is_refused_by_capability(tmp_path, capsys):
+    # DiffusionGemma's block sampler redraws every canvas position at every step (uniform noise,
+    # no mask token): nothing is committed, so there is no commit for parallel to choose
+    from diffaccel.adapters.text.diffusion_gemma_build import build
+    from diffaccel.cli import main
+
+    ckpt = build(tmp_path / "dg", "tiny", seed=0)
+    path = tmp_path / "dg.toml"
+    path.write_text(f'[model]\nadapter = "text"\ncheckpoint = "{ckpt}"\nlength = 32\nsteps = 4\n'
+                    '[[strategy]]\nuse = "parallel"\n')
+    capsys.readouterr()  # the build's progress bars
+    assert main(["generate", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'mask-confidences'" in err[0] and "parallel" in err[0] and str(path) in err[0]
