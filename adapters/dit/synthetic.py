@@ -2,11 +2,11 @@
 
 ``synthetic-dit-medium`` (``configs/dit-medium.toml``): a ``TextDiTPipeline`` around a
 ``PixArtTransformer2DModel`` with PixArt-alpha's block layout (self-attention, cross-attention
-to the prompt, feed-forward, adaLN-single) at CPU size: 16 blocks of width 256 (4 heads of 64),
-patch 2 on 4x32x32 latents (256 tokens, the token count PixArt-alpha has at 256x256 images), a
-one-layer character CLIP text encoder of width 256 (77 tokens) under PixArt's caption
-projection, DDIM. A tiny ``AutoencoderKL`` with one block (downsampling factor 1) turns the
-latents into 32x32 RGB images. Weights are random (seeded), so images are noise patterns: the
+to the prompt, feed-forward, adaLN-single) at CPU size: 16 blocks of width 192 (3 heads of 64),
+patch 2 on 4x16x16 latents (64 tokens), a one-layer character CLIP text encoder of width 192
+(77 tokens) under PixArt's caption projection, DDIM. A tiny ``AutoencoderKL`` with one block
+(downsampling factor 1) turns the latents into 16x16 RGB images. Sized so that a bench at batch
+8 fits a few minutes of a shared 2-core machine. Weights are random (seeded), so images are noise patterns: the
 model measures speed and the agreement of accelerated and unaccelerated runs, not quality.
 
 ``synthetic-dit-tiny``: the same recipe at toy size (4 blocks of width 32; tests, quick runs).
@@ -19,8 +19,8 @@ import torch
 SYNTHETIC = ("synthetic-dit-medium", "synthetic-dit-tiny")
 
 _SPECS = {
-    "synthetic-dit-medium": dict(layers=16, heads=4, head_dim=64, size=32, patch=2, text=256, text_ff=1024,
-                                 text_heads=4, vae=(32,)),
+    "synthetic-dit-medium": dict(layers=16, heads=3, head_dim=64, size=16, patch=2, text=192, text_ff=768,
+                                 text_heads=3, vae=(32,)),
     "synthetic-dit-tiny": dict(layers=4, heads=2, head_dim=16, size=8, patch=2, text=32, text_ff=37,
                                text_heads=2, vae=(8,)),
 }

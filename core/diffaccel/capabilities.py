@@ -42,7 +42,9 @@ BLOCK_STACK = "block-stack"
 ``depth`` (0 outermost) and a ``kind`` (``down``, ``mid`` or ``up``); ``run.info`` lists
 ``layers``, ``depths`` and ``kinds`` in forward order. Answering a block of depth >= d, and the
 up block of depth d, with ``layer.cached_output`` (its last output in the branch) is valid: the
-shallower blocks then read those cached deep features. ``StepPlan.skip`` is honoured."""
+shallower blocks then read those cached deep features. In a flat stack of residual blocks (a
+diffusion transformer: depth counted from both ends) ``cached_output`` is the block's last
+residual added to its current input. ``StepPlan.skip`` is honoured."""
 
 BLOCK_TAIL = "block-tail"
 """The outermost up block can run only its last layers on the features that entered them at its
