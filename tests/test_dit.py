@@ -195,3 +195,45 @@ def test_config_names_unknown_peer():
 
     with pytest.raises(ConfigError, match="unknown peer 'deepcache'; adapter 'dit' offers: diffusers-fbcache"):
         diffaccel.parse_config({"model": {"adapter": "dit", "checkpoint": TINY}, "peer": [{"use": "deepcache"}]})
+
+
+def test_sd3_dual_stream_blocks_bitwise_and_residual_skip():
+    """SD3's JointTransformerBlock returns (text states, hidden states): both streams get their residual."""
+    from diffusers import DDIMScheduler, SD3Transformer2DModel
+
+    torch.manual_seed(0)
+    t = SD3Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, num_layers=4, attention_head_dim=8,
+                              num_attention_heads=2, joint_attention_dim=16, caption_projection_dim=16,
+                              pooled_projection_dim=8, out_channels=4).eval()
+    class Fake:  # a pipeline's two members the hooks touch (weak-referenceable, unlike SimpleNamespace)
+        transformer, scheduler = t, DDIMScheduler()
+
+    fake = Fake()
+    x, e, p = torch.randn(1, 4, 8, 8), torch.randn(1, 5, 16), torch.randn(1, 8)
+
+    def two_steps():
+        with torch.no_grad():
+            return [t(hidden_states=x, encoder_hidden_states=e, pooled_projections=p, timestep=torch.tensor([s]),
+                      return_dict=False)[0] for s in (900, 800)]
+
+    ref = two_steps()
+    assert [k for _, k, _, _ in hooks.block_specs(t)] == ["down", "down", "up", "up"]
+    sess = hooks.attach(fake, Accelerator([], "dit"))
+    assert sess.layers[1].out_h == 1 and sess.layers[1].out_e == 0  # from diffusers' block registry
+    got = two_steps()
+    hooks.detach(fake)
+    assert all(torch.equal(a, b) for a, b in zip(ref, got))
+
+    strat = SkipMiddle()
+    calls = {"n": 0}
+    h = t.transformer_blocks[1].attn.register_forward_hook(lambda *_: calls.__setitem__("n", calls["n"] + 1))
+    sess = hooks.attach(fake, Accelerator([strat], "dit"))
+    try:
+        got = two_steps()
+    finally:
+        h.remove()
+        hooks.detach(fake)
+    assert calls["n"] == 1  # step 1 skipped block 1: its attention did not run
+    branch, name, x_in, served = strat.seen[0]
+    assert isinstance(served, tuple) and served[1].shape == x_in.shape and served[0] is not None
+    assert torch.equal(got[0], ref[0]) and not torch.equal(got[1], ref[1])
