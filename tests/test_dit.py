@@ -237,3 +237,24 @@ def test_sd3_dual_stream_blocks_bitwise_and_residual_skip():
     branch, name, x_in, served = strat.seen[0]
     assert isinstance(served, tuple) and served[1].shape == x_in.shape and served[0] is not None
     assert torch.equal(got[0], ref[0]) and not torch.equal(got[1], ref[1])
+
+
+def test_shipped_digits_dit_loads_and_is_labelled():
+    from diffaccel.adapters.dit.adapter import is_digits
+
+    p = load_checkpoint("dit-digits")
+    assert type(p.transformer).__name__ == "PixArtTransformer2DModel" and is_digits(p)
+    assert [n for n, _, _, _ in hooks.block_specs(p.transformer)] == [f"transformer_blocks.{i}" for i in range(10)]
+    cfg = diffaccel.parse_config({"model": {"adapter": "dit", "checkpoint": "dit-digits", "steps": 2, "batch": 2,
+                                            "guidance_scale": 2.0, "prompts": ["digit 3", "7"]}})
+    out = DiTAdapter.run(p, cfg, 0, progress=False)
+    assert out.images.shape == (2, 1, 32, 32) and out.labels == [3, 7]
+    assert "cond_acc" in DiTAdapter.quality([out], [out])
+
+
+def test_bad_size_is_one_line_config_error():
+    from diffaccel.errors import ConfigError
+
+    cfg = diffaccel.parse_config({"model": {"adapter": "dit", "checkpoint": TINY, "size": 9}})
+    with pytest.raises(ConfigError, match=r"key 'size': 9 is not a multiple of 2"):
+        DiTAdapter.load(cfg)
