@@ -2,13 +2,14 @@
 # make test   : same set-up, then every test suite (core and plugins)
 # make test-plugin PLUGIN=topk : one plugin's tests
 # make docs   : regenerate docs/writing-a-plugin.md (tests/test_docs.py checks it is up to date)
+# make benchmarks [NOTE="..."] : rerun the headline benches, regenerate docs/benchmarks.md (a few minutes, one thread)
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 PLUGIN_DIRS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml))
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup demo test test-core test-plugin docs bench-overhead bench-partial fluency train-text clean
+.PHONY: setup demo test test-core test-plugin docs benchmarks bench-overhead bench-partial fluency train-text clean
 
 $(VENV)/.installed: pyproject.toml $(addsuffix /pyproject.toml,$(PLUGIN_DIRS))
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -47,6 +48,11 @@ test-plugin: setup
 # docs/writing-a-plugin.md from its template, the hookspecs, the capabilities and the adapters
 docs: setup
 	$(BIN)/python docs/generate.py
+
+# docs/benchmarks.md and docs/benchmarks/*: reports of `diffaccel bench --report`, under the bench
+# lock, one thread; NOTE is recorded in each report's machine facts (e.g. that the machine was shared)
+benchmarks: setup
+	flock /tmp/diffaccel-bench.lock env OMP_NUM_THREADS=1 DIFFACCEL_MACHINE_NOTE="$(NOTE)" $(BIN)/python docs/benchmarks.py
 
 bench-overhead: setup
 	$(BIN)/diffaccel overhead configs/text-default.toml

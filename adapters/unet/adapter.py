@@ -178,6 +178,8 @@ class UNetAdapter:
     capabilities = hooks.CAPABILITIES
     PEERS = {"deepcache": DeepCachePeer}
     layer_types = (hooks.UNetBlock,)
+    output_suffix = ".png"
+    """``generate`` writes one PNG grid: ``--out`` must end in .png (default ``<config name>.png``)."""
 
     @staticmethod
     def accepts(pipe: Any) -> bool:
@@ -299,6 +301,23 @@ class UNetAdapter:
         pic.save(tmp, format="PNG")
         tmp.replace(path)  # never leave a half-written file under the final name
         return str(path)
+
+    @staticmethod
+    def write_item(output: UNetOutput, out_dir: Path, stem: str) -> dict[str, Any]:
+        """``generate --prompts``: one item's image as ``out_dir/stem.png`` at its native size (via a
+        temporary name, then renamed); its fields of results.jsonl."""
+        import os
+
+        from PIL import Image
+
+        img = output.images[0]
+        arr = (img.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+        pic = Image.fromarray(arr[..., 0] if img.shape[0] == 1 else arr[..., :3])
+        path = Path(out_dir) / f"{stem}.png"
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
+        pic.save(tmp, format="PNG")
+        os.replace(tmp, path)
+        return {"image": path.name}
 
     @staticmethod
     def quality(baseline: list[UNetOutput], outputs: list[UNetOutput], references: list[UNetOutput] | None = None) -> dict[str, float]:

@@ -8,7 +8,7 @@ path: its implementations are resolved into a plain list once, here, not on ever
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -18,6 +18,8 @@ from .plugins import Registry, call_own, check_strategy, new_plugin_manager, own
 from .state import Layer, RunState, StepPlan
 
 LayerFn = Callable[[RunState, Layer, Any], Any]
+APPLY_SOURCE = "diffaccel.apply"
+"""What ``ConfigError`` lines name in place of a file for ``apply(pipe, strategies=[{...}])``."""
 
 
 def _positional(fn: Callable, argnames: Sequence[str]) -> LayerFn:
@@ -167,13 +169,24 @@ def apply(pipe: Any, config: Any = None, *, strategies: Sequence[Any] | None = N
         with diffaccel.apply(pipe, "configs/text-swd.toml") as pipe:
             out = pipe(seed=0)
 
-    ``config`` is a path or a ``RunConfig``; or pass ready ``strategies`` instances. Leaving the
-    block removes every hook: the pipeline then behaves bitwise as if it never had strategies.
+    ``config`` is a path or a ``RunConfig``; or pass ``strategies``: tables as a config file's
+    ``[[strategy]]`` array writes them (``[{"use": "dct-anchor", "threshold": 0.1}]``, validated
+    exactly like a file, the same one-line ``ConfigError``s with ``diffaccel.apply`` for the file
+    name), or ready strategy instances. Leaving the block removes every hook: the pipeline then
+    behaves bitwise as if it never had strategies.
     """
     from .adapters_registry import adapter_for
-    from .config import RunConfig, load_config
+    from .config import RunConfig, load_config, parse_config
 
     adapter = adapter_for(pipe)
+    if strategies is not None and config is not None:
+        raise ConfigError("diffaccel.apply: give a config or strategies, not both")
+    if strategies is not None and any(isinstance(s, Mapping) for s in strategies):
+        if not all(isinstance(s, Mapping) for s in strategies):
+            raise ConfigError("diffaccel.apply: strategies: give tables (dicts with 'use') or strategy instances, not both")
+        cfg = parse_config({"model": {"adapter": adapter.name}, "strategy": [dict(s) for s in strategies]},
+                           source=APPLY_SOURCE, registry=registry)
+        strategies = build_strategies(cfg, registry, adapter.info(pipe))
     if strategies is None:
         if config is None:
             strategies = []

@@ -72,6 +72,15 @@ class Adapter(Protocol):
 
 
 @runtime_checkable
+class WritesFiles(Protocol):
+    """Optional: an adapter whose ``write`` makes files of one kind (unet: a PNG grid). ``generate``
+    then checks ``--out`` ends in ``output_suffix`` before loading the model, and writes
+    ``<config name><output_suffix>`` in the current folder when ``--out`` is not given."""
+
+    output_suffix: str
+
+
+@runtime_checkable
 class TimesPartialSteps(Protocol):
     """Optional: ``diffaccel partial`` (adapters declaring ``token-positions``)."""
 
@@ -100,6 +109,15 @@ class JudgesSamples(Protocol):
 
     def judge_lines(self, outputs: list[Any]) -> list[str]:
         """The lines of ``outputs`` that the judge scores."""
+
+
+@runtime_checkable
+class WritesItems(Protocol):
+    """Optional: ``diffaccel generate --prompts`` (one item per line, results.jsonl; ``diffaccel.jobs``)."""
+
+    def write_item(self, output: Any, out_dir: Any, stem: str) -> dict[str, Any]:
+        """Write one item's files (a one-row ``output``) into ``out_dir`` as ``stem.*``, each under a
+        temporary name and then renamed; return its JSON fields for results.jsonl (``text``, ``image``)."""
 
 
 def missing_members(adapter: Any) -> list[str]:

@@ -64,13 +64,15 @@ def with_seed(config: RunConfig, seed: int) -> RunConfig:
 def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: str | None = None,
               noise_floor: bool = True, progress: bool = True, registry: Registry | None = None,
               plot_dir: str | None = None, batch: int | None = None, seed: int | None = None,
-              judge: str | None = None, judge_noise: bool | None = None) -> dict[str, Any]:
+              judge: str | None = None, judge_noise: bool | None = None,
+              keep_outputs: dict[str, list[Any]] | None = None) -> dict[str, Any]:
     """``batch`` overrides every config's ``[model] batch`` (rows per call; seed k of the bench
     starts at ``seed + k * batch``, so no row is generated twice); ``seed`` their first seed.
     ``judge``: a judge the adapter's ``load_judge`` knows (text: 'smollm2', a causal LM folder or
     hub id), loaded before any sampling; "default": the adapter's default judge, if it loads (if
     not, a note in the result); None or "none": no judge. ``judge_noise`` (default: as
-    ``noise_floor``): also score the baseline on as many seeds again for ``gen_ppl_noise``."""
+    ``noise_floor``): also score the baseline on as many seeds again for ``gen_ppl_noise``.
+    ``keep_outputs``: a dict that receives every entry's outputs (name -> one per seed), for the report."""
     wall0 = time.perf_counter()
     registry = registry or Registry()
     configs = load_bench_configs(paths, registry)
@@ -148,6 +150,8 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
     if judge_info:
         result["judge"] = {**judge_info, **result.get("judge", {})}
     result["wall_s"] = time.perf_counter() - wall0
+    if keep_outputs is not None:
+        keep_outputs.update(outputs)
     if "score_s" in result.get("judge", {}):
         j = result["judge"]
         j["share_of_wall"] = (j["load_s"] + j["score_s"]) / result["wall_s"]

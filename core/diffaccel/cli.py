@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import textwrap
 
@@ -15,18 +16,23 @@ EXAMPLES = {
           diffaccel generate configs/text-default.toml
           diffaccel generate configs/text-default.toml --seed 3 --out sample.txt
         The config's [model] table picks the model; its [[strategy]] tables, in order, the
-        strategies. A run summary (layers computed and skipped) goes to stderr.""",
+        strategies. A run summary (layers computed and skipped) goes to stderr.
+        --prompts FILE --out DIR: one item per line (results.jsonl, images NNNNN.png), resumable;
+        under 'accelerate launch' the items are shared by the processes (docs/scale-out.md).""",
     "bench": """
         examples:
           diffaccel bench configs/text-default.toml
           diffaccel bench configs/text-swd.toml configs/text-swd-time-anchor.toml --seeds 4 --json out/bench.json
           diffaccel bench configs/text-default.toml configs/text-time-anchor.toml --seeds 6 --batch 8
+          diffaccel bench configs/digits-dct.toml --seeds 2 --report report/digits
         All configs must share one [model] table. The baseline is that model with no strategy;
         every entry runs on the same seeds, interleaved. Speedup = baseline wall time / entry
         wall time. Quality columns compare each entry with the baseline of the same seed.
         --batch N generates N rows per call in every entry (rows use seeds seed .. seed+N-1):
         on a CPU a step's weights are then read once for N rows, and what skipping positions
-        saves grows (see 'diffaccel partial').""",
+        saves grows (see 'diffaccel partial'). --report DIR writes DIR/index.md and DIR/index.html
+        (opens offline): the table, speedup against quality, the images or samples of each entry
+        beside the baseline's, the strategies' plots, the command, versions and machine.""",
     "overhead": """
         example:
           diffaccel overhead configs/text-default.toml
@@ -60,6 +66,13 @@ EXAMPLES = {
           diffaccel train digits --out runs/digits --max-minutes 27
         Trains the reference text diffusion LM on WordNet glosses (apt-get install wordnet-base), or
         the default image model (a 1.7M-parameter class-conditional UNet) on scikit-learn's digits.""",
+    "scale-bench": """
+        examples:
+          diffaccel scale-bench configs/digits.toml --prompts configs/prompts/digits-64.txt
+          diffaccel scale-bench configs/text-scale.toml --prompts configs/prompts/text-64.txt --processes 2
+        Runs 'generate --prompts' as one process and under 'accelerate launch --multi_gpu' as N (on the CPU), one
+        thread each, alternating, and prints the throughput ratio and whether the outputs are
+        byte-identical (docs/scale-out.md).""",
     "fluency": """
         example:
           diffaccel fluency configs/text-default.toml --seeds 4
@@ -85,9 +98,10 @@ def _parser() -> argparse.ArgumentParser:
 
     g = cmd("generate", "run a config and write its outputs")
     g.add_argument("config", help="TOML config file")
-    g.add_argument("--out", help="output file (text: default stdout)")
+    g.add_argument("--out", help="output file (text: default stdout; images: default <config name>.png here)")
     g.add_argument("--seed", type=int, help="override [model] seed")
     g.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    g.add_argument("--prompts", metavar="FILE", help="one item per line; --out is then a folder (docs/scale-out.md)")
 
     b = cmd("bench", "compare configs with the baseline: speedup and quality side by side")
     b.add_argument("configs", nargs="+", help="TOML configs sharing one [model]")
@@ -96,11 +110,14 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--batch", type=int, help="override [model] batch: rows generated per call (e.g. 8, as a server batches requests)")
     b.add_argument("--json", dest="json_path", help="write the results as JSON")
     b.add_argument("--plots", dest="plot_dir", help="folder for the strategies' plots")
+    b.add_argument("--report", dest="report_dir", metavar="DIR",
+                   help="write DIR/index.md and DIR/index.html: table, Pareto plot, image grid or samples, plots, versions")
     b.add_argument("--no-noise-floor", action="store_true", help="skip the perturbed reference runs (and gen_ppl_noise's seeds)")
     b.add_argument("--seed", type=int, help="override [model] seed: the first seed (e.g. seeds kept for tuning)")
     b.add_argument("--judge", default="default", metavar="NAME_OR_PATH",
                    help="language model scoring text samples (gen_ppl): smollm2 (default), none, a causal LM folder or hub id, a .gguf file")
     b.add_argument("--no-progress", action="store_true")
+    b.add_argument("--prompts", metavar="FILE", help="one item per line instead of --seeds; shared by the processes of 'accelerate launch'")
 
     o = cmd("overhead", "measure the hook machinery's cost with no strategy active")
     o.add_argument("config")
@@ -135,6 +152,13 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--init", metavar="FOLDER", help="digits: continue from this model's weights (e.g. a run cut short)")
     t.add_argument("--lr", type=float, help="digits: peak learning rate (default 1e-3)")
 
+    sb = cmd("scale-bench", "throughput of generate --prompts on N processes against one")
+    sb.add_argument("config")
+    sb.add_argument("--prompts", required=True, metavar="FILE", help="the items (one per line)")
+    sb.add_argument("--processes", type=int, default=2, help="processes of the scaled run (default 2)")
+    sb.add_argument("--threads", type=int, default=1, help="torch threads per process (default 1)")
+    sb.add_argument("--repeats", type=int, default=1, help="pairs of runs, alternating which goes first (default 1)")
+
     f = cmd("fluency", "fluency of a model's samples beside reference texts")
     f.add_argument("config")
     f.add_argument("--seeds", type=int, default=4)
@@ -143,11 +167,16 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _generate(args) -> int:
+    if args.prompts is not None:
+        from .jobs import main_generate
+
+        return main_generate(args)
     import attrs
 
     from .accelerator import apply, build_strategies
     from .adapters_registry import get_adapter
     from .config import load_config
+    from .outputs import generate_out
     from .plugins import Registry
 
     registry = Registry()
@@ -155,6 +184,7 @@ def _generate(args) -> int:
     if args.seed is not None:
         cfg = attrs.evolve(cfg, model=attrs.evolve(cfg.model, seed=args.seed))
     adapter = get_adapter(cfg.model.adapter)
+    out_path = generate_out(adapter, cfg, args.out)  # checked before the model loads
     pipe = adapter.load(cfg)
     strategies = build_strategies(cfg, registry, adapter.info(pipe))
     if cfg.peers:
@@ -162,7 +192,7 @@ def _generate(args) -> int:
               f"'diffaccel bench' only; generate runs the config's strategies", file=sys.stderr)
     with apply(pipe, strategies=strategies):
         out = adapter.run(pipe, cfg, cfg.model.seed, progress=not args.no_progress)
-    where = adapter.write([out], args.out)
+    where = adapter.write([out], out_path)
     c = out.report["counters"]
     print(f"diffaccel: {cfg.model.checkpoint}, {out.report['steps_run']} steps, strategies: "
           f"{', '.join(s.name for s in strategies) or 'none'}; layers computed {c['layers_computed']}, "
@@ -171,15 +201,33 @@ def _generate(args) -> int:
 
 
 def _bench(args) -> int:
-    from .bench import format_table, run_bench
+    if args.prompts is not None:
+        from .prompt_bench import main_bench
 
+        return main_bench(args)
+    from .bench import format_table, run_bench
+    from .outputs import check_bench_args
+
+    check_bench_args(args)  # before any config or model loads
+    outputs: dict | None = {} if args.report_dir else None
+    plot_dir = args.plot_dir or (f"{args.report_dir}/plots" if args.report_dir else None)
     result = run_bench(args.configs, seeds=args.seeds, repeats=args.repeats, json_path=args.json_path,
-                       noise_floor=not args.no_noise_floor, progress=not args.no_progress, plot_dir=args.plot_dir,
-                       batch=args.batch, seed=args.seed, judge=args.judge)
+                       noise_floor=not args.no_noise_floor, progress=not args.no_progress, plot_dir=plot_dir,
+                       batch=args.batch, seed=args.seed, judge=args.judge, keep_outputs=outputs)
     print(format_table(result))
     if args.json_path:
         print(f"wrote {args.json_path}")
+    if args.report_dir:
+        from .report import write_report
+
+        print(f"wrote {write_report(args.report_dir, result, outputs, command=args.command_line, plot_dir=plot_dir)}")
     return 0
+
+
+def _scale_bench(args) -> int:
+    from .scale_bench import scale_bench
+
+    return scale_bench(args)
 
 
 def _plugins(args) -> int:
@@ -278,8 +326,11 @@ def _threads(n: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(argv)
-    handlers = {"generate": _generate, "bench": _bench, "plugins": _plugins, "check": _check, "train": _train}
+    args.command_line = "diffaccel " + shlex.join(argv)  # as the report records it
+    handlers = {"generate": _generate, "bench": _bench, "plugins": _plugins, "check": _check, "train": _train,
+                "scale-bench": _scale_bench}
     try:
         if args.command in handlers:
             return handlers[args.command](args)

@@ -1,0 +1,108 @@
+"""The README's Python examples run as written (the Stable Diffusion one on a tiny random pipeline
+substituted for the hub id, offline), and ``diffaccel.apply(pipe, strategies=[{...}])`` checks its
+tables exactly as a config file's ``[[strategy]]`` tables are checked."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import diffaccel
+from diffaccel import ConfigError, load_config
+from diffaccel.testing import tiny_text_pipeline
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+
+
+def test_readme_has_a_text_and_a_diffusers_example_of_at_most_ten_lines():
+    blocks = python_blocks()
+    assert len(blocks) == 2
+    assert "StableDiffusionPipeline" in blocks[1] and "load_pipeline" in blocks[0]
+    assert all(len(b.strip().splitlines()) <= 10 for b in blocks)
+    assert all("strategies=" in b for b in blocks)
+
+
+def test_readme_text_example_runs(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    exec(compile(python_blocks()[0], f"{README}:text-example", "exec"), {})
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].strip()  # a sample
+    counters = eval(out[-1])  # the printed counters dict
+    assert counters["fraction_computed"] < 0.9  # the strategies skipped (layer, position) states
+
+
+def test_readme_diffusers_example_runs_on_a_tiny_pipeline(tmp_path, monkeypatch):
+    from diffusers import StableDiffusionPipeline
+    from PIL import Image
+
+    from diffaccel.adapters.unet.synthetic import build
+
+    asked = []
+
+    def from_pretrained(name, **kwargs):
+        asked.append(name)
+        return build("synthetic-sd-tiny")
+
+    monkeypatch.setattr(StableDiffusionPipeline, "from_pretrained", staticmethod(from_pretrained))
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(python_blocks()[1], f"{README}:diffusers-example", "exec"), namespace)
+    assert asked == ["stable-diffusion-v1-5/stable-diffusion-v1-5"]
+    with Image.open(tmp_path / "astronaut.png") as im:
+        assert im.width > 0
+    pipe = namespace["pipe"]
+    from diffaccel.adapters.unet import hooks
+
+    assert hooks.session_of(pipe) is None  # the block's exit removed the hooks
+
+
+def _error(fn) -> str:
+    with pytest.raises(ConfigError) as info:
+        fn()
+    return str(info.value)
+
+
+@pytest.mark.parametrize("table", [
+    {"use": "topk", "k": 0},
+    {"use": "swd", "no_such_key": 1},
+    {"use": "swd", "tau": "high"},
+    {"use": "no-such-strategy"},
+    {"k": 3},
+])
+def test_apply_tables_fail_with_the_config_files_line(tmp_path, table):
+    pipe = tiny_text_pipeline()
+    toml = tmp_path / "c.toml"
+    toml.write_text('[model]\nadapter = "text"\n[[strategy]]\n' + "".join(
+        f"{k} = {v!r}\n".replace("'", '"') for k, v in table.items()))
+    from_file = _error(lambda: load_config(toml))
+    from_apply = _error(lambda: diffaccel.apply(pipe, strategies=[table]).__enter__())
+    assert from_file.startswith(f"{toml}: ") and from_apply.startswith("diffaccel.apply: ")
+    assert from_file.removeprefix(f"{toml}: ") == from_apply.removeprefix("diffaccel.apply: ")
+
+
+def test_apply_tables_run_as_the_same_config_file(tmp_path):
+    pipe = tiny_text_pipeline()
+    toml = tmp_path / "c.toml"
+    toml.write_text('[model]\nadapter = "text"\n[[strategy]]\nuse = "swd"\ntau = 0.8\n[[strategy]]\nuse = "time-anchor"\n')
+    with diffaccel.apply(pipe, toml):
+        a = pipe(length=24, steps=12, seed=3, progress=False)
+    with diffaccel.apply(pipe, strategies=[{"use": "swd", "tau": 0.8}, {"use": "time-anchor"}]):
+        b = pipe(length=24, steps=12, seed=3, progress=False)
+    assert torch.equal(a.tokens, b.tokens)
+    assert a.report["counters"] == b.report["counters"] and b.report["counters"]["fraction_computed"] < 1.0
+    assert list(b.report["strategies"]) == ["swd", "time-anchor"]
+
+
+def test_apply_refuses_tables_mixed_with_instances_or_a_config():
+    pipe = tiny_text_pipeline()
+    from diffaccel_swd import SWD
+
+    assert "not both" in _error(lambda: diffaccel.apply(pipe, strategies=[{"use": "swd"}, SWD()]).__enter__())
+    assert "not both" in _error(lambda: diffaccel.apply(pipe, "x.toml", strategies=[{"use": "swd"}]).__enter__())
