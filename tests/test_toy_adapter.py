@@ -54,8 +54,8 @@ def test_strategies_it_cannot_serve_are_refused_naming_the_capability(site, tmp_
     cfg.write_text(MODEL + f'[[strategy]]\nuse = "{strategy}"\n')
     proc = _run(site, "check", str(cfg))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
-    if strategy == "dct-anchor":  # the toy has a block stack, but no tail and no feature maps
-        missing = "block-tail"
+    if strategy == "dct-anchor":  # the toy has a block stack, but no image steps and no feature maps
+        missing = "spatial-features' or 'image-steps"
     assert (f"{cfg}: [[strategy]] #1 ({strategy}): strategy '{strategy}' requires capability '{missing}', "
             f"which adapter 'toy' does not declare; it declares: block-stack") in proc.stderr
 

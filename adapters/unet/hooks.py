@@ -340,7 +340,7 @@ class Session:
         accel = self.accel
 
         def forward(*args, **kwargs):
-            sample = args[0] if args else kwargs["sample"]
+            sample = args[0] if args else kwargs.get("sample", kwargs.get("hidden_states"))  # UNets, transformers
             t = _scalar(args[1] if len(args) > 1 else kwargs.get("timestep"))
             rows = sample.shape[0]
             run = self.run

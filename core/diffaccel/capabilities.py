@@ -42,7 +42,9 @@ BLOCK_STACK = "block-stack"
 ``depth`` (0 outermost) and a ``kind`` (``down``, ``mid`` or ``up``); ``run.info`` lists
 ``layers``, ``depths`` and ``kinds`` in forward order. Answering a block of depth >= d, and the
 up block of depth d, with ``layer.cached_output`` (its last output in the branch) is valid: the
-shallower blocks then read those cached deep features. ``StepPlan.skip`` is honoured."""
+shallower blocks then read those cached deep features. In a flat stack of residual blocks (a
+diffusion transformer: depth counted from both ends) ``cached_output`` is the block's last
+residual added to its current input. ``StepPlan.skip`` is honoured."""
 
 BLOCK_TAIL = "block-tail"
 """The outermost up block can run only its last layers on the features that entered them at its
@@ -53,6 +55,12 @@ SPATIAL_FEATURES = "spatial-features"
 """Blocks output feature maps (B, C, H, W); the step output has ``latents``, ``noise_pred`` and
 ``pred_original`` (the scheduler's clean estimate) of that shape."""
 
+IMAGE_STEPS = "image-steps"
+"""Steps denoise images or latents: the step output has ``latents``, ``noise_pred`` and
+``pred_original`` (the scheduler's clean estimate), (B, C, H, W); ``run.info`` has
+``sample_size``. Blocks may output anything (a diffusion transformer's token states):
+``spatial-features`` says more."""
+
 INNER_MODULES = "inner-modules"
 """Modules inside a block (``down_blocks.1.attentions.0``...) can be hooked on request
 (``diffaccel_hooked_modules``); they reach ``layer_output`` like blocks."""
@@ -62,7 +70,7 @@ GUIDANCE_BRANCHES = "guidance-branches"
 branches apart, and ``run.state`` keeps a state per branch."""
 
 ALL = (TOKEN_POSITIONS, MASK_CONFIDENCES, TOKEN_LOGITS, PINNED_TOKENS, BLOCK_STACK, BLOCK_TAIL,
-       SPATIAL_FEATURES, INNER_MODULES, GUIDANCE_BRANCHES)
+       SPATIAL_FEATURES, IMAGE_STEPS, INNER_MODULES, GUIDANCE_BRANCHES)
 """Every capability the core defines. Adapters may declare others (a strategy and an adapter from
 the same third party can agree on one); these are the ones shipped strategies use."""
 

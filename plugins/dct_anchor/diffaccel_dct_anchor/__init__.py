@@ -1,4 +1,4 @@
-"""diffaccel strategy ``dct-anchor``: DCT frequency anchors for image diffusion UNets.
+"""diffaccel strategy ``dct-anchor``: DCT frequency anchors for image diffusion UNets and transformers.
 
     [[strategy]]
     use = "dct-anchor"
@@ -12,7 +12,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from diffaccel import Strategy, hookimpl
-from diffaccel.capabilities import BLOCK_STACK, BLOCK_TAIL, SPATIAL_FEATURES
+from diffaccel.capabilities import BLOCK_STACK, IMAGE_STEPS, SPATIAL_FEATURES
 
 from .config import DCTAnchorConfig
 from .dct import band_energy, dct2, dct_basis, low_band, relative_band_change, relative_energy_change
@@ -21,8 +21,8 @@ from .strategy import DCTAnchor, decide
 
 @hookimpl
 def diffaccel_register(register):
-    register(Strategy(name="dct-anchor", config=DCTAnchorConfig, factory=DCTAnchor, requires=(BLOCK_STACK, BLOCK_TAIL, SPATIAL_FEATURES),
-                      description="reuse UNet blocks while the low-frequency DCT band of their input holds still"))
+    register(Strategy(name="dct-anchor", config=DCTAnchorConfig, factory=DCTAnchor, requires=(BLOCK_STACK, (SPATIAL_FEATURES, IMAGE_STEPS)),
+                      description="reuse UNet or DiT blocks while a low-frequency DCT band holds still"))
 
 
 __all__ = ["DCTAnchor", "DCTAnchorConfig", "__version__", "band_energy", "dct2", "dct_basis", "decide",

@@ -49,13 +49,27 @@ class DCTAnchorConfig:
     tail_layers: int = attrs.field(default=1, validator=in_range(1, None))
     """When the last up block is listed and anchored: how many of its last layers (resnet, with its attention) still run. At most its number of layers."""
 
-    def block_list(self, layers: list[str]) -> list[str]:
-        """The listed blocks, or the default (deepest down, mid, first up) for this UNet's ``layers``."""
+    def block_list(self, layers: list[str], kinds: list[str] | None = None) -> list[str]:
+        """The listed blocks, or the default (deepest down, mid, first up) for this model's
+        ``layers`` (their ``kinds`` from the block stack; UNet names when not given)."""
         if self.blocks is not None:
             return list(self.blocks)
-        downs = [n for n in layers if n.startswith("down_blocks.")]
-        ups = [n for n in layers if n.startswith("up_blocks.")]
-        return [n for n in (downs[-1:] + ["mid_block"] * ("mid_block" in layers) + ups[:1])]
+        kinds = kinds or block_kinds(layers)
+        downs = [n for n, k in zip(layers, kinds) if k == "down"]
+        mids = [n for n, k in zip(layers, kinds) if k == "mid"]
+        ups = [n for n, k in zip(layers, kinds) if k == "up"]
+        return downs[-1:] + mids + ups[:1]
+
+
+def block_kinds(layers: list[str]) -> list[str]:
+    """down / mid / up of each UNet block from its name."""
+    return ["down" if n.startswith("down_blocks.") else "up" if n.startswith("up_blocks.") else "mid" for n in layers]
+
+
+def last_up(layers: list[str], kinds: list[str] | None = None) -> str | None:
+    """The last up block: the model's output block, never served whole."""
+    ups = [n for n, k in zip(layers, kinds or block_kinds(layers)) if k == "up"]
+    return ups[-1] if ups else None
 
 
 def input_sizes(layers: list[str], sample_size: int) -> dict[str, int]:
@@ -84,24 +98,30 @@ def output_sizes(layers: list[str], sample_size: int) -> dict[str, int]:
 
 def check_against_model(config: DCTAnchorConfig, info: dict[str, Any]) -> None:
     """Reject what depends on the model: its capabilities, block names, band vs the maps, tail blocks."""
-    from diffaccel.capabilities import BLOCK_STACK, BLOCK_TAIL, SPATIAL_FEATURES
+    from diffaccel.capabilities import BLOCK_STACK, BLOCK_TAIL, IMAGE_STEPS, SPATIAL_FEATURES
 
     caps = info.get("capabilities")
-    lacking = [c for c in (BLOCK_STACK, BLOCK_TAIL, SPATIAL_FEATURES) if caps is not None and c not in caps]
-    if lacking:
-        raise ConfigValueError("use", f"dct-anchor needs UNet-like feature maps; this model lacks capability '{lacking[0]}'")
+    if caps is not None:
+        if BLOCK_STACK not in caps:
+            raise ConfigValueError("use", f"dct-anchor needs a model with capability '{BLOCK_STACK}'")
+        if SPATIAL_FEATURES not in caps and IMAGE_STEPS not in caps:
+            raise ConfigValueError("use", f"dct-anchor needs image steps; this model lacks capability '{IMAGE_STEPS}'")
+        if config.signal != "x0" and SPATIAL_FEATURES not in caps:
+            raise ConfigValueError("signal", f"'{config.signal}' measures blocks' feature maps; this model's blocks output "
+                                             f"none (no capability '{SPATIAL_FEATURES}'): use signal = \"x0\"")
     layers = list(info.get("layers") or [])
-    names = config.block_list(layers)
+    kinds = info.get("kinds")
+    names = config.block_list(layers, kinds)
     unknown = [n for n in names if n not in layers]
     if unknown:
-        raise ConfigValueError("blocks", f"unknown block '{unknown[0]}'; this UNet's blocks are: {', '.join(layers)}")
+        raise ConfigValueError("blocks", f"unknown block '{unknown[0]}'; this model's blocks are: {', '.join(layers)}")
     if not names:
-        raise ConfigValueError("blocks", f"this UNet has no default blocks to anchor; list some of: {', '.join(layers)}")
+        raise ConfigValueError("blocks", f"this model has no default blocks to anchor; list some of: {', '.join(layers)}")
     size = info.get("sample_size")
     if isinstance(size, int) and size > 0:
         if config.signal == "x0":
             if config.band > size:
-                raise ConfigValueError("band", f"{config.band} is larger than the {size}x{size} denoised estimate (the UNet's "
+                raise ConfigValueError("band", f"{config.band} is larger than the {size}x{size} denoised estimate (the model's "
                                                f"sample size) that signal 'x0' measures; use at most {size}")
         else:
             sizes = input_sizes(layers, size) if config.signal == "input" else output_sizes(layers, size)
@@ -110,9 +130,12 @@ def check_against_model(config: DCTAnchorConfig, info: dict[str, Any]) -> None:
                 s = sizes[where]
                 raise ConfigValueError("band", f"{config.band} is larger than the {s}x{s} {config.signal} map of '{where}' "
                                                f"(at sample size {size}); use at most {s}")
-    last_up = [n for n in layers if n.startswith("up_blocks.")][-1:]
-    if last_up and last_up[0] in names:
-        block = next((b for b in info.get("blocks", []) if b.get("name") == last_up[0]), None)
+    out_block = last_up(layers, kinds)
+    if out_block is not None and out_block in names:
+        if caps is not None and BLOCK_TAIL not in caps:
+            raise ConfigValueError("blocks", f"'{out_block}' is the model's last block: anchored whole it would freeze the "
+                                             f"output, and this model cannot run its tail alone (no capability '{BLOCK_TAIL}')")
+        block = next((b for b in info.get("blocks", []) if b.get("name") == out_block), None)
         if block is not None and block.get("type") not in TAIL_BLOCK_TYPES:
-            raise ConfigValueError("blocks", f"'{last_up[0]}' is a {block.get('type')}; the last up block can be anchored "
+            raise ConfigValueError("blocks", f"'{out_block}' is a {block.get('type')}; the last up block can be anchored "
                                              f"only as one of {', '.join(TAIL_BLOCK_TYPES)} (its last layers run alone)")

@@ -29,10 +29,10 @@ import attrs
 import torch
 
 from diffaccel import hookimpl
-from diffaccel.capabilities import BLOCK_STACK, BLOCK_TAIL, SPATIAL_FEATURES
+from diffaccel.capabilities import BLOCK_STACK, IMAGE_STEPS, SPATIAL_FEATURES
 from diffaccel.errors import DiffaccelError
 
-from .config import DCTAnchorConfig, check_against_model
+from .config import DCTAnchorConfig, check_against_model, last_up
 from .dct import CRITERIA, CRITERION_POWER, low_band
 
 # one character per step and block in the decision trace
@@ -75,8 +75,10 @@ class DCTState:
     """(current, reference, change) measured once per step for blocks sharing a reference."""
 
 
-NEEDS = (BLOCK_STACK, BLOCK_TAIL, SPATIAL_FEATURES)
-"""What dct-anchor needs of a model (its ``requires``)."""
+NEEDS = (BLOCK_STACK, (SPATIAL_FEATURES, IMAGE_STEPS))
+"""What dct-anchor needs of a model (its ``requires``): a block stack, and image steps (the
+denoised estimate that signal x0 reads); signals input and output also need feature maps
+(``spatial-features``), the last up block ``block-tail`` (checked in ``check_against_model``)."""
 
 
 def predicted_change(bs: "BlockState", step: int, power: int) -> float | None:
@@ -131,11 +133,11 @@ class DCTAnchor:
         """Reject block names, band and models that do not fit (ConfigValueError)."""
         check_against_model(self.config, info)
         layers = list(info.get("layers") or [])
-        names = self.config.block_list(layers)
+        kinds = info.get("kinds")
+        names = self.config.block_list(layers, kinds)
         self._blocks = frozenset(names)
         self._order = [n for n in layers if n in self._blocks]  # forward order, for the records and the plot
-        ups = [n for n in layers if n.startswith("up_blocks.")]
-        self._last_up = ups[-1] if ups else None
+        self._last_up = last_up(layers, kinds)
 
     @hookimpl
     def diffaccel_new_state(self, run) -> "DCTState":
@@ -146,9 +148,11 @@ class DCTAnchor:
     # -- hooks ---------------------------------------------------------------------------------------
     @hookimpl
     def diffaccel_run_start(self, run) -> None:
-        lacking = [c for c in NEEDS if c not in run.capabilities]
+        from diffaccel.capabilities import describe, missing
+
+        lacking = missing(NEEDS, run.capabilities)
         if lacking:
-            raise DiffaccelError(f"dct-anchor: key 'use': this model lacks capability '{lacking[0]}'")
+            raise DiffaccelError(f"dct-anchor: key 'use': this model lacks capability {describe(lacking[0])}")
         self.diffaccel_setup(run.info)  # instances given to apply(strategies=...) never went through build_strategies
         run.metrics[self.name] = {"branches": {}}
 

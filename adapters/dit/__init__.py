@@ -1,0 +1,1 @@
+"""The diffusion-transformer adapter (``adapter = "dit"``)."""
