@@ -215,15 +215,20 @@ class UNetAdapter:
     @staticmethod
     def facts(config) -> dict[str, Any]:
         """``info`` of the pipeline ``config`` names, without its weights: a shipped or local
-        pipeline folder's UNet is built from its unet/config.json on the meta device (no
-        memory, no weights read). Synthetic models (built from a seed) and hub ids load as
-        ``generate`` loads them (their own refusals included)."""
+        pipeline folder's UNet is built from its unet/config.json, a synthetic model from its
+        spec, on the meta device (no memory, no weights read). A hub id loads as ``generate``
+        loads it (its own refusals included: offline and not cached, the same line)."""
         import types
 
         checkpoint = config.model.checkpoint
         folder = ASSETS / SHIPPED[checkpoint] if checkpoint in SHIPPED else Path(checkpoint).expanduser()
-        if checkpoint in SYNTHETIC or not folder.is_dir():
-            if checkpoint not in SYNTHETIC and (folder.exists() or checkpoint.startswith((".", "/", "~"))):
+        if checkpoint in SYNTHETIC:  # built from its spec on the meta device: shapes only
+            from .synthetic import build
+
+            with _quiet(), torch.device("meta"):
+                return UNetAdapter.info(build(checkpoint))
+        if not folder.is_dir():
+            if folder.exists() or checkpoint.startswith((".", "/", "~")):
                 raise ModelLoadError(f"{checkpoint}: no such model folder")
             return UNetAdapter.info(UNetAdapter.load(config))
         index, unet_config = folder / "model_index.json", folder / "unet" / "config.json"
