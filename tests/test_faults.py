@@ -280,3 +280,31 @@ def test_check_reads_no_weights(tmp_path, monkeypatch, capsys):
         path = tmp_path / "c.toml"
         path.write_text(toml)
         assert cli.main(["check", str(path)]) == 0, capsys.readouterr().err
+
+
+def test_after_a_fault_the_shipped_model_writes_what_a_fresh_process_writes(site, registry, tmp_path, capsys):
+    """The pipeline a faulty strategy ran on, in this process, against a new process."""
+    from diffaccel.adapters.text.adapter import TextAdapter
+
+    toml = '[model]\nadapter = "text"\nsteps = 6\nlength = 24\nbatch = 2\n'
+    cfg = parse_config(tomllib.loads(toml + '[[strategy]]\nuse = "swd"\n[[strategy]]\nuse = "boom"\nhook = "post_step"\nstep = 3\n'),
+                       source="c.toml", registry=registry)
+    pipe = TextAdapter.load(cfg)
+    with pytest.raises(StrategyError):
+        _run("text", pipe, cfg, registry)
+    TextAdapter.write([_run("text", pipe, cfg.without_strategies())], None)
+    here = capsys.readouterr().out
+    proc = _cli(site, tmp_path, toml, "generate", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == here and here.count("--- sample") == 2
+
+
+def test_disabled_is_for_one_generation_the_next_starts_with_every_strategy(registry):
+    from diffaccel.adapters_registry import get_adapter
+
+    boom = '[[strategy]]\nuse = "boom"\nhook = "pre_step"\nstep = 1\non_error = "disable"\n'
+    cfg, pipe, text = _config("text", registry, boom), _pipe("text"), get_adapter("text")
+    with diffaccel.apply(pipe, cfg, registry=registry):
+        reports = [text.run(pipe, cfg, seed, progress=False).report for seed in (0, 1)]
+    for report in reports:
+        assert [(d["strategy"], d["step"]) for d in report["reliability"]["disabled"]] == [("boom", 1)]

@@ -203,6 +203,7 @@ class Accelerator:
         if self._disabled or self._bypass:  # disabled for the last run only: a new run starts with all
             self._disabled.clear()
             self._bypass = False
+            self._owner, self._keep, self._via_pluggy = {}, [], set()  # no call in flight: forget old chains
             self._resolve()
         run.state_factories = self._state_factories
         self._dispatch("diffaccel_run_start", run, (run,))
