@@ -19,8 +19,9 @@ __version__ = "0.1.0"
 from . import capabilities
 from .accelerator import Accelerator, apply, build_strategies
 from .config import ModelConfig, RunConfig, load_config, parse_config
-from .guard import GuardConfig
 from .errors import ConfigError, ConfigValueError, DiffaccelError, ModelLoadError, NonFiniteError, PluginError, StrategyError
+from .guard import GuardConfig
+from .jobs import generate_job
 from .plugins import Registry, Strategy, hookimpl
 from .state import Counters, Layer, RunState, StepPlan
 
@@ -36,6 +37,7 @@ def load_pipeline(config):
 
 __all__ = [
     "Accelerator", "ConfigError", "ConfigValueError", "Counters", "DiffaccelError", "GuardConfig", "Layer", "ModelConfig",
-    "ModelLoadError", "NonFiniteError", "PluginError", "StrategyError", "Registry", "RunConfig", "RunState", "StepPlan", "Strategy", "__version__",
-    "apply", "build_strategies", "capabilities", "hookimpl", "load_config", "load_pipeline", "parse_config",
+    "ModelLoadError", "NonFiniteError", "PluginError", "Registry", "RunConfig", "RunState", "StepPlan", "Strategy",
+    "StrategyError", "__version__", "apply", "build_strategies", "capabilities", "generate_job", "hookimpl", "load_config",
+    "load_pipeline", "parse_config",
 ]
