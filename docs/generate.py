@@ -90,6 +90,11 @@ def reference() -> str:
 
     for f in attrs.fields(Counters):
         parts += [f"* `counters.{f.name}`: {field_doc(Counters, f.name)}"]
+    from diffaccel.guard import Reliability
+
+    parts += ["", "Only when the core did something for the run's reliability (docs/reliability.md), `reliability`:", ""]
+    for f in attrs.fields(Reliability):
+        parts += [f"* `reliability.{f.name}`: {field_doc(Reliability, f.name)}"]
     return "\n".join(parts).rstrip() + "\n"
 
 

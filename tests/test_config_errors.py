@@ -41,7 +41,7 @@ def registry():
 
 CASES = [
     ("missing-model", '[[strategy]]\nuse = "demo"\n', "missing table [model]"),
-    ("unknown-table", GOOD_MODEL + "[extras]\nx = 1\n", "unknown table [extras]; allowed: [model], [[strategy]] and [[peer]]"),
+    ("unknown-table", GOOD_MODEL + "[extras]\nx = 1\n", "unknown table [extras]; allowed: [model], [[strategy]], [[peer]] and [guard]"),
     ("bad-toml", "[model\nadapter = 1\n", "invalid TOML"),
     ("no-adapter", '[model]\nsteps = 10\n', "[model]: key 'adapter': missing; allowed: 'dit', 'text'"),
     ("bad-adapter", '[model]\nadapter = "video"\n', "[model]: key 'adapter': 'video'; allowed:"),
@@ -58,7 +58,7 @@ CASES = [
     ("strategy-no-use", GOOD_MODEL + "[[strategy]]\ntau = 0.5\n", "[[strategy]] #1: missing key 'use' (the strategy name); installed: demo"),
     ("strategy-unknown", GOOD_MODEL + '[[strategy]]\nuse = "warp"\n', "[[strategy]] #1: unknown strategy 'warp'; installed: demo"),
     ("strategy-use-type", GOOD_MODEL + "[[strategy]]\nuse = 3\n", "[[strategy]] #1: key 'use': expected a string, got 3"),
-    ("strategy-unknown-key", GOOD_MODEL + '[[strategy]]\nuse = "demo"\ntaus = 0.5\n', "[[strategy]] #1 (demo): unknown key 'taus'; allowed keys: tau, window"),
+    ("strategy-unknown-key", GOOD_MODEL + '[[strategy]]\nuse = "demo"\ntaus = 0.5\n', "[[strategy]] #1 (demo): unknown key 'taus'; allowed keys: on_error, tau, window"),
     ("strategy-range", GOOD_MODEL + '[[strategy]]\nuse = "demo"\ntau = 1.5\n', "[[strategy]] #1 (demo): key 'tau': must be in (0.0, 1.0], got 1.5"),
     ("strategy-type", GOOD_MODEL + '[[strategy]]\nuse = "demo"\nwindow = "wide"\n', "[[strategy]] #1 (demo): key 'window': expected an integer, got 'wide'"),
     ("strategy-bool-for-int", GOOD_MODEL + '[[strategy]]\nuse = "demo"\nwindow = true\n', "key 'window': expected an integer, got True"),

@@ -55,7 +55,7 @@ def record(path: Path) -> dict:
     adapter = get_adapter(cfg.model.adapter)
     pipe = adapter.load(cfg)
     strategies = build_strategies(cfg, None, adapter.info(pipe))
-    with apply(pipe, strategies=strategies):
+    with apply(pipe, cfg, strategies=strategies):  # the config's [guard] and on_error too
         out = adapter.run(pipe, cfg, cfg.model.seed, progress=False)
     c = out.report["counters"]
     counters = {k: c[k] for k in ("layers_computed", "layers_skipped", "positions_computed", "positions_total",

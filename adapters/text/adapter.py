@@ -117,18 +117,31 @@ class TextAdapter:
                                   "cache; prefix_cache is the masked sampler's option")
             TextAdapter._check_block(pipe, config, where)
             return pipe
-        if opts.sampler == BLOCK:
-            raise ConfigError(f"{where}: key 'sampler': 'block' is DiffusionGemma's sampler, and '{config.model.checkpoint}' is a {pipe.kind} model; allowed: {'masked' if pipe.kind == 'masked' else 'ddim, ddpm, hybrid'}")
-        if opts.length > pipe.denoiser.max_len:
-            raise ConfigError(f"{where}: key 'length': {opts.length} exceeds the model's {pipe.denoiser.max_len} positions")
-        if opts.sampler is not None and (opts.sampler == "masked") != (pipe.kind == "masked"):
-            allowed = "masked" if pipe.kind == "masked" else "ddim, ddpm, hybrid"
-            raise ConfigError(f"{where}: key 'sampler': '{opts.sampler}' does not fit the {pipe.kind} model '{config.model.checkpoint}'; allowed: {allowed}")
-        if opts.prefix_cache and (pipe.kind != "masked" or pipe.denoiser.time_conditioned):
-            raise ConfigError(f"{where}: key 'prefix_cache': the {pipe.kind} model '{config.model.checkpoint}' is "
-                              f"{'time-conditioned' if pipe.kind == 'masked' else 'not a masked model'}; "
-                              "prefix_cache needs a masked model that is not time-conditioned")
+        TextAdapter.check_options(config, pipe.kind, pipe.denoiser.max_len, pipe.denoiser.time_conditioned)
         return pipe
+
+    @staticmethod
+    def check_options(config, kind: str, max_len: int, time_conditioned: bool) -> None:
+        """The ``[model]`` options against the model's facts: at load, and in ``facts`` (check)."""
+        opts, where, ckpt = config.options, f"{config.source}: [model]", config.model.checkpoint
+        if opts.sampler == BLOCK:
+            raise ConfigError(f"{where}: key 'sampler': 'block' is DiffusionGemma's sampler, and '{ckpt}' is a {kind} model; allowed: {'masked' if kind == 'masked' else 'ddim, ddpm, hybrid'}")
+        if opts.length > max_len:
+            raise ConfigError(f"{where}: key 'length': {opts.length} exceeds the model's {max_len} positions")
+        if opts.sampler is not None and (opts.sampler == "masked") != (kind == "masked"):
+            allowed = "masked" if kind == "masked" else "ddim, ddpm, hybrid"
+            raise ConfigError(f"{where}: key 'sampler': '{opts.sampler}' does not fit the {kind} model '{ckpt}'; allowed: {allowed}")
+        if opts.prefix_cache and (kind != "masked" or time_conditioned):
+            raise ConfigError(f"{where}: key 'prefix_cache': the {kind} model '{ckpt}' is "
+                              f"{'time-conditioned' if kind == 'masked' else 'not a masked model'}; "
+                              "prefix_cache needs a masked model that is not time-conditioned")
+
+    @staticmethod
+    def facts(config) -> dict[str, Any]:
+        """``info`` of the model ``config`` names, from its config files, without its weights."""
+        from .facts import text_facts
+
+        return text_facts(config)
 
     @staticmethod
     def _check_block(pipe: DiffusionGemmaPipeline, config, where: str) -> None:

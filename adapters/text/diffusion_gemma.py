@@ -376,6 +376,14 @@ class DiffusionGemmaPipeline:
 
                 def decoder_forward(decoder_input_ids, self_conditioning_logits, **_):
                     logits = self._step_logits(ctx, accel, decoder_input_ids, self_conditioning_logits)
+                    guarded = accel.guard_due(run)
+                    if not accel.output_ok(run, logits) or guarded:  # again, in full, without strategies
+                        accelerated = logits.clone() if guarded else None
+                        with accel.bypassed(run):
+                            logits = self._step_logits(ctx, accel, decoder_input_ids, self_conditioning_logits, full=True)
+                            accel.output_ok(run, logits)  # raises if the full step is non-finite too
+                        if accelerated is not None:
+                            accel.guard_compare(run, accelerated, logits)
                     if logit_noise:
                         logits = logits + logit_noise * torch.randn(logits.shape, generator=noise_gen).to(logits)
                     out = accel.denoiser_output(run, logits)
@@ -416,10 +424,13 @@ class DiffusionGemmaPipeline:
         report["blocks_run"] = blocks_run
         return input_ids, report
 
-    def _step_logits(self, ctx: _GemmaContext, accel, canvas: torch.Tensor, sc_logits: torch.Tensor | None) -> torch.Tensor:
-        """One hooked decoder evaluation of the canvas (B, C) -> logits (B, C, V)."""
+    def _step_logits(self, ctx: _GemmaContext, accel, canvas: torch.Tensor, sc_logits: torch.Tensor | None,
+                     full: bool = False) -> torch.Tensor:
+        """One hooked decoder evaluation of the canvas (B, C) -> logits (B, C, V); ``full``: every
+        position, no ``pre_step`` (a recomputation inside ``accel.bypassed``)."""
         run = ctx.run
-        accel.pre_step(run)
+        if not full:
+            accel.pre_step(run)
         plan = run.plan
         if plan is not None and plan.reuse_step and ctx.logits is not None and not ctx.fresh:
             run.counters.steps_reused += 1

@@ -83,16 +83,7 @@ def load_hub(name: str, allow_pickle: bool = False):
     """A hub id: its config.json decides between DiffusionGemma, the decoder loader and the
     BERT-family one. Offline (HF_HUB_OFFLINE=1) and not cached: one ``ModelLoadError`` naming
     the checkpoint."""
-    try:
-        from huggingface_hub import hf_hub_download
-
-        cfg = json.loads(Path(hf_hub_download(name, "config.json")).read_text())
-    except Exception as exc:  # offline, unknown repo, invalid id: all end the same way
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelLoadError(
-            f"checkpoint '{name}': not a shipped model ({', '.join([*SHIPPED, *SYNTHETIC])}), not a local model folder, "
-            f"and its config.json could not be fetched ({first})"
-        ) from None
+    cfg = load_hub_config(name)
     from .diffusion_gemma import is_diffusion_gemma, load_diffusion_gemma
 
     if is_diffusion_gemma(cfg):
@@ -105,6 +96,20 @@ def load_hub(name: str, allow_pickle: bool = False):
     pickles = ["*.bin", "*.pt"] if allow_pickle else []  # read with torch.load(weights_only=True) only
     folder = snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", *pickles])
     return load_decoder(Path(folder), name=name.split("/")[-1], allow_pickle=allow_pickle)
+
+
+def load_hub_config(name: str) -> dict:
+    """A hub id's config.json (cached, or fetched when online); one ``ModelLoadError`` otherwise."""
+    try:
+        from huggingface_hub import hf_hub_download
+
+        return json.loads(Path(hf_hub_download(name, "config.json")).read_text())
+    except Exception as exc:  # offline, unknown repo, invalid id: all end the same way
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelLoadError(
+            f"checkpoint '{name}': not a shipped model ({', '.join([*SHIPPED, *SYNTHETIC])}), not a local model folder, "
+            f"and its config.json could not be fetched ({first})"
+        ) from None
 
 
 class HFTokenizer:

@@ -311,6 +311,8 @@ class _NoAccelerator:
     def denoiser_output(self, run, output): return output
     def post_step(self, run, output): pass
     def end_run(self, run): pass
+    def output_ok(self, run, output): return True
+    def guard_due(self, run): return False
 
     def finalize(self, run, final):
         final.apply_default()
@@ -433,10 +435,27 @@ class TextDiffusionPipeline:
             ctx.step_logits = None
         else:
             self._denoise(ctx, accel, x_in, t)
+            # the finite check reads what the step computed: its rows of logits, or all of them
+            fresh = ctx.logits if ctx.step_logits is None else ctx.step_logits
+            guarded = accel.guard_due(run)
+            if not accel.output_ok(run, fresh) or guarded:
+                self._full_step(ctx, accel, x_in, t, guarded)
         logits = ctx.logits
         if self._logit_noise:
             logits = logits + self._logit_noise * torch.randn(logits.shape, generator=self._noise_gen).to(logits)
         return accel.denoiser_output(run, logits)
+
+    def _full_step(self, ctx, accel, x_in, t, compare: bool) -> None:
+        """The step again, every layer in full without the strategies (their caches refreshed):
+        a non-finite step's recomputation, or the quality guard's full step (``compare``: the
+        strategies' logits are compared with it first). The run goes on from the full step."""
+        run = ctx.run
+        accelerated = ctx.logits.clone() if compare else None
+        with accel.bypassed(run):
+            self._denoise(ctx, accel, x_in, t)
+            accel.output_ok(run, ctx.logits)  # raises if the full step is non-finite too
+        if accelerated is not None:
+            accel.guard_compare(run, accelerated, ctx.logits)
 
     # -- public call -----------------------------------------------------------------------------
     @torch.no_grad()

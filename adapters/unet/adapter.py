@@ -211,6 +211,40 @@ class UNetAdapter:
         }
 
     @staticmethod
+    def facts(config) -> dict[str, Any]:
+        """``info`` of the pipeline ``config`` names, without its weights: a shipped or local
+        pipeline folder's UNet is built from its unet/config.json, a synthetic model from its
+        spec, on the meta device (no memory, no weights read). A hub id loads as ``generate``
+        loads it (its own refusals included: offline and not cached, the same line)."""
+        import types
+
+        checkpoint = config.model.checkpoint
+        folder = ASSETS / SHIPPED[checkpoint] if checkpoint in SHIPPED else Path(checkpoint).expanduser()
+        if checkpoint in SYNTHETIC:  # built from its spec on the meta device: shapes only
+            from .synthetic import build
+
+            with _quiet(), torch.device("meta"):
+                return UNetAdapter.info(build(checkpoint))
+        if not folder.is_dir():
+            if folder.exists() or checkpoint.startswith((".", "/", "~")):
+                raise ModelLoadError(f"{checkpoint}: no such model folder")
+            return UNetAdapter.info(UNetAdapter.load(config))
+        index, unet_config = folder / "model_index.json", folder / "unet" / "config.json"
+        if not index.is_file():
+            raise ModelLoadError(f"{checkpoint}: not a diffusers pipeline folder (no model_index.json)")
+        try:
+            cls_name = json.loads(index.read_text()).get("_class_name")
+            from diffusers import UNet2DConditionModel
+
+            with _quiet(), torch.device("meta"):
+                unet = UNet2DConditionModel.from_config(UNet2DConditionModel.load_config(str(folder), subfolder="unet"))
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            raise ModelLoadError(f"{unet_config}: could not read the UNet's config ({_first_line(exc)})") from None
+        info = UNetAdapter.info(types.SimpleNamespace(unet=unet))
+        info["pipeline"] = cls_name
+        return info
+
+    @staticmethod
     def load(config):
         from diffusers import DDIMScheduler
 

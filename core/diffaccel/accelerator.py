@@ -1,9 +1,11 @@
 """Strategies of one config bound together: the object adapters call during a run.
 
-The run hooks go through a private pluggy ``PluginManager`` holding the strategy instances,
-registered so that pluggy calls them in config order (pluggy calls the last registered first,
-so they are registered in reverse), then the built-in default. The per-layer hook is on the hot
-path: its implementations are resolved into a plain list once, here, not on every call.
+The strategy instances are registered in a private pluggy ``PluginManager`` so that pluggy orders
+them in config order (pluggy calls the last registered first, so they are registered in
+reverse), then the built-in default. The run hooks' implementations are then resolved into plain
+lists once, here, not on every call (``finalize``, which strategies may wrap, goes through
+pluggy). Every call is guarded by one ``try`` around the loop: the strategy at fault is found
+only when something was raised (``diffaccel.guard``).
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from .builtin import DefaultBehaviour
-from .errors import ConfigError, ConfigValueError
+from .errors import ConfigError, ConfigValueError, DiffaccelError, NonFiniteError
+from .guard import GuardConfig, all_finite, blame, call_guarded, hook_codes, relative_error, strategy_error
 from .plugins import Registry, call_own, check_strategy, new_plugin_manager, own_impl
 from .state import Layer, RunState, StepPlan
 
@@ -22,33 +25,88 @@ APPLY_SOURCE = "diffaccel.apply"
 """What ``ConfigError`` lines name in place of a file for ``apply(pipe, strategies=[{...}])``."""
 
 
-def _positional(fn: Callable, argnames: Sequence[str]) -> LayerFn:
-    """Adapt a hookimpl that declares a subset of (run, layer, hidden) to a positional call."""
-    if tuple(argnames) == ("run", "layer", "hidden"):
+HOOK_ARGS = {
+    "diffaccel_run_start": ("run",), "diffaccel_pre_step": ("run",), "diffaccel_layer_output": ("run", "layer", "hidden"),
+    "diffaccel_denoiser_output": ("run", "output"), "diffaccel_commit": ("run", "proposal"),
+    "diffaccel_post_step": ("run", "output"), "diffaccel_run_end": ("run",),
+}
+"""The run hooks the accelerator calls through its own resolved chains (``finalize`` goes through
+pluggy: strategies may wrap it), with their arguments in call order."""
+
+
+def _bound(fn: Callable, argnames: Sequence[str], order: Sequence[str]) -> Callable:
+    """Adapt a hookimpl declaring a subset of ``order`` to a positional call in ``order``."""
+    if tuple(argnames) == tuple(order):
         return fn
-    names = tuple(argnames)
-    return lambda run, layer, hidden: fn(**{n: v for n, v in (("run", run), ("layer", layer), ("hidden", hidden)) if n in names})
+    idx = [order.index(n) for n in argnames]
+    return lambda *args: fn(*[args[i] for i in idx])
+
+
+def _through_pluggy(caller: Any, order: Sequence[str]) -> Callable:
+    """A hook some strategy wraps (``wrapper=True``): one chain entry calling pluggy, which
+    returns a list (or, for ``firstresult`` hooks, the first result); faults are still blamed."""
+    return lambda *args: caller(**dict(zip(order, args)))
 
 
 class Accelerator:
-    """Runs the hooks of an ordered list of strategy instances for one adapter."""
+    """Runs the hooks of an ordered list of strategy instances for one adapter.
 
-    def __init__(self, strategies: Sequence[Any] = (), adapter: str = ""):
-        self.strategies = list(strategies)
+    Every hook call is guarded (see ``diffaccel.guard``): an exception raised in a strategy's
+    implementation becomes a ``StrategyError``, or drops that strategy for the rest of the run
+    when its policy (``on_error``) is ``disable``. ``guard`` (a ``GuardConfig``) sets the
+    non-finite check and the quality guard; ``registry`` names the strategies' distributions in
+    errors (looked up only when one happens).
+    """
+
+    def __init__(self, strategies: Sequence[Any] = (), adapter: str = "", *, on_error: Mapping[str, str] | None = None,
+                 guard: GuardConfig | None = None, registry: Registry | None = None):
+        self.configured = list(strategies)
         self.adapter = adapter
-        self.pm = new_plugin_manager()
-        for s in self.strategies:
+        for s in self.configured:
             check_strategy(s, s.name)
+        self.on_error = dict(on_error or {})
+        self.guard = guard or GuardConfig()
+        self.finite = self.guard.finite
+        """Check each step's raw denoiser output for NaN and inf (``output_ok``)."""
+        self._registry = registry
+        self._codes = hook_codes(self.configured)
+        self._disabled: set[str] = set()
+        self._bypass = False
+        self._owner: dict[int, str | None] = {}
+        self._keep: list[Any] = []  # every chain ever resolved: keeps ids in ``_owner`` unique
+        self._via_pluggy: set[int] = set()
+        self._resolve()
+
+    def _resolve(self) -> None:
+        """(Re)build the plugin manager and the per-hook chains from the strategies not disabled."""
+        self.strategies = [s for s in self.configured if s.name not in self._disabled]
+        self.pm = new_plugin_manager()
         for s in reversed(self.strategies):
             self.pm.register(s, name=f"strategy:{s.name}")
         # per strategy, resolved once: ``run.state(s)`` creates states through these
         self._state_factories = {s.name: fn for s in self.strategies if (fn := own_impl(s, "diffaccel_new_state"))}
         self.pm.register(DefaultBehaviour(), name=DefaultBehaviour.name)
         self.hook = self.pm.hook
-        impls = reversed(self.hook.diffaccel_layer_output.get_hookimpls())  # now in call order
-        self._layer_chain: list[LayerFn] = [_positional(i.function, i.argnames) for i in impls]
-        self._output_chain = [i.function for i in reversed(self.hook.diffaccel_denoiser_output.get_hookimpls())]
-        self._commit_chain = [i.function for i in reversed(self.hook.diffaccel_commit.get_hookimpls())]
+        self._chains: dict[str, list[Callable]] = {}
+        for hook, order in HOOK_ARGS.items():
+            impls = getattr(self.hook, hook).get_hookimpls()
+            if any(i.wrapper or i.hookwrapper for i in impls):  # wrappers need pluggy's own call
+                self._chains[hook] = [_through_pluggy(getattr(self.hook, hook), order)]
+                self._owner[id(self._chains[hook][0])] = None
+                self._via_pluggy.add(id(self._chains[hook][0]))
+                self._keep.append(self._chains[hook])
+                continue
+            chain = []
+            for impl in reversed(impls):  # now in call order
+                fn = _bound(impl.function, impl.argnames, order)
+                self._owner[id(fn)] = None if impl.plugin_name == DefaultBehaviour.name else impl.plugin_name.removeprefix("strategy:")
+                chain.append(fn)
+            self._chains[hook] = chain
+            self._keep.append(chain)
+        self._layer_chain: list[LayerFn] = self._chains["diffaccel_layer_output"]
+        self._full_layer = [fn for fn in self._layer_chain if self._owner[id(fn)] is None]
+        self._output_chain = self._chains["diffaccel_denoiser_output"]
+        self._commit_chain = self._chains["diffaccel_commit"]
 
     @property
     def commits(self) -> bool:
@@ -58,7 +116,8 @@ class Accelerator:
 
     @property
     def active(self) -> bool:
-        return bool(self.strategies)
+        """Whether strategies run (False also once every one was disabled, and while bypassed)."""
+        return bool(self.strategies) and not self._bypass
 
     def names(self) -> list[str]:
         return [s.name for s in self.strategies]
@@ -68,7 +127,9 @@ class Accelerator:
         union in config order; a name not in ``available`` is a ConfigError naming the strategy."""
         wanted: list[str] = []
         for s in self.strategies:
-            for names in call_own(s, "diffaccel_hooked_modules", available=available):
+            asked = call_guarded(s, "hooked_modules", lambda: call_own(s, "diffaccel_hooked_modules", available=available),
+                                 self._registry)
+            for names in asked:
                 for name in names:
                     if name not in available:
                         raise ConfigError(f"strategy '{s.name}' asks for inner module '{name}', which this model does not have; "
@@ -77,52 +138,173 @@ class Accelerator:
                         wanted.append(name)
         return wanted
 
+    # -- faults ------------------------------------------------------------------------------------
+    def _fault(self, exc: Exception, run: RunState | None) -> bool:
+        """Called only when a hook call raised. True: the blamed strategy is disabled, go on
+        without it. False: not a strategy's fault (the model, a DiffaccelError): re-raise it.
+        Otherwise raises the StrategyError."""
+        if isinstance(exc, DiffaccelError):
+            return False
+        hit = blame(exc, self._codes)
+        if hit is None:
+            return False
+        name, hook = hit
+        step = run.step if run is not None else None
+        if self.on_error.get(name, "raise") == "disable" and run is not None:
+            self._disable(run, name, hook, f"{type(exc).__name__}: {exc}")
+            return True
+        raise strategy_error(exc, name, hook, step, self._registry) from exc
+
+    def _disable(self, run: RunState, name: str, hook: str, why: str) -> None:
+        self._disabled.add(name)
+        run.reliability.disabled.append({"strategy": name, "hook": hook, "step": run.step, "error": why.strip().split("\n")[0]})
+        self._resolve()
+
+    def _dispatch(self, hook: str, run: RunState, args: tuple, chain: list[Callable] | None = None, start: int = 0) -> Any:
+        """Call ``hook``'s chain from ``start`` with its merge rule, guarded: first non-None result
+        (layer_output), list of results (pre_step), piped output (denoiser_output), union (commit),
+        nothing (the others). A strategy disabled on the way is skipped from then on."""
+        chain = self._chains[hook] if chain is None else chain
+        results: list[Any] = []
+        for fn in chain[start:]:
+            if self._disabled and self._owner.get(id(fn)) in self._disabled:
+                continue
+            try:
+                r = fn(*args)
+            except Exception as exc:
+                if not self._fault(exc, run):
+                    raise
+                continue
+            if r is None:
+                continue
+            if hook == "diffaccel_layer_output":
+                return r
+            if id(fn) in self._via_pluggy:  # pluggy's list of results
+                if hook == "diffaccel_denoiser_output":  # pluggy does not pipe: the last replacement wins
+                    args = (args[0], r[-1]) if r else args
+                elif hook == "diffaccel_commit":
+                    for m in r:
+                        results = [m if not results else results[0] | m]
+                else:
+                    results.extend(r)
+                continue
+            if hook == "diffaccel_denoiser_output":
+                args = (args[0], r)
+            elif hook == "diffaccel_commit":
+                results = [r if not results else results[0] | r]
+            else:
+                results.append(r)
+        if hook == "diffaccel_denoiser_output":
+            return args[1]
+        if hook == "diffaccel_commit":
+            return results[0] if results else None
+        return results
+
     # -- the run lifecycle, called by adapters --
     def start_run(self, run: RunState) -> None:
+        if self._disabled or self._bypass:  # disabled for the last run only: a new run starts with all
+            self._disabled.clear()
+            self._bypass = False
+            self._owner, self._keep, self._via_pluggy = {}, [], set()  # no call in flight: forget old chains
+            self._resolve()
         run.state_factories = self._state_factories
-        self.hook.diffaccel_run_start(run=run)
+        self._dispatch("diffaccel_run_start", run, (run,))
 
     def pre_step(self, run: RunState) -> StepPlan | None:
-        run.plan = StepPlan.merge(self.hook.diffaccel_pre_step(run=run)) if self.strategies else None
+        run.plan = StepPlan.merge(self._dispatch("diffaccel_pre_step", run, (run,))) if self.strategies else None
         return run.plan
 
     def layer_output(self, run: RunState, layer: Layer, hidden: Any) -> Any:
         counters = run.counters
         computed = counters.layers_computed
         counters.positions_total += run.positions_per_layer
-        for fn in self._layer_chain:
-            out = fn(run, layer, hidden)
-            if out is not None:
-                break
+        chain = self._layer_chain
+        try:  # costs nothing unless raised
+            for fn in chain:
+                out = fn(run, layer, hidden)
+                if out is not None:
+                    break
+        except Exception as exc:
+            if not self._fault(exc, run):
+                raise
+            out = self._dispatch("diffaccel_layer_output", run, (run, layer, hidden), chain, chain.index(fn) + 1)
         if counters.layers_computed == computed:
             counters.layers_skipped += 1
         return out
 
     def denoiser_output(self, run: RunState, output: Any) -> Any:
-        for fn in self._output_chain:
-            replaced = fn(run=run, output=output)
-            if replaced is not None:
-                output = replaced
-        return output
+        if not self._output_chain:
+            return output
+        return self._dispatch("diffaccel_denoiser_output", run, (run, output))
 
     def commit(self, run: RunState, proposal: Any) -> Any:
         """The union of the strategies' commit masks ((B, N) bool), or None when none chose."""
-        chosen = None
-        for fn in self._commit_chain:
-            mask = fn(run=run, proposal=proposal)
-            if mask is not None:
-                chosen = mask if chosen is None else chosen | mask
-        return chosen
+        if not self._commit_chain:
+            return None
+        return self._dispatch("diffaccel_commit", run, (run, proposal))
 
     def post_step(self, run: RunState, output: Any) -> None:
         if self.strategies:
-            self.hook.diffaccel_post_step(run=run, output=output)
+            self._dispatch("diffaccel_post_step", run, (run, output))
 
     def finalize(self, run: RunState, final: Any) -> None:
-        self.hook.diffaccel_finalize(run=run, final=final)
+        try:
+            self.hook.diffaccel_finalize(run=run, final=final)
+        except Exception as exc:
+            if not self._fault(exc, run):
+                raise
+            self.finalize(run, final)  # again, without the strategy just disabled
 
     def end_run(self, run: RunState) -> None:
-        self.hook.diffaccel_run_end(run=run)
+        self._bypass = False
+        self._dispatch("diffaccel_run_end", run, (run,))
+
+    # -- non-finite outputs and the quality guard, called by adapters at each step --
+    def output_ok(self, run: RunState, output: Any) -> bool:
+        """Whether the step's raw denoiser output may be used. False: it holds NaN or inf and
+        strategies are active; the adapter recomputes the step inside ``bypassed()``. Raises
+        ``NonFiniteError`` when no strategy is active or the full step is non-finite too."""
+        if not self.finite or all_finite(output):
+            return True
+        if self.active:
+            run.reliability.nonfinite_recomputed += 1
+            return False
+        how = "also when recomputed without strategies" if self._bypass and self.strategies else "with no strategy active"
+        raise NonFiniteError(f"the {self.adapter or 'model'} denoiser output holds NaN or inf at step {run.step} ({how}); "
+                             "the model's weights or inputs produce them", run.step)
+
+    def guard_due(self, run: RunState) -> bool:
+        """Whether the quality guard computes this step in full beside the strategies' step."""
+        every = self.guard.every
+        return bool(every) and bool(self.strategies) and run.step % every == 0
+
+    @contextmanager
+    def bypassed(self, run: RunState) -> Iterator[None]:
+        """Layers compute in full, whatever the strategies would say, for the ``with`` block (the
+        full step of a non-finite recomputation or of the guard); the step's plan is dropped."""
+        run.plan = None
+        self._layer_chain, self._bypass = self._full_layer, True
+        try:
+            yield
+        finally:
+            self._layer_chain, self._bypass = self._chains["diffaccel_layer_output"], False
+
+    def guard_compare(self, run: RunState, accelerated: Any, full: Any) -> None:
+        """The guard's comparison of the strategies' raw output with the full one; past the
+        threshold every strategy's state is dropped (``reset``) or the strategies are disabled."""
+        err = relative_error(accelerated, full)
+        rel = run.reliability
+        rel.guard_checks += 1
+        rel.guard_max_error = max(rel.guard_max_error, err)
+        if err <= self.guard.threshold:
+            return
+        rel.guard_trips += 1
+        if self.guard.action == "reset":
+            run._states.clear()  # noqa: SLF001 - the core owns strategy state
+            rel.guard_resets += 1
+        else:
+            for s in list(self.strategies):
+                self._disable(run, s.name, "guard", f"relative error {err:.3g} > threshold {self.guard.threshold}")
 
 
 def build_strategies(config, registry: Registry | None = None, info: dict[str, Any] | None = None) -> list[Any]:
@@ -154,11 +336,18 @@ def build_strategies(config, registry: Registry | None = None, info: dict[str, A
         check_strategy(strategy, entry.name)
         if info is not None:
             try:
-                call_own(strategy, "diffaccel_setup", info=info)
+                call_guarded(strategy, "setup", lambda: call_own(strategy, "diffaccel_setup", info=info), registry)
             except ConfigValueError as exc:
                 raise ConfigError(f"{where}: {exc}") from None
         built.append(strategy)
     return built
+
+
+def accelerator_for(config: Any, strategies: Sequence[Any], adapter: str, registry: Registry | None = None) -> Accelerator:
+    """The ``Accelerator`` of built ``strategies`` with the policies of ``config`` (a
+    ``RunConfig``, or None for the defaults): each strategy's ``on_error`` and the ``[guard]``."""
+    on_error = {e.name: e.on_error for e in config.strategies} if config is not None else {}
+    return Accelerator(strategies, adapter, on_error=on_error, guard=getattr(config, "guard", None), registry=registry)
 
 
 @contextmanager
@@ -172,30 +361,30 @@ def apply(pipe: Any, config: Any = None, *, strategies: Sequence[Any] | None = N
     ``config`` is a path or a ``RunConfig``; or pass ``strategies``: tables as a config file's
     ``[[strategy]]`` array writes them (``[{"use": "dct-anchor", "threshold": 0.1}]``, validated
     exactly like a file, the same one-line ``ConfigError``s with ``diffaccel.apply`` for the file
-    name), or ready strategy instances. Leaving the block removes every hook: the pipeline then
-    behaves bitwise as if it never had strategies.
+    name), or ready strategy instances (with a ``config`` too, its ``on_error`` keys and ``[guard]``
+    table apply to them). Leaving the block removes every hook, also after an exception: the
+    pipeline then behaves bitwise as if it never had strategies.
     """
     from .adapters_registry import adapter_for
     from .config import RunConfig, load_config, parse_config
 
     adapter = adapter_for(pipe)
-    if strategies is not None and config is not None:
-        raise ConfigError("diffaccel.apply: give a config or strategies, not both")
+    cfg = None
+    if config is not None:
+        cfg = config if isinstance(config, RunConfig) else load_config(config, registry=registry)
+        if cfg.model.adapter != adapter.name:
+            raise ConfigError(f"{cfg.source}: [model] key 'adapter': '{cfg.model.adapter}' but the pipeline needs '{adapter.name}'")
     if strategies is not None and any(isinstance(s, Mapping) for s in strategies):
+        if cfg is not None:
+            raise ConfigError("diffaccel.apply: give a config or strategy tables, not both")
         if not all(isinstance(s, Mapping) for s in strategies):
             raise ConfigError("diffaccel.apply: strategies: give tables (dicts with 'use') or strategy instances, not both")
         cfg = parse_config({"model": {"adapter": adapter.name}, "strategy": [dict(s) for s in strategies]},
                            source=APPLY_SOURCE, registry=registry)
         strategies = build_strategies(cfg, registry, adapter.info(pipe))
     if strategies is None:
-        if config is None:
-            strategies = []
-        else:
-            cfg = config if isinstance(config, RunConfig) else load_config(config, registry=registry)
-            if cfg.model.adapter != adapter.name:
-                raise ConfigError(f"{cfg.source}: [model] key 'adapter': '{cfg.model.adapter}' but the pipeline needs '{adapter.name}'")
-            strategies = build_strategies(cfg, registry, adapter.info(pipe))
-    accelerator = Accelerator(strategies, adapter.name)
+        strategies = build_strategies(cfg, registry, adapter.info(pipe)) if cfg is not None else []
+    accelerator = accelerator_for(cfg, strategies, adapter.name, registry)
     adapter.attach(pipe, accelerator)
     try:
         yield pipe

@@ -81,6 +81,19 @@ class WritesFiles(Protocol):
 
 
 @runtime_checkable
+class KnowsFacts(Protocol):
+    """Optional: ``diffaccel check`` runs each strategy's ``diffaccel_setup`` with these facts, so
+    that it refuses what ``generate`` would (the shipped adapters have it)."""
+
+    def facts(self, config: Any) -> dict[str, Any]:
+        """What ``info(pipe)`` says of the model ``config`` names (at least the keys strategies'
+        setups read: ``vocab_size``, ``n_layers``, ``layers``, ``capabilities``...), read from its
+        config files without loading the weights, and the ``[model]`` options checked against
+        them as ``load`` checks them; ``ModelLoadError`` / ``ConfigError`` (one line, the same
+        line as ``load``'s) where ``load`` would refuse."""
+
+
+@runtime_checkable
 class TimesPartialSteps(Protocol):
     """Optional: ``diffaccel partial`` (adapters declaring ``token-positions``)."""
 

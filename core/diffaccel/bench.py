@@ -87,6 +87,7 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
     info = adapter.info(pipe)
     entries: list[tuple[str, list[Any]]] = [("baseline", [])]
     entries += [(entry_name(c), build_strategies(c, registry, info)) for c in configs if c.strategies]
+    policies = {entry_name(c): c for c in configs if c.strategies}  # each entry's on_error and [guard]
     peers = _peer_entries(configs, adapter, {name for name, _ in entries})
     entries += [(name, []) for name in peers]
     # a peer may run another config than the baseline's (the text adapter's ``steps`` peer)
@@ -107,7 +108,8 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
             for name, strategies in order:
                 peer = peers.get(name)
                 run_cfg = peer_configs.get(name, base)
-                with (adapter.peer_context(pipe, peer.config) if peer else apply(pipe, strategies=strategies)):
+                with (adapter.peer_context(pipe, peer.config) if peer else apply(pipe, policies.get(name), strategies=strategies,
+                                                                                    registry=registry)):
                     t0 = time.perf_counter()
                     out = adapter.run(pipe, run_cfg, seed, progress=False)
                     times[name].append(time.perf_counter() - t0)

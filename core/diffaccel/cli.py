@@ -8,7 +8,7 @@ import shlex
 import sys
 import textwrap
 
-from .errors import DiffaccelError
+from .errors import DiffaccelError, NonFiniteError, StrategyError
 
 EXAMPLES = {
     "generate": """
@@ -37,7 +37,8 @@ EXAMPLES = {
         example:
           diffaccel overhead configs/text-default.toml
         Times the untouched sampler against the same sampler routed through diffaccel's hooks with
-        every installed plugin loaded but no strategy active, interleaved, and prints the cost.""",
+        every installed plugin loaded but no strategy active, with the non-finite check of each
+        step's output on (the default) and off, interleaved, and prints the costs.""",
     "partial": """
         example:
           diffaccel partial configs/text-default.toml
@@ -58,7 +59,9 @@ EXAMPLES = {
     "check": """
         example:
           diffaccel check configs/*.toml
-        Validates configs without loading any model; prints 'ok' per file.""",
+        Validates configs: every table and key, then each strategy's setup against the model's
+        facts (vocabulary size, layers...) read from its config files, without loading weights;
+        prints 'ok' per file. What 'generate' would refuse, 'check' refuses with the same line.""",
     "train": """
         examples:
           diffaccel train text --kind masked --out runs/text-masked
@@ -90,11 +93,15 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Run 'diffaccel COMMAND --help' for a command's options and an example.",
     )
     p.add_argument("--version", action="version", version=f"diffaccel {__version__}")
+    debug_help = "print the traceback of a strategy's exception too (or set DIFFACCEL_DEBUG=1)"
+    p.add_argument("--debug", action="store_true", help=debug_help)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
 
     def cmd(name: str, help: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help, description=help, epilog=textwrap.dedent(EXAMPLES[name]),
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+                              formatter_class=argparse.RawDescriptionHelpFormatter, parents=[common])
 
     g = cmd("generate", "run a config and write its outputs")
     g.add_argument("config", help="TOML config file")
@@ -121,7 +128,9 @@ def _parser() -> argparse.ArgumentParser:
 
     o = cmd("overhead", "measure the hook machinery's cost with no strategy active")
     o.add_argument("config")
-    o.add_argument("--repeats", type=int, default=10, help="interleaved pairs of runs (default 10)")
+    o.add_argument("--repeats", type=int, default=10, help="interleaved triples of runs (default 10)")
+    o.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    o.add_argument("--batch", type=int, help="override [model] batch")
 
     pa = cmd("partial", "benchmark partial computation: a step at 100%% down to one position per row")
     pa.add_argument("config")
@@ -190,13 +199,18 @@ def _generate(args) -> int:
     if cfg.peers:
         print(f"diffaccel: {cfg.source}: [[peer]] tables ({', '.join(p.name for p in cfg.peers)}) are compared by "
               f"'diffaccel bench' only; generate runs the config's strategies", file=sys.stderr)
-    with apply(pipe, strategies=strategies):
+    with apply(pipe, cfg, strategies=strategies, registry=registry):
         out = adapter.run(pipe, cfg, cfg.model.seed, progress=not args.no_progress)
     where = adapter.write([out], out_path)
     c = out.report["counters"]
     print(f"diffaccel: {cfg.model.checkpoint}, {out.report['steps_run']} steps, strategies: "
           f"{', '.join(s.name for s in strategies) or 'none'}; layers computed {c['layers_computed']}, "
           f"skipped {c['layers_skipped']}, positions computed {c['fraction_computed']:.0%}; output: {where}", file=sys.stderr)
+    rel = out.report.get("reliability")
+    if rel:
+        from .guard import describe
+
+        print(f"diffaccel: {describe(rel)}", file=sys.stderr)
     return 0
 
 
@@ -286,14 +300,20 @@ def _plugins_check(registry, adapters) -> int:
 
 
 def _check(args) -> int:
+    from .accelerator import build_strategies
+    from .adapters_registry import get_adapter
     from .config import load_config
     from .plugins import Registry
 
     registry = Registry()
     for path in args.configs:
         cfg = load_config(path, registry)
+        facts = getattr(get_adapter(cfg.model.adapter), "facts", None)  # optional (adapter.KnowsFacts)
+        if facts is not None:  # the model's facts (its config files, no weights), each strategy's setup with them
+            build_strategies(cfg, registry, facts(cfg))
+        unchecked = "" if facts is not None or not cfg.strategies else "; strategies' setup not run: the adapter has no facts()"
         peers = f"; peers (bench only): {', '.join(p.name for p in cfg.peers)}" if cfg.peers else ""
-        print(f"{path}: ok ({cfg.model.adapter}, strategies: {', '.join(e.name for e in cfg.strategies) or 'none'}{peers})")
+        print(f"{path}: ok ({cfg.model.adapter}, strategies: {', '.join(e.name for e in cfg.strategies) or 'none'}{peers}{unchecked})")
     return 0
 
 
@@ -326,9 +346,12 @@ def _threads(n: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import os
+
     argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(argv)
     args.command_line = "diffaccel " + shlex.join(argv)  # as the report records it
+    debug = getattr(args, "debug", False) or os.environ.get("DIFFACCEL_DEBUG", "") not in ("", "0")
     handlers = {"generate": _generate, "bench": _bench, "plugins": _plugins, "check": _check, "train": _train,
                 "scale-bench": _scale_bench}
     try:
@@ -337,6 +360,13 @@ def main(argv: list[str] | None = None) -> int:
         from . import tools
 
         return getattr(tools, args.command)(args)
+    except (StrategyError, NonFiniteError) as exc:  # a plugin's fault or broken numbers: exit 1
+        if debug:
+            import traceback
+
+            traceback.print_exc()
+        print(f"diffaccel: {exc}", file=sys.stderr)
+        return 1
     except DiffaccelError as exc:
         print(f"diffaccel: error: {exc}", file=sys.stderr)
         return 2

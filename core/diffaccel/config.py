@@ -13,6 +13,9 @@ file, the table and the key, what was wrong and what is allowed.
     use = "swd"               # strategy name, see `diffaccel plugins`
     tau = 0.9
 
+    [guard]                   # optional: checks of the run beside the strategies (diffaccel.guard)
+    every = 10                # quality guard: a full step beside the strategies' every 10 steps
+
     [[peer]]                  # optional: another library's accelerator for `bench` to compare
     use = "deepcache"         # offered by the adapter (unet: deepcache)
     cache_interval = 3
@@ -29,6 +32,7 @@ from typing import Any
 import attrs
 
 from .errors import ConfigError, ConfigValueError
+from .guard import GuardConfig, on_error_value
 from .validators import non_empty, positive
 
 
@@ -62,6 +66,9 @@ class StrategyEntry:
     index: int
     """1-based position in the file, as in messages (``[[strategy]] #2``)."""
     config: Any
+    on_error: str = "raise"
+    """The table's ``on_error`` key: ``raise`` (an exception in one of its hooks ends the run
+    with one line naming it) or ``disable`` (the run goes on without it; the report says so)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -83,6 +90,8 @@ class RunConfig:
     source: str = "<config>"
     peers: tuple[PeerEntry, ...] = ()
     """``[[peer]]`` tables in file order; only ``bench`` runs them."""
+    guard: GuardConfig = GuardConfig()
+    """The ``[guard]`` table: non-finite check and quality guard (``diffaccel.guard``)."""
 
     def without_strategies(self) -> "RunConfig":
         return attrs.evolve(self, strategies=())
@@ -197,9 +206,9 @@ def parse_config(data: dict[str, Any], source: str = "<config>", registry=None) 
     from .capabilities import describe, missing
     from .plugins import Registry
 
-    unknown = [k for k in data if k not in ("model", "strategy", "peer")]
+    unknown = [k for k in data if k not in ("model", "strategy", "peer", "guard")]
     if unknown:
-        raise ConfigError(f"{source}: unknown table [{unknown[0]}]; allowed: [model], [[strategy]] and [[peer]]")
+        raise ConfigError(f"{source}: unknown table [{unknown[0]}]; allowed: [model], [[strategy]], [[peer]] and [guard]")
     if "model" not in data:
         raise ConfigError(f"{source}: missing table [model] (with at least adapter = \"text\" or \"unet\")")
     if not isinstance(data["model"], dict):
@@ -246,10 +255,20 @@ def parse_config(data: dict[str, Any], source: str = "<config>", registry=None) 
             raise ConfigError(f"{where}: strategy '{name}' is listed twice; list each strategy once")
         seen.add(name)
         params = {k: v for k, v in table.items() if k != "use"}
-        entries.append(StrategyEntry(name=name, index=i, config=structure(spec.config, params, where)))
+        on_error = table.get("on_error", "raise")
+        try:
+            on_error_value(on_error)
+        except ConfigValueError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        entries.append(StrategyEntry(name=name, index=i, config=structure(spec.config, params, where, extra_ok=("on_error",)),
+                                     on_error=on_error))
     peers = _parse_peers(data.get("peer", []), adapter, source)
     _check_peers(model, options, peers, source)
-    return RunConfig(model=model, options=options, strategies=tuple(entries), source=source, peers=peers)
+    raw_guard = data.get("guard", {})
+    if not isinstance(raw_guard, dict):
+        raise ConfigError(f"{source}: 'guard' must be a table, written [guard]")
+    guard = structure(GuardConfig, raw_guard, f"{source}: [guard]")
+    return RunConfig(model=model, options=options, strategies=tuple(entries), source=source, peers=peers, guard=guard)
 
 
 def _parse_peers(raw: Any, adapter: str, source: str) -> tuple[PeerEntry, ...]:

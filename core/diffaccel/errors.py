@@ -27,3 +27,33 @@ class ConfigValueError(ValueError):
         super().__init__(f"key '{key}': {message}")
         self.key = key
         self.message = message
+
+
+class StrategyError(DiffaccelError):
+    """A strategy's hook implementation raised (not the model, not a user mistake).
+
+    ``strategy`` is the strategy's name, ``distribution`` and ``version`` the installed
+    distribution that registered it (``-`` for one registered by hand), ``hook`` the hook without
+    its ``diffaccel_`` prefix (``layer_output``), ``step`` the run's step (None outside a run).
+    The original exception is ``__cause__``. The CLI prints ``str(e)`` and exits 1.
+    """
+
+    def __init__(self, strategy: str, distribution: str, version: str, hook: str, step: int | None, error: BaseException):
+        where = f" at step {step}" if step is not None and step >= 0 else ""
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        super().__init__(f"strategy '{strategy}' ({distribution} {version}) raised {type(error).__name__} in {hook}{where}"
+                         f"{': ' + first if first else ''}")
+        self.strategy = strategy
+        self.distribution = distribution
+        self.version = version
+        self.hook = hook
+        self.step = step
+
+
+class NonFiniteError(DiffaccelError):
+    """The denoiser's output held NaN or inf at a step, with no strategy to blame (or also in the
+    full recomputation). The CLI prints ``str(e)`` and exits 1."""
+
+    def __init__(self, message: str, step: int):
+        super().__init__(message)
+        self.step = step

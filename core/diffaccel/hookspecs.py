@@ -24,8 +24,14 @@ the others run over every strategy of the config, in config order, then the buil
 
 Exceptions: a ``ConfigValueError`` from ``diffaccel_setup`` becomes a one-line ``ConfigError``
 naming the config file and strategy; a ``DiffaccelError`` (or subclass) raised by any hook ends
-the generation (``diffaccel_run_end`` still runs) and reaches the CLI user as one line, exit 2;
-any other exception is a bug and propagates with its traceback.
+the generation (``diffaccel_run_end`` still runs) and reaches the CLI user as one line, exit 2.
+Any other exception raised in a strategy's implementation of any hook is a fault of that
+strategy: it becomes a ``diffaccel.StrategyError`` naming the strategy, its distribution and
+version, the hook and the step (the original as ``__cause__``; the CLI prints one line and exits
+1, with the traceback under ``--debug``), or, when the strategy's table says
+``on_error = "disable"``, the strategy is dropped for the rest of the generation and the run
+report lists it under ``reliability``. Either way ``apply`` removes every hook on the way out.
+An exception raised outside every strategy (the model, the adapter) propagates as it is.
 """
 
 from __future__ import annotations

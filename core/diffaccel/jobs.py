@@ -197,7 +197,7 @@ def run_item(adapter, pipe, strategies, cfg, item: Item, out: Path) -> dict[str,
         rec["error"] = "empty prompt"
         return rec
     try:
-        with apply(pipe, strategies=strategies):
+        with apply(pipe, cfg, strategies=strategies):  # the config's on_error and [guard] too
             output = adapter.run(pipe, item_config(cfg, item), item.seed, progress=False)
         fields = adapter.write_item(output, out, item_stem(item.line))
         rec.update(fields, report=output.report)

@@ -13,6 +13,8 @@ from typing import Any
 
 import attrs
 
+from .guard import Reliability
+
 
 @attrs.define
 class Counters:
@@ -135,6 +137,9 @@ class RunState:
     capabilities: frozenset[str] = frozenset()
     """What the adapter offers at this run (``diffaccel.capabilities``); strategies that serve
     several kinds of model choose their behaviour from it."""
+    reliability: Reliability = attrs.Factory(Reliability)
+    """What the core did for this run's reliability (strategies disabled, steps recomputed, guard
+    checks); in the report under ``reliability`` when anything happened."""
     state_factories: dict[str, Callable[["RunState"], Any]] = attrs.Factory(dict)
     """Strategy name -> its ``diffaccel_new_state`` implementation (set by the accelerator)."""
     _states: dict[tuple[str, str], Any] = attrs.Factory(dict)
@@ -160,10 +165,14 @@ class RunState:
 
     def report(self) -> dict[str, Any]:
         """A plain-data summary: counters and per-strategy metrics."""
-        return {
+        report = {
             "adapter": self.adapter,
             "steps": self.num_steps,
             "steps_run": self.step + 1,
             "counters": self.counters.as_dict(),
             "strategies": self.metrics,
         }
+        reliability = self.reliability.as_dict()
+        if reliability is not None:
+            report["reliability"] = reliability
+        return report

@@ -5,10 +5,13 @@ from __future__ import annotations
 import statistics
 import time
 
+from typing import Any
+
 from .accelerator import Accelerator
 from .adapters_registry import get_adapter
 from .config import load_config
 from .errors import ConfigError, DiffaccelError
+from .guard import GuardConfig
 from .plugins import Registry
 
 
@@ -19,16 +22,32 @@ def _load(path: str, registry: Registry | None = None):
 
 
 def overhead(args) -> int:
-    """Untouched sampler vs. hooks with every plugin loaded and no strategy active."""
+    """Untouched sampler vs. hooks with every plugin loaded and no strategy active, with the
+    non-finite check on (the default) and off; and the check's own cost per step."""
+    if getattr(args, "threads", None):
+        import torch
+
+        torch.set_num_threads(args.threads)
     registry = Registry()  # loads every installed plugin
     cfg, adapter, pipe = _load(args.config, registry)
     cfg = cfg.without_strategies()
+    if getattr(args, "batch", None) is not None:
+        from .bench import with_batch
+
+        cfg = with_batch(cfg, args.batch)
     empty = Accelerator([], adapter.name)
-    adapter.run(pipe, cfg, cfg.model.seed, progress=False)  # warm-up
-    plain, hooked = [], []
+    unchecked = Accelerator([], adapter.name, guard=GuardConfig(finite=False))
+    seen: list[Any] = []
+    check = empty.output_ok
+    empty.output_ok = lambda run, output: (seen.append(output) if not seen else None, check(run, output))[1]
+    adapter.attach(pipe, empty)
+    adapter.run(pipe, cfg, cfg.model.seed, progress=False)  # warm-up; keeps one step's output
+    adapter.detach(pipe)
+    empty.output_ok = check
+    plain, hooked, bare = [], [], []
     for i in range(args.repeats):
-        runs = [(plain, None), (hooked, empty)]
-        for times, accel in (runs if i % 2 == 0 else runs[::-1]):
+        runs = [(plain, None), (hooked, empty), (bare, unchecked)]
+        for times, accel in runs[i % 3:] + runs[: i % 3]:
             if accel is None:
                 adapter.detach(pipe)
             else:
@@ -40,18 +59,36 @@ def overhead(args) -> int:
             if accel is not None:
                 hooked_out = out  # untouched runs may carry no report (the UNet's has no run state)
     steps = hooked_out.report["steps_run"]
-    ratio = sum(hooked) / sum(plain)
-    pair = statistics.median(h / p for h, p in zip(hooked, plain))
     step_ms = 1000 * statistics.median(plain) / steps
     n_layers = len(adapter.info(pipe).get("layers", ())) or 1
     per_step_us = _dispatch_cost_us(empty, n_layers)
-    print(f"{cfg.model.checkpoint}: {steps} steps per run, {args.repeats} interleaved pairs, "
+    print(f"{cfg.model.checkpoint}: batch {cfg.model.batch}, {steps} steps per run, {args.repeats} interleaved triples, "
           f"{len(registry.strategies)} strategies loaded ({', '.join(sorted(registry.strategies)) or 'none'}), none active")
-    print(f"whole runs, hooked vs untouched: {100 * (ratio - 1):+.2f}% (total time ratio), "
-          f"{100 * (pair - 1):+.2f}% (median of pair ratios); machine noise dominates this line")
+    for label, times in (("finite check on (default)", hooked), ("finite check off", bare)):
+        ratio = sum(times) / sum(plain)
+        pair = statistics.median(h / p for h, p in zip(times, plain))
+        print(f"whole runs, hooked ({label}) vs untouched: {100 * (ratio - 1):+.2f}% (total time ratio), "
+              f"{100 * (pair - 1):+.2f}% (median of pair ratios); machine noise dominates this line")
     print(f"hook dispatch alone: {per_step_us:.1f} us per step ({n_layers} layers + step hooks) = "
           f"{100 * per_step_us / (1000 * step_ms):.4f}% of a {step_ms:.1f} ms sampling step")
+    if seen:
+        finite_us = _finite_cost_us(seen[0])
+        print(f"non-finite check alone: {finite_us:.1f} us per step (sum, then isfinite() if not finite, on a {tuple(seen[0].shape)} output) = "
+              f"{100 * finite_us / (1000 * step_ms):.4f}% of a {step_ms:.1f} ms sampling step")
     return 0
+
+
+def _finite_cost_us(output: Any, calls: int = 200) -> float:
+    """Microseconds of one non-finite check of a step's output (best of 5 rounds)."""
+    from .guard import all_finite
+
+    def once() -> float:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            all_finite(output)
+        return time.perf_counter() - t0
+
+    return 1e6 * min(once() for _ in range(5)) / calls
 
 
 def _dispatch_cost_us(accel: Accelerator, n_layers: int, calls: int = 20000) -> float:

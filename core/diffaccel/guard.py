@@ -1,0 +1,175 @@
+"""Reliability of a run: strategy faults, non-finite outputs and the opt-in quality guard.
+
+* Plugin faults. The accelerator calls every hook inside one ``try``; only when something was
+  raised does ``blame`` walk the traceback for the innermost frame that belongs to a strategy's
+  hook implementation (nothing is paid per call). Such an exception becomes a ``StrategyError``
+  (or, with the strategy's ``on_error = "disable"``, drops that strategy for the rest of the
+  run); an exception raised outside every strategy (the model, the adapter) propagates as it is.
+* Non-finite outputs. Each step's raw denoiser output is checked with one ``isfinite().all()``
+  (``[guard] finite``, on by default).
+* Quality guard (``[guard] every = N``): every N steps the adapter computes the full step
+  beside the strategies' step, compares the two raw outputs and resets (or disables) the
+  strategies past ``threshold``.
+
+What happened goes into the run report under ``reliability`` (only when something did).
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import attrs
+
+from .errors import ConfigValueError, DiffaccelError, StrategyError
+from .validators import non_negative, one_of, positive
+
+ON_ERROR = ("raise", "disable")
+"""Values of a ``[[strategy]]`` table's ``on_error`` key."""
+
+
+@attrs.frozen(kw_only=True)
+class GuardConfig:
+    """The ``[guard]`` table: what the core checks during a run, beside what strategies do."""
+
+    every: int = attrs.field(default=0, validator=non_negative)
+    """Quality guard: every this many steps (counted from step 0), compute the full step beside
+    the strategies' step and compare their raw denoiser outputs. 0 (the default): off."""
+    threshold: float = attrs.field(default=0.05, validator=positive)
+    """Relative error ||accelerated - full|| / ||full|| of the denoiser output past which
+    ``action`` is taken."""
+    action: str = attrs.field(default="reset", validator=one_of(("reset", "disable")))
+    """Past the threshold: ``reset`` drops every strategy's per-run state (caches start afresh),
+    ``disable`` runs the rest of the generation without strategies."""
+    finite: bool = True
+    """Check each step's denoiser output for NaN and inf. With strategies active a non-finite
+    step is recomputed in full without them; with none (or if it stays non-finite) the run ends
+    with one line."""
+
+
+def on_error_value(value: Any) -> str:
+    """Validate a ``[[strategy]]`` table's ``on_error`` (raises ConfigValueError)."""
+    if value not in ON_ERROR:
+        raise ConfigValueError("on_error", f"must be one of {', '.join(map(repr, ON_ERROR))}, got {value!r}")
+    return value
+
+
+# ---- faults --------------------------------------------------------------------------------------
+
+def hook_codes(strategies: list[Any]) -> dict[types.CodeType, tuple[str, str]]:
+    """code object -> (strategy name, hook name) for every hook implementation of ``strategies``."""
+    codes: dict[types.CodeType, tuple[str, str]] = {}
+    for s in strategies:
+        for attr in dir(type(s)):
+            if not attr.startswith("diffaccel_"):
+                continue
+            fn = getattr(type(s), attr, None)
+            fn = getattr(fn, "__func__", fn)
+            code = getattr(fn, "__code__", None)
+            if code is not None and hasattr(getattr(s, attr), "diffaccel_impl"):
+                codes.setdefault(code, (s.name, attr.removeprefix("diffaccel_")))
+    return codes
+
+
+def blame(exc: BaseException, codes: dict[types.CodeType, tuple[str, str]]) -> tuple[str, str] | None:
+    """(strategy, hook) of the innermost strategy hook frame ``exc`` passed through, or None when
+    it was raised outside every strategy (the model, the adapter, the core)."""
+    found = None
+    tb = exc.__traceback__
+    while tb is not None:
+        hit = codes.get(tb.tb_frame.f_code)
+        if hit is not None:
+            found = hit
+        tb = tb.tb_next
+    return found
+
+
+def origin(name: str, registry: Any = None) -> tuple[str, str]:
+    """(distribution, version) of the plugin that registered strategy ``name``; ('-', '-') when
+    unknown. Called on the failure path only: loading the registry there costs nothing per step."""
+    try:
+        if registry is None:
+            from .plugins import Registry
+
+            registry = Registry()
+        spec = registry.get(name)
+        return registry.distribution(spec.plugin) if spec is not None else ("-", "-")
+    except DiffaccelError:  # a plugin that no longer loads: the name alone must do
+        return ("-", "-")
+
+
+def strategy_error(exc: BaseException, strategy: str, hook: str, step: int | None, registry: Any = None) -> StrategyError:
+    dist, version = origin(strategy, registry)
+    err = StrategyError(strategy, dist, version, hook, step, exc)
+    err.__cause__ = exc
+    return err
+
+
+def call_guarded(strategy: Any, hook: str, fn: Any, registry: Any = None) -> Any:
+    """Call ``fn()`` (a per-strategy hook such as ``setup``); any exception but a DiffaccelError
+    or a ConfigValueError becomes a StrategyError naming ``strategy`` and ``hook``."""
+    try:
+        return fn()
+    except (DiffaccelError, ConfigValueError):
+        raise
+    except Exception as exc:
+        raise strategy_error(exc, strategy.name, hook.removeprefix("diffaccel_"), None, registry) from exc
+
+
+# ---- the numbers ---------------------------------------------------------------------------------
+
+def all_finite(output: Any) -> bool:
+    """Whether a raw denoiser output (a tensor) holds no NaN or inf.
+
+    NaN and inf propagate through a sum, so a finite sum proves every element finite: one
+    reduction, no temporary (``torch.isfinite(x).all()`` writes a bool tensor first and is 10 to
+    40 times slower on CPU). A non-finite sum may also be an overflow of finite values: only
+    then is the element-wise check run, to be sure."""
+    import torch
+
+    if bool(torch.isfinite(output.sum())):
+        return True
+    return bool(torch.isfinite(output).all())
+
+
+def relative_error(accelerated: Any, full: Any) -> float:
+    """||accelerated - full|| / ||full|| over the whole tensor (float32)."""
+    a, f = accelerated.float(), full.float()
+    denom = float(f.norm())
+    return float((a - f).norm()) / denom if denom > 0 else float((a - f).norm() > 0)
+
+
+@attrs.define
+class Reliability:
+    """What the core did for a run's reliability (``RunState.reliability``; in the report when
+    anything happened)."""
+
+    disabled: list[dict[str, Any]] = attrs.Factory(list)
+    """Strategies dropped for the rest of the run (``on_error = "disable"`` or the guard):
+    strategy, hook, step, error."""
+    nonfinite_recomputed: int = 0
+    """Steps whose output held NaN or inf with strategies active, recomputed without them."""
+    guard_checks: int = 0
+    """Steps the quality guard computed in full beside the strategies' step."""
+    guard_trips: int = 0
+    """Of those, how many were past the threshold (then reset or disabled)."""
+    guard_resets: int = 0
+    """Times every strategy's per-run state was dropped by the guard."""
+    guard_max_error: float = 0.0
+    """Largest relative error the guard saw."""
+
+    def as_dict(self) -> dict[str, Any] | None:
+        d = attrs.asdict(self)
+        return d if any(d.values()) else None
+
+
+def describe(reliability: dict[str, Any]) -> str:
+    """One line of a report's ``reliability`` entry, for ``generate``'s summary."""
+    parts = [f"strategy '{d['strategy']}' disabled at step {d['step']} ({d['hook']}: {d['error']})"
+             for d in reliability.get("disabled", [])]
+    if reliability.get("nonfinite_recomputed"):
+        parts.append(f"{reliability['nonfinite_recomputed']} non-finite steps recomputed without strategies")
+    if reliability.get("guard_checks"):
+        parts.append(f"guard: {reliability['guard_checks']} full steps compared, {reliability['guard_trips']} past the "
+                     f"threshold, max relative error {reliability['guard_max_error']:.3g}")
+    return "; ".join(parts)
