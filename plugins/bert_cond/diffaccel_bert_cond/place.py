@@ -5,7 +5,7 @@ term's first token is read at each masked position still free (the term's tokens
 run of free masked positions there). The term keeps the best (probability, position) it has
 had; it is placed at the step where that confidence peaks, seen one step later, when it falls
 below its best (at the best step's position if it is still free, else at the current best), and
-at the latest by the step ``place_by`` of the run. Terms are placed most confident first, so a
+at the latest by the step ``place_by`` of the run (or as soon as few places are left where it fits). Terms are placed most confident first, so a
 later one cannot take the positions of an earlier one.
 
 A placed term is committed through the logits, not by pinning: from the next step its positions'
@@ -20,6 +20,12 @@ from typing import Any
 
 import attrs
 import torch
+
+
+ROOM = 4
+"""A term is placed at once when no more than this many starts are left where it fits."""
+LONG = 8
+"""... or when its tokens are more than 1/LONG of the free positions."""
 
 
 def fits(free: torch.Tensor, length: int) -> torch.Tensor:
@@ -69,7 +75,11 @@ class RowPlacer:
         todo = [j for j, p in enumerate(self.placed) if p < 0]
         free = masked & ~reserved
         now = {j: best_spot(logp[:, self.terms[j][0]], free, len(self.terms[j])) for j in todo}
-        due = [j for j in todo if deadline or now[j][0] < self.best[j][0] or now[j][1] < 0]
+        # due: past its peak, at the deadline, or when room for it is short: few starts left, or a
+        # term long beside the free positions (one commit could cut every run it fits in)
+        n_free = int(free.sum())
+        due = [j for j in todo if deadline or now[j][0] < self.best[j][0] or now[j][1] < 0
+               or int(fits(free, len(self.terms[j])).sum()) <= ROOM or len(self.terms[j]) * LONG > n_free]
         for j in todo:
             if now[j][0] > self.best[j][0]:
                 self.best[j] = now[j]
