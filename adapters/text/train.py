@@ -217,8 +217,13 @@ def train(cfg: TrainConfig, lines: list[str] | None = None) -> Path:
         missing, unexpected = model.load_state_dict({k: v.float() for k, v in load_file(str(base / "model.safetensors")).items()}, strict=False)
         if unexpected or any(not k.startswith("cond_proj.") for k in missing):
             raise ValueError(f"{base}: weights do not fit (missing {missing}, unexpected {unexpected})")
-        if missing:  # a new condition input starts silent: step 0 is the base model
-            nn_init_zero(model.cond_proj)
+        if missing:
+            # the condition path is dead in an unconditioned model: every block's gating weight
+            # and the learned bias sit at their zero init (each one's gradient needs the other).
+            # A random projection (zero bias) revives it, and step 0 is still the base model:
+            # those weights are zero. A zero projection would stay zero.
+            with torch.no_grad():
+                model.cond_proj.bias.zero_()
     if table is not None:
         with torch.no_grad():
             model.tok_emb[0].weight.copy_(table)
@@ -288,12 +293,6 @@ def _conditioned(path: str, lines: list[str], starts: np.ndarray, last_start: in
         raise ValueError(f"{path}: none of its lines is in the training corpus")
     idx = torch.tensor([a for a, _ in at])
     return len(at), vectors[idx], np.array([b for _, b in at])
-
-
-def nn_init_zero(layer: torch.nn.Linear) -> None:
-    with torch.no_grad():
-        layer.weight.zero_()
-        layer.bias.zero_()
 
 
 def bert_embedding_table(tok: TextTokenizer, bert_path: str) -> torch.Tensor:
