@@ -46,6 +46,8 @@ def main() -> None:
             with diffaccel.apply(pipe, strategies=[strategy]):
                 outs.append(TextAdapter.run(pipe, cfg, s, progress=False))
         q = {**text_quality([t for o in outs for t in o.texts]), **strategy.diffaccel_bench_quality(outs, seeds)}
+        ms = [o.report["strategies"]["bert-cond"] for o in outs]
+        q["place_share"] = sum(m["place_s"] / m["run_s"] for m in ms) / len(ms)  # pin = model's own work, share of the run
         print(text, {k: round(v, 3) for k, v in q.items()}, flush=True)
 
 
