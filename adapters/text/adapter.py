@@ -173,6 +173,11 @@ class TextAdapter:
         return str(path)
 
     @staticmethod
+    def write_item(output: TextOutput, out_dir: Path, stem: str) -> dict[str, Any]:
+        """``generate --prompts``: one item's fields of results.jsonl (its text; nothing else to write)."""
+        return {"text": output.texts[0]}
+
+    @staticmethod
     def load_judge(spec: str | None):
         """The judge the bench scores samples with (``judge.load_judge``; None: the default one)."""
         from .judge import DEFAULT_JUDGE, load_judge

@@ -301,6 +301,23 @@ class UNetAdapter:
         return str(path)
 
     @staticmethod
+    def write_item(output: UNetOutput, out_dir: Path, stem: str) -> dict[str, Any]:
+        """``generate --prompts``: one item's image as ``out_dir/stem.png`` at its native size (via a
+        temporary name, then renamed); its fields of results.jsonl."""
+        import os
+
+        from PIL import Image
+
+        img = output.images[0]
+        arr = (img.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+        pic = Image.fromarray(arr[..., 0] if img.shape[0] == 1 else arr[..., :3])
+        path = Path(out_dir) / f"{stem}.png"
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
+        pic.save(tmp, format="PNG")
+        os.replace(tmp, path)
+        return {"image": path.name}
+
+    @staticmethod
     def quality(baseline: list[UNetOutput], outputs: list[UNetOutput], references: list[UNetOutput] | None = None) -> dict[str, float]:
         """Mean per-image PSNR (dB) and SSIM against the unaccelerated ``baseline`` of the same seeds;
         for digits, the conditioning accuracy of ``outputs``."""

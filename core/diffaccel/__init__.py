@@ -20,6 +20,7 @@ from . import capabilities
 from .accelerator import Accelerator, apply, build_strategies
 from .config import ModelConfig, RunConfig, load_config, parse_config
 from .errors import ConfigError, ConfigValueError, DiffaccelError, ModelLoadError, PluginError
+from .jobs import generate_job
 from .plugins import Registry, Strategy, hookimpl
 from .state import Counters, Layer, RunState, StepPlan
 
@@ -36,5 +37,5 @@ def load_pipeline(config):
 __all__ = [
     "Accelerator", "ConfigError", "ConfigValueError", "Counters", "DiffaccelError", "Layer", "ModelConfig",
     "ModelLoadError", "PluginError", "Registry", "RunConfig", "RunState", "StepPlan", "Strategy", "__version__",
-    "apply", "build_strategies", "capabilities", "hookimpl", "load_config", "load_pipeline", "parse_config",
+    "apply", "build_strategies", "capabilities", "generate_job", "hookimpl", "load_config", "load_pipeline", "parse_config",
 ]

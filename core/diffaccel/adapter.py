@@ -102,6 +102,15 @@ class JudgesSamples(Protocol):
         """The lines of ``outputs`` that the judge scores."""
 
 
+@runtime_checkable
+class WritesItems(Protocol):
+    """Optional: ``diffaccel generate --prompts`` (one item per line, results.jsonl; ``diffaccel.jobs``)."""
+
+    def write_item(self, output: Any, out_dir: Any, stem: str) -> dict[str, Any]:
+        """Write one item's files (a one-row ``output``) into ``out_dir`` as ``stem.*``, each under a
+        temporary name and then renamed; return its JSON fields for results.jsonl (``text``, ``image``)."""
+
+
 def missing_members(adapter: Any) -> list[str]:
     """Members of ``Adapter`` that ``adapter`` lacks (an empty list: it conforms)."""
     return [n for n in MEMBERS if not hasattr(adapter, n)]

@@ -15,7 +15,9 @@ EXAMPLES = {
           diffaccel generate configs/text-default.toml
           diffaccel generate configs/text-default.toml --seed 3 --out sample.txt
         The config's [model] table picks the model; its [[strategy]] tables, in order, the
-        strategies. A run summary (layers computed and skipped) goes to stderr.""",
+        strategies. A run summary (layers computed and skipped) goes to stderr.
+        --prompts FILE --out DIR: one item per line (results.jsonl, images NNNNN.png), resumable;
+        under 'accelerate launch' the items are shared by the processes (docs/scale-out.md).""",
     "bench": """
         examples:
           diffaccel bench configs/text-default.toml
@@ -60,6 +62,13 @@ EXAMPLES = {
           diffaccel train digits --out runs/digits --max-minutes 27
         Trains the reference text diffusion LM on WordNet glosses (apt-get install wordnet-base), or
         the default image model (a 1.7M-parameter class-conditional UNet) on scikit-learn's digits.""",
+    "scale-bench": """
+        examples:
+          diffaccel scale-bench configs/digits.toml --prompts configs/prompts/digits-64.txt
+          diffaccel scale-bench configs/text-scale.toml --prompts configs/prompts/text-64.txt --processes 2
+        Runs 'generate --prompts' as one process and under 'accelerate launch --multi_gpu' as N (on the CPU), one
+        thread each, alternating, and prints the throughput ratio and whether the outputs are
+        byte-identical (docs/scale-out.md).""",
     "fluency": """
         example:
           diffaccel fluency configs/text-default.toml --seeds 4
@@ -88,6 +97,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--out", help="output file (text: default stdout)")
     g.add_argument("--seed", type=int, help="override [model] seed")
     g.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    g.add_argument("--prompts", metavar="FILE", help="one item per line; --out is then a folder (docs/scale-out.md)")
 
     b = cmd("bench", "compare configs with the baseline: speedup and quality side by side")
     b.add_argument("configs", nargs="+", help="TOML configs sharing one [model]")
@@ -101,6 +111,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--judge", default="default", metavar="NAME_OR_PATH",
                    help="language model scoring text samples (gen_ppl): smollm2 (default), none, a causal LM folder or hub id, a .gguf file")
     b.add_argument("--no-progress", action="store_true")
+    b.add_argument("--prompts", metavar="FILE", help="one item per line instead of --seeds; shared by the processes of 'accelerate launch'")
 
     o = cmd("overhead", "measure the hook machinery's cost with no strategy active")
     o.add_argument("config")
@@ -139,6 +150,13 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--cond-dropout", type=float, default=0.15, help="text: share of sequences trained without their condition")
     t.add_argument("--cond-only", action="store_true", help="text: with --init and --conditions, train the condition path alone")
 
+    sb = cmd("scale-bench", "throughput of generate --prompts on N processes against one")
+    sb.add_argument("config")
+    sb.add_argument("--prompts", required=True, metavar="FILE", help="the items (one per line)")
+    sb.add_argument("--processes", type=int, default=2, help="processes of the scaled run (default 2)")
+    sb.add_argument("--threads", type=int, default=1, help="torch threads per process (default 1)")
+    sb.add_argument("--repeats", type=int, default=1, help="pairs of runs, alternating which goes first (default 1)")
+
     f = cmd("fluency", "fluency of a model's samples beside reference texts")
     f.add_argument("config")
     f.add_argument("--seeds", type=int, default=4)
@@ -147,6 +165,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _generate(args) -> int:
+    if args.prompts is not None:
+        from .jobs import main_generate
+
+        return main_generate(args)
     import attrs
 
     from .accelerator import apply, build_strategies
@@ -175,6 +197,10 @@ def _generate(args) -> int:
 
 
 def _bench(args) -> int:
+    if args.prompts is not None:
+        from .prompt_bench import main_bench
+
+        return main_bench(args)
     from .bench import format_table, run_bench
 
     result = run_bench(args.configs, seeds=args.seeds, repeats=args.repeats, json_path=args.json_path,
@@ -184,6 +210,12 @@ def _bench(args) -> int:
     if args.json_path:
         print(f"wrote {args.json_path}")
     return 0
+
+
+def _scale_bench(args) -> int:
+    from .scale_bench import scale_bench
+
+    return scale_bench(args)
 
 
 def _plugins(args) -> int:
@@ -285,7 +317,8 @@ def _threads(n: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handlers = {"generate": _generate, "bench": _bench, "plugins": _plugins, "check": _check, "train": _train}
+    handlers = {"generate": _generate, "bench": _bench, "plugins": _plugins, "check": _check, "train": _train,
+                "scale-bench": _scale_bench}
     try:
         if args.command in handlers:
             return handlers[args.command](args)

@@ -1,0 +1,92 @@
+"""``diffaccel scale-bench CONFIG --prompts FILE``: throughput of N processes against one.
+
+Runs ``diffaccel generate CONFIG --prompts FILE --out ...`` as one process, then under
+``accelerate launch --multi_gpu --num_processes N`` (torchrun; CPU processes, gloo), every process with one thread
+(``OMP_NUM_THREADS``, default 1), alternating which goes first on each repeat, each into a fresh
+folder. Prints the throughput ratio of the generation phase (from the model being loaded on
+every process to the last item written, as the main process times it) and of the whole command
+(Python start and model loads included), and whether the outputs are byte-identical.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .errors import DiffaccelError
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_command(processes: int, args: list[str], port: int | None = None) -> list[str]:
+    """``diffaccel ARGS`` as ``processes`` CPU processes under ``accelerate launch`` (1: plain python)."""
+    if processes == 1:
+        return [sys.executable, "-m", "diffaccel.cli", *args]
+    # accelerate launch --cpu starts one process unless it goes through mpirun; --multi_gpu is its
+    # torchrun launcher, which starts N processes on a CPU-only machine too (gloo, jobs.process_state)
+    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+            "--main_process_port", str(port or _free_port()), "-m", "diffaccel.cli", *args]
+
+
+def _run(processes: int, config: str, prompts: str, out: Path, threads: int) -> dict:
+    timing = out.with_suffix(".timing.json")
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+           "DIFFACCEL_JOB_TIMING": str(timing)}
+    cmd = launch_command(processes, ["generate", config, "--prompts", prompts, "--out", str(out), "--no-progress"])
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise DiffaccelError(f"scale-bench: the {processes}-process run failed (exit {proc.returncode}): {tail}")
+    return {**json.loads(timing.read_text()), "wall_s": wall}
+
+
+def same_outputs(a: Path, b: Path) -> bool:
+    """Whether two job folders hold the same files, byte for byte (job.json aside: it names the folder's config path)."""
+    names = sorted(p.name for p in a.iterdir() if p.name != "job.json")
+    if names != sorted(p.name for p in b.iterdir() if p.name != "job.json"):
+        return False
+    return all(filecmp.cmp(a / n, b / n, shallow=False) for n in names)
+
+
+def scale_bench(args) -> int:
+    from .jobs import read_items
+
+    if args.processes < 2 or args.threads < 1 or args.repeats < 1:
+        raise DiffaccelError(f"scale-bench: --processes must be 2 or more, --threads and --repeats 1 or more; got "
+                             f"{args.processes}, {args.threads}, {args.repeats}")
+    n = len(read_items(args.prompts, 0))  # a bad prompts file: one line before anything runs
+    runs: dict[int, list[dict]] = {1: [], args.processes: []}
+    identical = True
+    with tempfile.TemporaryDirectory(prefix="diffaccel-scale-") as tmp:
+        for rep in range(args.repeats):
+            order = [1, args.processes] if rep % 2 == 0 else [args.processes, 1]
+            outs = {}
+            for p in order:
+                outs[p] = Path(tmp) / f"r{rep}-p{p}"
+                runs[p].append(_run(p, args.config, args.prompts, outs[p], args.threads))
+            identical &= same_outputs(outs[1], outs[args.processes])
+    gen = {p: sum(r["generate_s"] for r in rs) for p, rs in runs.items()}
+    wall = {p: sum(r["wall_s"] for r in rs) for p, rs in runs.items()}
+    failed = runs[1][0]["failed"]
+    P = args.processes
+    print(f"{args.config}: {n} items of {args.prompts}, {args.repeats} repeat(s), {args.threads} thread(s) per process, "
+          f"1 vs {P} processes alternating")
+    print(f"generation phase: 1 process {n * args.repeats / gen[1]:.2f} items/s, {P} processes "
+          f"{n * args.repeats / gen[P]:.2f} items/s: throughput ratio {gen[1] / gen[P]:.2f}x")
+    print(f"whole command (start and model loads included): throughput ratio {wall[1] / wall[P]:.2f}x")
+    print(f"outputs byte-identical to one process: {'yes' if identical else 'NO'}; failed items: {failed}")
+    return 0 if identical else 1
