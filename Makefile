@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 PLUGIN_DIRS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml))
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup demo test test-core test-plugin soak docs benchmarks bench-overhead bench-partial fluency train-text clean
+.PHONY: setup demo test test-core test-plugin soak docs benchmarks bench-overhead bench-partial fluency train-text train-text-cond clean
 
 $(VENV)/.installed: pyproject.toml $(addsuffix /pyproject.toml,$(PLUGIN_DIRS))
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -73,6 +73,16 @@ train-text: setup
 	$(BIN)/diffaccel train text --kind masked --out runs/text-masked --steps 1400
 	$(BIN)/diffaccel train text --kind continuous --out runs/text-continuous --steps 1400 --tokenizer runs/text-masked/tokenizer.json
 	$(BIN)/python -c "from diffaccel.adapters.text.train import export_fp16 as e; e('runs/text-masked', 'adapters/text/assets/wordnet-masked'); e('runs/text-continuous', 'adapters/text/assets/wordnet-continuous')"
+
+# the conditional masked model for bert-cond: MiniLM conditions of training glosses computed once
+# (outside git), then wordnet-masked's condition path trained on them (see docs/models.md)
+train-text-cond: setup
+	$(BIN)/python -m diffaccel_bert_cond.conditions --out runs/conditions/shard0.safetensors --lines 2240
+	$(BIN)/python -m diffaccel_bert_cond.conditions --out runs/conditions/shard1.safetensors --lines 2304 --offset 20000
+	$(BIN)/python -m diffaccel_bert_cond.conditions --out runs/conditions/wordnet-cond.safetensors --merge runs/conditions/shard*.safetensors
+	$(BIN)/diffaccel train text --out runs/text-masked-cond --init wordnet-masked --conditions runs/conditions/wordnet-cond.safetensors \
+		--cond-only --steps 400 --max-minutes 25 --batch 16 --lr 3e-3 --threads 1
+	$(BIN)/python -c "from diffaccel.adapters.text.train import export_fp16 as e; e('runs/text-masked-cond', 'adapters/text/assets/wordnet-masked-cond')"
 
 clean:
 	rm -rf $(VENV) build *.egg-info core/*.egg-info plugins/*/*.egg-info

@@ -9,14 +9,15 @@ from diffaccel.cli import main
 
 def test_shipped_weights_are_small_safetensors():
     files = sorted(ASSETS.glob("*/model.safetensors"))
-    assert {f.parent.name for f in files} == {"wordnet-masked", "wordnet-continuous"}
+    assert {f.parent.name for f in files} == {"wordnet-masked", "wordnet-continuous", "wordnet-masked-cond"}
     assert sum(f.stat().st_size for f in files) <= 25 * 2**20
     assert not list(ASSETS.rglob("*.bin")) and not list(ASSETS.rglob("*.pt"))
 
 
 # share of generated words that the held-out text knows; random BPE tokens score far lower (checked below)
 @pytest.mark.parametrize("name,kind,temperature,known", [("wordnet-masked", "masked", 1.0, 0.7),
-                                                          ("wordnet-continuous", "continuous", 0.7, 0.45)])
+                                                          ("wordnet-continuous", "continuous", 0.7, 0.45),
+                                                          ("wordnet-masked-cond", "masked", 1.0, 0.7)])
 def test_shipped_model_generates_text(name, kind, temperature, known):
     pipe = load_pipeline(name)
     assert pipe.kind == kind
@@ -49,3 +50,19 @@ def test_generate_is_reproducible():
     a = pipe(length=32, steps=8, seed=5, progress=False)
     b = pipe(length=32, steps=8, seed=5, progress=False)
     assert torch.equal(a.tokens, b.tokens)
+
+
+def test_conditional_model_takes_a_minilm_sized_vector_that_changes_its_text():
+    """wordnet-masked-cond: condition gating of MiniLM's size (384), fed through RunState.condition."""
+    from diffaccel.adapters.text.model import TextDiffusionLM
+
+    pipe = load_pipeline("wordnet-masked-cond")
+    assert pipe.denoiser.cond_dim == 384
+    assert load_pipeline("wordnet-masked").denoiser.cond_dim == 0
+    model = TextDiffusionLM.load(ASSETS / "wordnet-masked-cond")
+    x = torch.full((2, 16), model.config.mask_id)
+    cond = torch.nn.functional.normalize(torch.randn(2, 384, generator=torch.Generator().manual_seed(0)), dim=-1)
+    with torch.no_grad():
+        plain, conditioned = model(x), model(x, cond=cond)
+    assert not torch.allclose(plain, conditioned, atol=1e-3)  # the trained projection is not zero
+    assert not torch.allclose(conditioned[0], conditioned[1], atol=1e-3)  # and tells the vectors apart

@@ -68,3 +68,31 @@ def test_digits_training_writes_a_pipeline_and_can_continue_from_it(tmp_path):
     fresh = new_pipeline(seed=1).unet.state_dict()
     key = "conv_in.weight"
     assert torch.allclose(a[key], b[key], atol=1e-6) and not torch.allclose(fresh[key], b[key])
+
+
+def test_conditional_training_from_a_checkpoint_trains_the_condition_path_alone(tmp_path):
+    """--init + --conditions + --cond-only: the condition projection and the gating layers learn
+    (from an unconditioned checkpoint, whose gating weights are zero), everything else is the
+    initial checkpoint's, and the result loads with cond_dim = the vectors' size."""
+    import torch
+    from safetensors.torch import load_file
+
+    pytest.importorskip("diffaccel_bert_cond")
+    from diffaccel_bert_cond.conditions import save
+
+    base = train(TrainConfig(out=str(tmp_path / "base"), steps=2, batch=4, seq_len=32, dim=16, layers=1, heads=2,
+                             vocab=80, threads=1), lines=list(LINES))
+    lines = sorted(set(LINES))[:5]
+    vectors = torch.nn.functional.normalize(torch.randn(5, 8, generator=torch.Generator().manual_seed(0)), dim=-1)
+    save(tmp_path / "c.safetensors", lines, [("x",)] * 5, vectors, {})
+    out = train(TrainConfig(out=str(tmp_path / "cond"), steps=3, batch=4, seq_len=32, threads=1, lr=1e-2,
+                            init_from=str(base), conditions=str(tmp_path / "c.safetensors"), cond_only=True),
+                lines=list(LINES))
+    a, b = load_file(str(base / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert not b["blocks.0.mod.weight"].abs().sum() == 0 and a["blocks.0.mod.weight"].abs().sum() == 0
+    assert "cond_proj.weight" in b and "cond_proj.weight" not in a
+    assert all(torch.equal(a[k], b[k]) for k in a if ".mod." not in k)  # the rest is frozen
+    assert load_pipeline(str(out)).denoiser.cond_dim == 8
+    with pytest.raises(ValueError, match="cond_only needs"):
+        train(TrainConfig(out=str(tmp_path / "x"), steps=1, batch=4, seq_len=32, dim=16, layers=1, heads=2, vocab=80,
+                          threads=1, cond_only=True), lines=list(LINES))

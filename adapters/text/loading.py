@@ -1,6 +1,7 @@
 """Resolve a ``checkpoint`` into a ``TextDiffusionPipeline``.
 
-* a shipped model name: ``wordnet-masked`` (alias ``default``) or ``wordnet-continuous``;
+* a shipped model name: ``wordnet-masked`` (alias ``default``), ``wordnet-continuous`` or
+  ``wordnet-masked-cond`` (masked, with condition gating for bert-cond's vector);
 * a local folder saved by ``TextDiffusionLM.save`` (config.json with ``kind``, model.safetensors,
   tokenizer.json);
 * ``synthetic-llada-small``: a LLaDA-shaped speed model built from a seed (``synthetic.py``);
@@ -29,7 +30,8 @@ from .model import TextDiffusionLM
 from .tokenizer import TextTokenizer
 
 ASSETS = Path(__file__).parent / "assets"
-SHIPPED = {"wordnet-masked": "wordnet-masked", "default": "wordnet-masked", "wordnet-continuous": "wordnet-continuous"}
+SHIPPED = {"wordnet-masked": "wordnet-masked", "default": "wordnet-masked", "wordnet-continuous": "wordnet-continuous",
+           "wordnet-masked-cond": "wordnet-masked-cond"}
 #: speed models built in memory from a seed (adapters/text/synthetic.py)
 SYNTHETIC = ("synthetic-llada-small",)
 

@@ -58,6 +58,20 @@ class TrainConfig:
     """Continuous models: norm of the token latents (default sqrt(embed_dim))."""
     init_embeddings: str | None = None
     """Masked models: a BERT folder or hub id whose word embeddings initialise a frozen table."""
+    init_from: str | None = None
+    """Continue from this checkpoint (a folder or a shipped model name): its weights, architecture
+    and tokenizer; a condition projection it lacks starts at zero, so step 0 is that model."""
+    conditions: str | None = None
+    """Masked models: a safetensors file of per-line condition vectors (``python -m
+    diffaccel_bert_cond.conditions``); every sequence then starts at a conditioned line and the
+    model learns cond_dim = the vectors' size, fed to its per-block condition gating."""
+    cond_dropout: float = 0.15
+    cond_only: bool = False
+    """With ``init_from`` and ``conditions``: train the condition path alone (the condition
+    projection and every block's gating layer), the rest frozen at the initial weights: far
+    fewer steps teach the model to use the vector, and what it writes without one moves little."""
+    """With ``conditions``: share of sequences trained without their vector (the model then runs
+    unconditioned too, as classifier-free guidance trains it)."""
 
 
 def pack(ids_per_line: list[list[int]], sep_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -81,8 +95,11 @@ def token_weights(stream: np.ndarray, vocab: int, alpha: float) -> torch.Tensor:
     return torch.tensor(w, dtype=torch.float32)
 
 
-def diffusion_loss(model: TextDiffusionLM, x0: torch.Tensor, weights: torch.Tensor | None, gen: torch.Generator):
-    """Return (loss, final hidden states, noise level per row in [0, 1], mask of positions scored)."""
+def diffusion_loss(model: TextDiffusionLM, x0: torch.Tensor, weights: torch.Tensor | None, gen: torch.Generator,
+                   cond: torch.Tensor | None = None, keep: torch.Tensor | None = None):
+    """Return (loss, final hidden states, noise level per row in [0, 1], mask of positions scored).
+    ``cond`` (B, cond_dim): condition vectors; rows where ``keep`` (B,) is False run without theirs,
+    exactly as generation without a condition does (no projection added, not a zero vector's)."""
     cfg = model.config
     B, N = x0.shape
     if cfg.kind == "masked":
@@ -100,6 +117,8 @@ def diffusion_loss(model: TextDiffusionLM, x0: torch.Tensor, weights: torch.Tens
         t, time_in = ti.float() / cfg.num_timesteps, ti.float()
     # the output head runs on the scored positions alone: it dominates the cost at this size
     c = model.condition(time_in, B)
+    if cond is not None:
+        c = c + model.cond_proj(cond) * (keep[:, None].float() if keep is not None else 1.0)
     h = model.embed(xt)
     for block in model.blocks:
         h = block(h, c)
@@ -159,7 +178,13 @@ def train(cfg: TrainConfig, lines: list[str] | None = None) -> Path:
         lines, heldout = read_wordnet()
         write_lines(out / "heldout.txt.gz", heldout)
     random.Random(cfg.seed).shuffle(lines)
-    if cfg.tokenizer:
+    base = None
+    if cfg.init_from:
+        from .loading import shipped_path
+
+        base = Path(cfg.init_from) if Path(cfg.init_from).is_dir() else shipped_path(cfg.init_from)
+        tok = TextTokenizer.from_file(base / "tokenizer.json")
+    elif cfg.tokenizer:
         tok = TextTokenizer.from_file(cfg.tokenizer)
     else:
         tok = TextTokenizer(train_tokenizer(lines, cfg.vocab))
@@ -171,6 +196,14 @@ def train(cfg: TrainConfig, lines: list[str] | None = None) -> Path:
         n_heads=cfg.heads, schedule=cfg.schedule, mask_id=tok.mask_id, pad_id=tok.pad_id,
         time_conditioned=cfg.kind == "continuous", latent_norm=cfg.latent_norm,
     )
+    cond_lines = cond_vectors = None
+    if cfg.conditions:
+        if cfg.kind != "masked":
+            raise ValueError("conditions apply to masked models")
+        cond_lines, cond_vectors, starts_c = _conditioned(cfg.conditions, lines, starts, len(stream) - cfg.seq_len)
+        mcfg = attrs.evolve(mcfg, cond_dim=cond_vectors.shape[1])
+    if base is not None:
+        mcfg = attrs.evolve(TextDiffusionConfig.from_json((base / "config.json").read_text()), cond_dim=mcfg.cond_dim)
     table = None
     if cfg.init_embeddings:
         if cfg.kind != "masked":
@@ -178,9 +211,27 @@ def train(cfg: TrainConfig, lines: list[str] | None = None) -> Path:
         table = bert_embedding_table(tok, cfg.init_embeddings)
         mcfg = attrs.evolve(mcfg, frozen_embed_dim=table.shape[1])
     model = TextDiffusionLM(mcfg)
+    if base is not None:
+        from safetensors.torch import load_file
+
+        missing, unexpected = model.load_state_dict({k: v.float() for k, v in load_file(str(base / "model.safetensors")).items()}, strict=False)
+        if unexpected or any(not k.startswith("cond_proj.") for k in missing):
+            raise ValueError(f"{base}: weights do not fit (missing {missing}, unexpected {unexpected})")
+        if missing:
+            # the condition path is dead in an unconditioned model: every block's gating weight
+            # and the learned bias sit at their zero init (each one's gradient needs the other).
+            # A random projection (zero bias) revives it, and step 0 is still the base model:
+            # those weights are zero. A zero projection would stay zero.
+            with torch.no_grad():
+                model.cond_proj.bias.zero_()
     if table is not None:
         with torch.no_grad():
             model.tok_emb[0].weight.copy_(table)
+    if cfg.cond_only:
+        if base is None or cond_vectors is None:
+            raise ValueError("cond_only needs init_from and conditions")
+        for name, prm in model.named_parameters():
+            prm.requires_grad_(name.startswith("cond_proj.") or ".mod." in name)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.98))
     warmup = max(1, cfg.steps // 20)
     started = time.time()
@@ -201,7 +252,13 @@ def train(cfg: TrainConfig, lines: list[str] | None = None) -> Path:
     bar = tqdm(range(cfg.steps), desc=f"train {cfg.kind}", unit="step")
     for step in bar:
         model.train()
-        loss, *_ = diffusion_loss(model, sample_batch(stream, starts, cfg.batch, cfg.seq_len, rng), weights, gen)
+        if cond_vectors is None:
+            loss, *_ = diffusion_loss(model, sample_batch(stream, starts, cfg.batch, cfg.seq_len, rng), weights, gen)
+        else:
+            pick = rng.integers(0, len(starts_c), size=cfg.batch)
+            x0 = torch.from_numpy(np.stack([stream[starts_c[i]: starts_c[i] + cfg.seq_len] for i in pick]))
+            keep = torch.from_numpy(rng.random(cfg.batch) >= cfg.cond_dropout)
+            loss, *_ = diffusion_loss(model, x0, weights, gen, cond_vectors[torch.from_numpy(pick)], keep)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -222,6 +279,20 @@ def train(cfg: TrainConfig, lines: list[str] | None = None) -> Path:
                     "final_loss_mean_50": float(np.mean(losses[-50:]))}, indent=2)
     )
     return out
+
+
+def _conditioned(path: str, lines: list[str], starts: np.ndarray, last_start: int):
+    """(conditioned line count, their vectors (n, d), their start offsets in the stream) for the
+    lines of ``lines`` that the conditions file holds and a full sequence can start at."""
+    from diffaccel_bert_cond.conditions import load
+
+    cond_lines, vectors = load(path)
+    row = {text: i for i, text in enumerate(cond_lines)}
+    at = [(row[text], int(starts[i])) for i, text in enumerate(lines) if text in row and starts[i] <= last_start]
+    if not at:
+        raise ValueError(f"{path}: none of its lines is in the training corpus")
+    idx = torch.tensor([a for a, _ in at])
+    return len(at), vectors[idx], np.array([b for _, b in at])
 
 
 def bert_embedding_table(tok: TextTokenizer, bert_path: str) -> torch.Tensor:

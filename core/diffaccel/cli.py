@@ -151,15 +151,19 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--out", required=True, help="output folder")
     t.add_argument("--steps", type=int, help="optimiser steps (text default 1400; digits: as many as --max-minutes allow)")
     t.add_argument("--max-minutes", type=float, help="stop after this many minutes (text default 0: no limit; digits default 27)")
-    t.add_argument("--threads", type=int, default=2, help="digits: torch threads (default 2)")
+    t.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     t.add_argument("--tokenizer", help="reuse this tokenizer.json")
     t.add_argument("--freq-weight", type=float, default=0.0, help="rare-token loss weighting exponent")
     t.add_argument("--schedule", choices=["linear", "cosine", "scaled-linear"], default="cosine")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--latent-norm", type=float, help="continuous: norm of the token latents (default sqrt(64) = 8)")
     t.add_argument("--init-embeddings", metavar="BERT", help="masked: initialise frozen token embeddings from this BERT")
-    t.add_argument("--init", metavar="FOLDER", help="digits: continue from this model's weights (e.g. a run cut short)")
-    t.add_argument("--lr", type=float, help="digits: peak learning rate (default 1e-3)")
+    t.add_argument("--init", metavar="FOLDER", help="continue from this model's weights (text: a folder or shipped name, its tokenizer too)")
+    t.add_argument("--lr", type=float, help="peak learning rate (digits default 1e-3, text 3e-3)")
+    t.add_argument("--batch", type=int, help="text: sequences per step (default 32)")
+    t.add_argument("--conditions", metavar="FILE", help="text, masked: per-line condition vectors (python -m diffaccel_bert_cond.conditions)")
+    t.add_argument("--cond-dropout", type=float, default=0.15, help="text: share of sequences trained without their condition")
+    t.add_argument("--cond-only", action="store_true", help="text: with --init and --conditions, train the condition path alone")
 
     sb = cmd("scale-bench", "throughput of generate --prompts on N processes against one")
     sb.add_argument("config")
@@ -331,7 +335,9 @@ def _train(args) -> int:
     cfg = TrainConfig(kind=args.kind, out=args.out, steps=1400 if args.steps is None else args.steps,
                       max_minutes=args.max_minutes or 0.0,
                       tokenizer=args.tokenizer, freq_weight=args.freq_weight, schedule=args.schedule, seed=args.seed,
-                      init_embeddings=args.init_embeddings, latent_norm=args.latent_norm)
+                      init_embeddings=args.init_embeddings, latent_norm=args.latent_norm, threads=args.threads,
+                      init_from=args.init, conditions=args.conditions, cond_dropout=args.cond_dropout, cond_only=args.cond_only,
+                      **{k: v for k, v in (("lr", args.lr), ("batch", args.batch)) if v is not None})
     _threads(cfg.threads)
     out = train(cfg)
     print(f"wrote {out}")

@@ -77,7 +77,11 @@ class BertCondConfig:
     word_boundary: bool = True
     """At the position right after each planned term, exclude tokens that would glue onto it (BPE pieces without a leading space, WordPiece ##-pieces), so the term reads as a whole word in the output."""
     vector: bool = True
-    """Drive the text model's per-layer condition gating with the pooled condition vector when the model has one (cond_dim > 0; it must equal the encoder's hidden size). The shipped models have none."""
+    """Drive the text model's per-layer condition gating with the pooled condition vector when the model has one (cond_dim > 0; it must equal the encoder's hidden size): the shipped wordnet-masked-cond has one, wordnet-masked and wordnet-continuous have none."""
+    pin: str = attrs.field(default="even", validator=one_of(("none", "even", "model")))
+    """How the terms' tokens are enforced: 'even' pins them at evenly spread positions in source order before the run; 'model' places each where the model gives its first token the highest probability among the masked positions still free, at the step where that peaks (masked models); 'none' only drives the condition vector (needs a model with condition gating)."""
+    place_by: float = attrs.field(default=0.5, validator=in_range(0.0, 1.0))
+    """pin = 'model': share of the steps by which every term is placed, peak or not."""
 
     def __attrs_post_init__(self):
         if (self.source is None) == (self.source_file is None):

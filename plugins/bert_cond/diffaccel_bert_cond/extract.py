@@ -139,7 +139,14 @@ def extract(source: str, encoder: Encoder, *, max_terms: int = 5, ngram_max: int
     if not cands:
         raise ValueError("has no candidate key term (only stop words and punctuation)")
     emb = encoder.embed([source] + [c.text for c in cands])
-    doc, cemb = emb[0], emb[1:]
+    return select(source, cands, emb[0], emb[1:], max_terms=max_terms, diversity=diversity, always_keep=always_keep)
+
+
+def select(source: str, cands: list[Candidate], doc: torch.Tensor, cemb: torch.Tensor, *, max_terms: int = 5,
+           diversity: float = 0.5, always_keep: bool = True) -> Condition:
+    """The ``Condition`` of ``source`` from its candidates and the unit embeddings of the source
+    ``doc`` (hidden,) and of each candidate ``cemb`` (n, hidden): the part of ``extract`` after the
+    encoder, so a caller embedding many sources at once (the training conditions) picks the same terms."""
     doc_sim = cemb @ doc
     cand_sim = cemb @ cemb.T
     first: list[int] = []

@@ -2,11 +2,13 @@
 
 * Stage one (``run_start``): the encoder extracts each batch row's source into a ``Condition``
   (key terms, scores, pooled vector); timed, so the run reports its share.
-* Stage two: the terms' tokens are planned over the generated positions (``plan.py``) and
-  pinned through ``RunState.pinned``: the adapter holds them fixed like prompt tokens, so they
-  are never re-masked and stay in the output. With ``word_boundary``, the position right after
-  each term may not take a token that would glue onto it. Models with condition gating
-  (``cond_dim`` > 0) also get the pooled vector through ``RunState.condition``.
+* Stage two: models with condition gating (``cond_dim`` > 0) get the pooled vector through
+  ``RunState.condition`` at every step. ``pin`` says how the terms' tokens are enforced besides:
+  ``even`` plans them over the generated positions (``plan.py``) and pins them through
+  ``RunState.pinned`` (the adapter holds them fixed like prompt tokens); ``model`` places each
+  during the run where the model expects it (``place.py``) and forces its tokens through the
+  logits; ``none`` leaves the terms to the condition vector. With ``word_boundary``, the position
+  right after each placed term may not take a token that would glue onto it.
 * After the run (a ``finalize`` wrapper, so it sees the tokens the run returns), it reports the
   terms, which of them appear in the output, key-term recall and the stage-one time share.
 """
@@ -28,6 +30,7 @@ from .candidates import candidates
 from .config import BertCondConfig
 from .extract import Condition, Encoder, extract
 from .metrics import presence, recall
+from .place import RowPlacer, force
 from .plan import TermsDoNotFit, pin_row, term_token_ids, word_continuations
 
 
@@ -78,6 +81,15 @@ class BertCondState:
     pin_computed: int = 0
     free_computed: int = 0
     steps_seen: int = 0
+    placers: list[RowPlacer] | None = None
+    """pin = 'model': per row, where its terms went."""
+    reserved: torch.Tensor | None = None
+    """pin = 'model': (B, N) positions of placed terms."""
+    forced: torch.Tensor | None = None
+    """pin = 'model': (B, N) token each placed position must take, -1 elsewhere."""
+    place_s: float = 0.0
+    masked: torch.Tensor | None = None
+    """pin = 'model': (B, N) positions masked at the start of the current step."""
 
 
 class BertCond:
@@ -110,8 +122,14 @@ class BertCond:
         lacking = [c for c in NEEDS if c not in info.get("capabilities", NEEDS)]
         if lacking:
             raise ConfigValueError("use", f"bert-cond pins tokens of a text diffusion model; this model lacks capability '{lacking[0]}'")
-        enc = self.encoder
         cond_dim = info.get("cond_dim") or 0
+        if self.config.pin == "none" and not (cond_dim and self.config.vector):
+            why = "vector = false" if cond_dim else "this checkpoint has no condition gating (cond_dim 0)"
+            raise ConfigValueError("pin", f'pin = "none" enforces the key terms through the condition vector only, but {why}: '
+                                          f'nothing would enforce them; use pin = "even" or "model", or a checkpoint with condition gating (wordnet-masked-cond)')
+        if self.config.pin == "model" and info.get("kind", "masked") != "masked":
+            raise ConfigValueError("pin", f'pin = "model" places terms at masked positions; this is a {info.get("kind")} model; use pin = "even"')
+        enc = self.encoder
         if self.config.vector and cond_dim and cond_dim != enc.hidden_size:
             raise ConfigValueError("bert", f"its hidden size {enc.hidden_size} differs from the text model's condition size "
                                            f"(cond_dim {cond_dim}); use an encoder of that size, or vector = false")
@@ -166,6 +184,13 @@ class BertCond:
         t1 = time.perf_counter()
         length, tok = run.info["length"], run.info["tokenizer"]
         prompt_lengths = run.info.get("prompt_lengths") or [0] * run.batch_size
+        if self.config.vector and run.info.get("cond_dim"):
+            run.condition = torch.stack([c.vector for c in conds])
+        if self.config.pin != "even":
+            if self.config.pin == "model":
+                self._start_placing(run, st, [term_token_ids(c.terms, tok) for c in conds], prompt_lengths, length)
+            st.plan_s = time.perf_counter() - t1
+            return
         pinned, after = [], []
         for r, cond in enumerate(conds):
             try:
@@ -182,28 +207,87 @@ class BertCond:
             after = torch.stack(after)
             st.after = after.nonzero(as_tuple=True)
             st.cont = self._continuation_ids(tok, run.info["vocab_size"])
-        if self.config.vector and run.info.get("cond_dim"):
-            run.condition = torch.stack([c.vector for c in conds])
         st.plan_s = time.perf_counter() - t1
+
+    def _start_placing(self, run, st: "BertCondState", term_ids: list[list[list[int]]], prompt_lengths, length: int) -> None:
+        for r, ids in enumerate(term_ids):
+            needed, free = sum(len(i) for i in ids), length - prompt_lengths[r]
+            if needed > free:
+                raise self._fail("max_terms", f"the {len(ids)} key term{'s' if len(ids) > 1 else ''} of source #{st.rows[r] + 1} take {needed} tokens but "
+                                              f"only {free} positions are free (length {length}, prompt {prompt_lengths[r]}); "
+                                              f"lower max_terms or raise [model] length")
+        st.placers = [RowPlacer(ids) for ids in term_ids]
+        st.reserved = torch.zeros(run.batch_size, length, dtype=torch.bool)
+        st.forced = torch.full((run.batch_size, length), -1, dtype=torch.long)
+        st.masked = torch.ones(run.batch_size, length, dtype=torch.bool)
+        for r, n in enumerate(prompt_lengths):
+            st.masked[r, :n] = False
+        if self.config.word_boundary:
+            st.cont = self._continuation_ids(run.info["tokenizer"], run.info["vocab_size"])
 
     @hookimpl
     def diffaccel_denoiser_output(self, run, output: Any) -> Any:
         st = run.state(self)
-        if st.after is None:
+        if st.placers is not None:
+            self._place(run, st, output)
+        if st.after is None and (st.forced is None or not bool((st.forced >= 0).any())):
             return None
         t0 = time.perf_counter()
-        out = guard_word_ends(output, st.after, st.cont)
+        out = output
+        if st.after is not None:
+            out = guard_word_ends(out, st.after, st.cont)
+        if st.forced is not None:
+            where = (st.forced >= 0).nonzero(as_tuple=True)
+            if where[0].numel():
+                dev = out.device if isinstance(out, torch.Tensor) else out.values.device
+                out = force(out, where[0].to(dev), where[1].to(dev), st.forced[where].to(dev))
         st.guard_s += time.perf_counter() - t0
         return out
+
+    def _place(self, run, st: "BertCondState", output) -> None:
+        """pin = 'model': one step of placement on the model's own probabilities at this step
+        (``place.py``), before the sampler draws, so a term placed now is committed now."""
+        if all(pl.done for pl in st.placers):
+            return
+        t0 = time.perf_counter()
+        masked = st.masked
+        logits = output if isinstance(output, torch.Tensor) else output.dense()
+        deadline = run.step + 1 >= max(1, math.ceil(self.config.place_by * run.num_steps))
+        new_after = []
+        for r, pl in enumerate(st.placers):
+            if pl.done:
+                continue
+            logp = logits[r].float().log_softmax(-1).cpu()
+            for j in pl.step(logp, masked[r], st.reserved[r], run.step, deadline):
+                pos, ids = pl.placed[j], pl.terms[j]
+                st.forced[r, pos:pos + len(ids)] = torch.tensor(ids)
+                e = pos + len(ids)
+                if st.cont is not None and e < st.forced.shape[1] and not bool(st.reserved[r, e]):
+                    new_after.append((r, e))
+        if new_after:
+            rows = torch.tensor([a for a, _ in new_after])
+            cols = torch.tensor([b for _, b in new_after])
+            if st.after is not None:
+                rows, cols = torch.cat([st.after[0].cpu(), rows]), torch.cat([st.after[1].cpu(), cols])
+            st.after = (rows, cols)
+        st.place_s += time.perf_counter() - t0
 
     @hookimpl
     def diffaccel_post_step(self, run, output) -> None:
         # how often the pinned positions were computed, beside the free ones: a strategy that
         # narrows steps (swd) should compute pinned tokens only as neighbours of changing ones
         st = run.state(self)
-        pin = st.pin_mask
-        if pin is None:
-            pin = st.pin_mask = run.pinned >= 0
+        if st.placers is not None and output.masked is not None:
+            st.masked = output.masked.cpu()
+            # committed positions no longer need forcing: the sampler never re-masks them
+            st.forced[~st.masked & (st.forced >= 0)] = -1
+        if run.pinned is None:
+            pin = st.reserved if st.reserved is not None else torch.zeros(output.tokens.shape, dtype=torch.bool)
+            st.pinned = int(pin.sum())
+        else:
+            pin = st.pin_mask
+            if pin is None:
+                pin = st.pin_mask = run.pinned >= 0
         if output.computed is None:
             st.pin_computed += int(pin.sum())
             st.free_computed += int((~pin).sum())
@@ -242,13 +326,17 @@ class BertCond:
             "encoder": self.config.bert,
             "encoder_load_s": self.load_seconds,
             "vector_used": run.condition is not None,
+            "pin": self.config.pin,
+            "place_s": st.place_s,
+            "placed": [list(p.placed) for p in st.placers] if st.placers else None,
+            "placed_at_step": [list(p.at_step) for p in st.placers] if st.placers else None,
         }
         return result
 
     @hookimpl
     def diffaccel_run_end(self, run) -> None:
         st = run.state(self)
-        st.after = st.cont = st.pin_mask = None
+        st.after = st.cont = st.pin_mask = st.forced = st.reserved = st.masked = None
 
     # -- bench ---------------------------------------------------------------------------------
     @hookimpl

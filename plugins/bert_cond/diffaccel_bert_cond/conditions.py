@@ -1,0 +1,116 @@
+"""Stage-one conditions of training glosses, computed once for ``diffaccel train text --conditions``.
+
+The conditional reference model (``wordnet-masked-cond``) learns from the condition vectors that
+bert-cond's own extractor gives each training line: the same candidates, the same MiniLM, the
+same MMR choice (``extract.select``), so what the model sees in training is what the strategy
+feeds it at generation. Embedding every candidate of every line per training step would cost far
+more than the model's step, so they are computed here once and written to a safetensors file
+(``vectors`` (n, hidden) float32, the lines and their terms as JSON in the metadata) that the
+training reads. Sources and candidates are embedded in batches, a candidate text once per file.
+
+    python -m diffaccel_bert_cond.conditions --out /tmp/cond/wordnet-cond.safetensors --lines 12000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from .candidates import candidates
+from .config import MINILM
+from .extract import Encoder, select
+
+
+def eligible(line: str, min_words: int, max_words: int) -> bool:
+    """Lines of the length the bench's sources have (the held-out rule: 6 to 20 words)."""
+    return min_words <= len(line.split()) <= max_words
+
+
+def compute(lines: list[str], encoder: Encoder, *, batch: int = 64, max_terms: int = 5, ngram_max: int = 3,
+            diversity: float = 0.5, minutes: float = 0.0, log=print) -> tuple[list[str], list[tuple[str, ...]], torch.Tensor]:
+    """(lines kept, their terms, their vectors (n, hidden)) for ``lines`` with at least one
+    candidate; stops after ``minutes`` (0: no limit) at a batch boundary."""
+    cache: dict[str, torch.Tensor] = {}
+    kept, terms, vectors = [], [], []
+    t0 = time.time()
+    for b in range(0, len(lines), batch):
+        chunk = [(s, candidates(s, ngram_max)) for s in lines[b:b + batch]]
+        chunk = [(s, c) for s, c in chunk if c]
+        docs = encoder.embed([s for s, _ in chunk]) if chunk else None
+        new = sorted({c.text for _, cs in chunk for c in cs} - cache.keys(), key=len)
+        for i in range(0, len(new), 256):  # similar lengths together: little padding
+            for text, e in zip(new[i:i + 256], encoder.embed(new[i:i + 256])):
+                cache[text] = e
+        for (s, cs), doc in zip(chunk, docs if docs is not None else []):
+            cond = select(s, cs, doc, torch.stack([cache[c.text] for c in cs]), max_terms=max_terms, diversity=diversity)
+            kept.append(s)
+            terms.append(cond.terms)
+            vectors.append(cond.vector)
+        elapsed = time.time() - t0
+        if (b // batch) % 20 == 0:
+            log(f"{len(kept)} lines, {len(cache)} candidates embedded, {elapsed / 60:.1f} min")
+        if minutes and elapsed > minutes * 60:
+            break
+    return kept, terms, torch.stack(vectors)
+
+
+def save(path: Path, lines: list[str], terms: list[tuple[str, ...]], vectors: torch.Tensor, meta: dict) -> None:
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({"vectors": vectors.float().contiguous()}, str(path),
+              metadata={"lines": json.dumps(lines), "terms": json.dumps(terms), "recipe": json.dumps(meta)})
+
+
+def load(path: str | Path, with_terms: bool = False) -> tuple:
+    """(lines, vectors (n, hidden)) of a file written by ``save``, and the terms if ``with_terms``."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata()
+        vectors = f.get_tensor("vectors")
+    lines = json.loads(meta["lines"])
+    if len(lines) != vectors.shape[0]:
+        raise ValueError(f"{path}: {len(lines)} lines but {vectors.shape[0]} vectors")
+    return (lines, vectors, json.loads(meta["terms"])) if with_terms else (lines, vectors)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="safetensors file to write (keep it out of git)")
+    ap.add_argument("--lines", type=int, default=12000, help="training lines to condition, drawn at random")
+    ap.add_argument("--offset", type=int, default=0, help="skip this many of the drawn lines (one shard per process)")
+    ap.add_argument("--min-words", type=int, default=6)
+    ap.add_argument("--max-words", type=int, default=20)
+    ap.add_argument("--minutes", type=float, default=0.0, help="stop after this long (0: no limit)")
+    ap.add_argument("--bert", default=MINILM)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--merge", nargs="+", metavar="FILE", help="instead: join these files (shards) into --out")
+    a = ap.parse_args(argv)
+    if a.merge:
+        parts = [load(f, with_terms=True) for f in a.merge]
+        save(Path(a.out), [x for p in parts for x in p[0]], [x for p in parts for x in p[2]], torch.cat([p[1] for p in parts]),
+             {"merged": a.merge})
+        print(f"wrote {a.out}: {sum(len(p[0]) for p in parts)} lines")
+        return 0
+    torch.set_num_threads(a.threads)
+    from diffaccel.adapters.text.corpus import read_wordnet
+
+    train_lines, _ = read_wordnet()
+    pool = sorted({s for s in train_lines if eligible(s, a.min_words, a.max_words)})
+    random.Random(a.seed).shuffle(pool)
+    t0 = time.time()
+    lines, terms, vectors = compute(pool[a.offset:a.offset + a.lines], Encoder(a.bert), minutes=a.minutes)
+    save(Path(a.out), lines, terms, vectors, {**vars(a), "eligible": len(pool), "minutes_taken": (time.time() - t0) / 60})
+    print(f"wrote {a.out}: {len(lines)} lines in {(time.time() - t0) / 60:.1f} min")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

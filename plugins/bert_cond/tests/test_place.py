@@ -1,0 +1,216 @@
+"""pin = "model" (place.py and the strategy): where the model expects each term, forced through
+the logits, never re-masked; pin = "none" drives the condition vector alone; bad pin input."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import diffaccel
+from diffaccel import ConfigValueError, hookimpl
+from diffaccel.testing import CharTokenizer, tiny_text_pipeline
+from diffaccel_bert_cond import BertCond, BertCondConfig, term_token_ids
+from diffaccel_bert_cond.place import RowPlacer, best_spot, fits, force
+
+N = 32
+SOURCES = ["velvet soft touch", "mother chinese family"]
+
+
+def test_fits_needs_a_run_of_free_positions():
+    free = torch.tensor([1, 1, 0, 1, 1, 1, 0, 1], dtype=torch.bool)
+    assert fits(free, 1).tolist() == free.tolist()
+    assert fits(free, 2).nonzero().squeeze(1).tolist() == [0, 3, 4]
+    assert fits(free, 3).nonzero().squeeze(1).tolist() == [3]
+    assert not fits(free, 4).any()
+
+
+def test_best_spot_takes_the_most_probable_start_where_the_term_fits():
+    logp = torch.log(torch.tensor([0.9, 0.1, 0.5, 0.2, 0.3]))
+    free = torch.tensor([True, False, True, True, True])
+    assert best_spot(logp, free, 1) == (pytest.approx(0.9), 0)
+    assert best_spot(logp, free, 2) == (pytest.approx(0.5), 2)  # 0 is free but 1 is not
+    assert best_spot(logp, torch.zeros(5, dtype=torch.bool), 1) == (-1.0, -1)
+
+
+def _logp(n: int, v: int, where: dict[tuple[int, int], float]) -> torch.Tensor:
+    p = torch.full((n, v), 1e-3)
+    for (pos, tok), prob in where.items():
+        p[pos, tok] = prob
+    return (p / p.sum(-1, keepdim=True)).log()
+
+
+def test_a_term_is_placed_when_its_confidence_falls_at_its_best_step_position():
+    pl = RowPlacer([[5]])
+    masked, reserved = torch.ones(16, dtype=torch.bool), torch.zeros(16, dtype=torch.bool)
+    assert pl.step(_logp(16, 8, {(1, 5): 0.4}), masked, reserved, 0, False) == []
+    assert pl.step(_logp(16, 8, {(2, 5): 0.7}), masked, reserved, 1, False) == []  # still rising
+    assert pl.step(_logp(16, 8, {(4, 5): 0.5}), masked, reserved, 2, False) == [0]  # fell: the peak was step 1
+    assert pl.placed == [2] and pl.at_step == [2] and reserved.nonzero().squeeze(1).tolist() == [2]
+
+
+def test_a_long_term_or_little_room_places_at_once():
+    masked, reserved = torch.ones(16, dtype=torch.bool), torch.zeros(16, dtype=torch.bool)
+    assert RowPlacer([[5, 6, 7]]).step(_logp(16, 8, {}), masked, reserved, 0, False) == [0]  # 3 * 8 > 16 free
+
+    def room(run: int) -> torch.Tensor:  # a run of free positions, then 16 lone ones
+        m = torch.zeros(40, dtype=torch.bool)
+        m[:run] = True
+        m[run + 1:run + 33:2] = True
+        return m
+
+    pl = RowPlacer([[5, 6]])
+    assert pl.step(_logp(40, 8, {}), room(6), torch.zeros(40, dtype=torch.bool), 0, False) == []  # 5 starts left
+    assert pl.step(_logp(40, 8, {}), room(5), torch.zeros(40, dtype=torch.bool), 1, False) == [0]  # 4 starts left
+    assert 0 <= pl.placed[0] <= 3
+
+
+def test_the_deadline_places_every_term_most_confident_first_without_overlap():
+    pl = RowPlacer([[5, 6], [7]])
+    masked, reserved = torch.ones(6, dtype=torch.bool), torch.zeros(6, dtype=torch.bool)
+    masked[0] = False  # already committed: not free
+    # both terms want position 1; term 1 is surer, so term 0 must go elsewhere
+    placed = pl.step(_logp(6, 8, {(1, 5): 0.3, (1, 7): 0.6, (0, 5): 0.9}), masked, reserved, 0, True)
+    assert placed == [1, 0] and pl.placed[1] == 1
+    assert pl.placed[0] not in (0, 1) and reserved.sum() == 3 and pl.done
+
+
+def test_force_allows_only_the_forced_token_and_leaves_the_input_alone():
+    from diffaccel.adapters.text.logits import TopKLogits
+
+    dense = torch.randn(2, 4, 10)
+    keep = dense.clone()
+    rows, cols, ids = torch.tensor([0, 1]), torch.tensor([3, 0]), torch.tensor([7, 2])
+    out = force(dense, rows, cols, ids)
+    assert torch.equal(dense, keep)
+    assert out[0, 3].argmax() == 7 and torch.isinf(out[0, 3]).sum() == 9 and out[1, 0].argmax() == 2
+    assert torch.equal(out[0, :3], dense[0, :3])
+    v, i = dense.topk(3, -1)
+    t = force(TopKLogits(v, i, 10), rows, cols, ids)
+    assert t.dense()[0, 3].argmax() == 7 and torch.isinf(t.dense()[0, 3]).sum() == 9
+    assert torch.equal(t.values[0, 0], v[0, 0]) and torch.equal(i, dense.topk(3, -1).indices)
+
+
+class Spy:
+    name = "spy"
+
+    def __init__(self):
+        self.masked = []
+
+    @hookimpl
+    def diffaccel_post_step(self, run, output):
+        self.masked.append((output.tokens.clone(), output.masked.clone()))
+
+
+def make(tiny_bert, info=None, **kw) -> BertCond:
+    s = BertCond(BertCondConfig(**{"source": SOURCES, "bert": tiny_bert, "max_terms": 2, "pin": "model", **kw}))
+    s.diffaccel_setup(info or {"adapter": "text", "cond_dim": 0, "kind": "masked"})
+    return s
+
+
+def generate(pipe, strategies=(), **kw):
+    kw = {"length": N, "steps": 12, "temperature": 1.0, "progress": False, **kw}
+    with diffaccel.apply(pipe, strategies=list(strategies)):
+        return pipe(**kw)
+
+
+@pytest.mark.parametrize("place_by", [0.0, 0.5, 1.0])
+def test_pin_model_places_every_term_where_it_stays(tiny_bert, place_by):
+    pipe = tiny_text_pipeline("masked", max_len=N)
+    for seed in range(3):
+        spy = Spy()
+        out = generate(pipe, [make(tiny_bert, place_by=place_by, ngram_max=1), spy], seed=seed, batch=2)
+        m = out.report["strategies"]["bert-cond"]
+        assert m["pin"] == "model" and m["key_term_recall"] == 1.0
+        deadline = max(1, math.ceil(place_by * 12)) - 1
+        for r in range(2):
+            ids = term_token_ids(m["terms"][r], pipe.tokenizer)
+            for start, step, i in zip(m["placed"][r], m["placed_at_step"][r], ids):
+                assert 0 <= step <= deadline
+                assert out.tokens[r, start:start + len(i)].tolist() == i
+                # from the step of placement on, each of the term's positions is still masked or
+                # holds the term's token: nothing else is ever drawn there
+                for tokens, masked in spy.masked[step:]:
+                    span, left = tokens[r, start:start + len(i)], masked[r, start:start + len(i)]
+                    assert (left | (span == torch.tensor(i))).all()
+
+
+def test_pin_model_differs_from_even_pinning(tiny_bert):
+    pipe = tiny_text_pipeline("masked", max_len=N)
+    model = generate(pipe, [make(tiny_bert)], seed=0, batch=2)
+    even = generate(pipe, [make(tiny_bert, pin="even")], seed=0, batch=2)
+    assert model.report["strategies"]["bert-cond"]["placed"] is not None
+    assert even.report["strategies"]["bert-cond"]["placed"] is None
+    assert not torch.equal(model.tokens, even.tokens)
+
+
+def test_pin_model_composes_with_topk_and_swd(tiny_bert):
+    swd = pytest.importorskip("diffaccel_swd", reason="the swd plugin (plugins/swd) is not installed")
+    from diffaccel_topk import TopK, TopKConfig
+
+    pipe = tiny_text_pipeline("masked", max_len=N)
+    for seed in range(3):
+        out = generate(pipe, [make(tiny_bert, ngram_max=1), swd.SWD(swd.SWDConfig(R=2)), TopK(TopKConfig(k_keep=16))], seed=seed, steps=24, batch=2)
+        m = out.report["strategies"]
+        assert m["bert-cond"]["key_term_recall"] == 1.0
+        assert m["swd"]["mean_computed"] < 1.0, m["swd"]  # swd did narrow the steps
+        assert "topk" in m
+
+
+def _cond_pipe(tmp_path, tiny_bert_builder, cond_dim):
+    from diffaccel.adapters.text.denoisers import ReferenceDenoiser
+    from diffaccel.adapters.text.model import TextDiffusionConfig, TextDiffusionLM
+    from diffaccel.adapters.text.pipeline import TextDiffusionPipeline
+
+    torch.manual_seed(0)
+    model = TextDiffusionLM(TextDiffusionConfig(vocab_size=64, dim=32, n_layers=2, n_heads=2, max_len=N, mask_id=2, cond_dim=cond_dim))
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    pipe = TextDiffusionPipeline(ReferenceDenoiser(model.eval()), CharTokenizer(64))
+    return pipe, diffaccel.adapters.text.adapter.TextAdapter.info(pipe)
+
+
+def test_pin_none_drives_the_vector_only(tmp_path, tiny_bert_builder):
+    bert = tiny_bert_builder(tmp_path / "b16", hidden=16)
+    pipe, info = _cond_pipe(tmp_path, tiny_bert_builder, 16)
+    out = generate(pipe, [make(bert, info, pin="none")], seed=0, batch=2, temperature=0.0)
+    m = out.report["strategies"]["bert-cond"]
+    assert m["vector_used"] is True and m["pinned_positions"] == 0 and m["placed"] is None
+    plain = generate(pipe, [], seed=0, batch=2, temperature=0.0)
+    assert not torch.equal(plain.tokens, out.tokens)  # the vector alone changed the text
+
+
+@pytest.mark.parametrize("cond_dim, extra, words", [(0, {}, "no condition gating (cond_dim 0)"),
+                                                    (16, {"vector": False}, "vector = false")])
+def test_pin_none_without_a_vector_is_refused(tmp_path, tiny_bert_builder, cond_dim, extra, words):
+    bert = tiny_bert_builder(tmp_path / "b16", hidden=16)
+    info = _cond_pipe(tmp_path, tiny_bert_builder, cond_dim)[1] if cond_dim else {"adapter": "text", "cond_dim": 0}
+    with pytest.raises(ConfigValueError) as err:
+        make(bert, info, pin="none", **extra)
+    assert err.value.key == "pin" and words in err.value.message and "nothing would enforce them" in err.value.message
+
+
+def test_pin_model_needs_a_masked_model(tiny_bert):
+    with pytest.raises(ConfigValueError) as err:
+        make(tiny_bert, {"adapter": "text", "cond_dim": 0, "kind": "continuous"})
+    assert err.value.key == "pin" and "continuous" in err.value.message
+
+
+def test_bad_pin_value_names_the_key():
+    with pytest.raises(ConfigValueError) as err:
+        BertCondConfig(source="velvet", pin="left")
+    assert err.value.key == "pin"
+
+
+def test_cli_refuses_pin_none_on_a_model_without_gating_in_one_line(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[model]\nadapter = "text"\ncheckpoint = "wordnet-masked"\nlength = 16\nsteps = 4\n'
+                   '[[strategy]]\nuse = "bert-cond"\nsource = "velvet: smooth and soft"\npin = "none"\n')
+    proc = subprocess.run([sys.executable, "-m", "diffaccel.cli", "generate", str(bad), "--no-progress"], capture_output=True,
+                          text=True, env={**__import__("os").environ, "DIFFACCEL_PLUGINS": "bert-cond"})
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert f"{bad}: [[strategy]] #1 (bert-cond): key 'pin': pin = \"none\"" in proc.stderr
+    assert "cond_dim 0" in proc.stderr and "Traceback" not in proc.stderr
