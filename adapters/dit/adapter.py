@@ -27,7 +27,8 @@ import torch
 from diffaccel.errors import ConfigError, ModelLoadError
 from diffaccel.state import RunState
 
-from ..unet.adapter import UNetAdapter, UNetOptions, UNetOutput, _first_line, _quiet
+from ..checkpoints import precheck_folder, quiet_loading
+from ..unet.adapter import UNetAdapter, UNetOptions, UNetOutput, _first_line, check_pipeline
 from . import hooks, peers
 from .synthetic import SYNTHETIC
 
@@ -40,13 +41,17 @@ class DiTOptions(UNetOptions):
     """Keys of ``[model]`` that only the DiT adapter reads (the UNet adapter's, same meaning)."""
 
 
-def load_checkpoint(checkpoint: str):
-    """A pipeline for a ``checkpoint`` string (see the module docstring)."""
-    with _quiet():
-        return _load_checkpoint(checkpoint)
+def load_checkpoint(checkpoint: str, allow_pickle: bool = False):
+    """A pipeline for a ``checkpoint`` string (see the module docstring). The same checkpoint
+    checks as the UNet adapter's: safetensors only unless ``allow_pickle``, damaged files, missing
+    tensors and NaN/inf weights are one ``ModelLoadError`` (``diffaccel.adapters.checkpoints``)."""
+    with quiet_loading():
+        pipe = _load_checkpoint(checkpoint, allow_pickle)
+    check_pipeline(pipe, checkpoint)
+    return pipe
 
 
-def _load_checkpoint(checkpoint: str):
+def _load_checkpoint(checkpoint: str, allow_pickle: bool):
     from .pipeline import TextDiTPipeline
 
     if checkpoint in SHIPPED:
@@ -68,18 +73,20 @@ def _load_checkpoint(checkpoint: str):
             raise ModelLoadError(f"{checkpoint}: not a diffusers pipeline folder (no model_index.json)")
         try:
             cls_name = json.loads(index.read_text()).get("_class_name")
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, AttributeError) as exc:
             raise ModelLoadError(f"{checkpoint}: unreadable model_index.json ({_first_line(exc)})") from None
+        safe = precheck_folder(path, allow_pickle, recursive=True)
+        use = {"use_safetensors": True} if safe and not allow_pickle else {}
         try:
             if cls_name == "TextDiTPipeline":
-                return TextDiTPipeline.from_pretrained(str(path))
-            return DiffusionPipeline.from_pretrained(str(path))
+                return TextDiTPipeline.from_pretrained(str(path), **use)
+            return DiffusionPipeline.from_pretrained(str(path), **use)
         except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
             raise ModelLoadError(f"{checkpoint}: could not load the pipeline ({_first_line(exc)})") from None
     if path.exists() or checkpoint.startswith((".", "/", "~")):
         raise ModelLoadError(f"{checkpoint}: no such model folder")
     try:
-        return DiffusionPipeline.from_pretrained(checkpoint)
+        return DiffusionPipeline.from_pretrained(checkpoint, **({} if allow_pickle else {"use_safetensors": True}))
     except Exception as exc:  # hub errors come in many types; all mean "not loadable here"
         raise ModelLoadError(
             f"checkpoint '{checkpoint}': not a shipped model ({', '.join([*SHIPPED, *SYNTHETIC])}), not a local "
@@ -104,6 +111,7 @@ class DiTAdapter:
     ``.transformer`` has a ``transformer_blocks`` stack."""
 
     name = "dit"
+    output_suffix = ".png"
     Options = DiTOptions
     capabilities = hooks.CAPABILITIES
     PEERS = peers.PEERS
@@ -145,7 +153,7 @@ class DiTAdapter:
         from diffusers import DDIMScheduler
 
         m, opts, where = config.model, config.options, f"{config.source}: [model]"
-        pipe = load_checkpoint(m.checkpoint)
+        pipe = load_checkpoint(m.checkpoint, m.allow_pickle)
         if not DiTAdapter.accepts(pipe):
             raise ModelLoadError(f"checkpoint '{m.checkpoint}': its pipeline has no diffusion transformer "
                                  f"(.transformer with transformer_blocks)")

@@ -223,7 +223,7 @@ class UNetAdapter:
         if checkpoint in SYNTHETIC:  # built from its spec on the meta device: shapes only
             from .synthetic import build
 
-            with _quiet(), torch.device("meta"):
+            with quiet_loading(), torch.device("meta"):
                 return UNetAdapter.info(build(checkpoint))
         if not folder.is_dir():
             if folder.exists() or checkpoint.startswith((".", "/", "~")):
@@ -236,7 +236,7 @@ class UNetAdapter:
             cls_name = json.loads(index.read_text()).get("_class_name")
             from diffusers import UNet2DConditionModel
 
-            with _quiet(), torch.device("meta"):
+            with quiet_loading(), torch.device("meta"):
                 unet = UNet2DConditionModel.from_config(UNet2DConditionModel.load_config(str(folder), subfolder="unet"))
         except (OSError, ValueError, TypeError, KeyError) as exc:
             raise ModelLoadError(f"{unet_config}: could not read the UNet's config ({_first_line(exc)})") from None

@@ -8,7 +8,7 @@ import shlex
 import sys
 import textwrap
 
-from .errors import DiffaccelError, NonFiniteError, StrategyError
+from .errors import ConfigError, DiffaccelError, NonFiniteError, StrategyError
 
 EXAMPLES = {
     "generate": """
@@ -219,14 +219,18 @@ def _generate(args) -> int:
 
 
 def _bench(args) -> int:
-    if args.prompts is not None:
-        from .prompt_bench import main_bench
-
-        return main_bench(args)
-    from .bench import format_table, run_bench
     from .outputs import check_bench_args
 
     check_bench_args(args)  # before any config or model loads
+    if args.prompts is not None:
+        from .prompt_bench import main_bench
+
+        for option, given in (("--report", args.report_dir), ("--plots", args.plot_dir)):
+            if given is not None:
+                raise ConfigError(f"{option}: not available with --prompts (the sharded bench writes --json only)")
+        return main_bench(args)
+    from .bench import format_table, run_bench
+
     outputs: dict | None = {} if args.report_dir else None
     plot_dir = args.plot_dir or (f"{args.report_dir}/plots" if args.report_dir else None)
     result = run_bench(args.configs, seeds=args.seeds, repeats=args.repeats, json_path=args.json_path,
