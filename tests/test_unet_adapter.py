@@ -281,9 +281,10 @@ def test_removal_after_an_error_restores_the_pipeline():
         def diffaccel_run_end(self, run):
             ended.append(run.step)
 
-    with pytest.raises(RuntimeError, match="boom"):
+    with pytest.raises(diffaccel.StrategyError, match="'boom'.*RuntimeError in layer_output at step 1: boom") as err:
         with diffaccel.apply(pipe, strategies=[Boom()]):
             sd_images(pipe)
+    assert isinstance(err.value.__cause__, RuntimeError)
     assert ended == [1]  # run_end also after an error
     assert no_instance_patches(pipe) and torch.equal(before, sd_images(pipe))
 

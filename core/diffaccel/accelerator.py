@@ -143,7 +143,9 @@ class Accelerator:
         """Called only when a hook call raised. True: the blamed strategy is disabled, go on
         without it. False: not a strategy's fault (the model, a DiffaccelError): re-raise it.
         Otherwise raises the StrategyError."""
-        if isinstance(exc, DiffaccelError):
+        if isinstance(exc, (DiffaccelError, ConfigValueError)):
+            # ConfigValueError: a strategy refusing a value only the run reveals (a tail longer than
+            # the block, a clusters file for another length) is the user's input, not a fault
             return False
         hit = blame(exc, self._codes)
         if hit is None:
@@ -369,14 +371,14 @@ def apply(pipe: Any, config: Any = None, *, strategies: Sequence[Any] | None = N
     from .config import RunConfig, load_config, parse_config
 
     adapter = adapter_for(pipe)
+    if config is not None and strategies is not None and any(isinstance(s, Mapping) for s in strategies):
+        raise ConfigError("diffaccel.apply: give a config or strategy tables, not both")
     cfg = None
     if config is not None:
         cfg = config if isinstance(config, RunConfig) else load_config(config, registry=registry)
         if cfg.model.adapter != adapter.name:
             raise ConfigError(f"{cfg.source}: [model] key 'adapter': '{cfg.model.adapter}' but the pipeline needs '{adapter.name}'")
     if strategies is not None and any(isinstance(s, Mapping) for s in strategies):
-        if cfg is not None:
-            raise ConfigError("diffaccel.apply: give a config or strategy tables, not both")
         if not all(isinstance(s, Mapping) for s in strategies):
             raise ConfigError("diffaccel.apply: strategies: give tables (dicts with 'use') or strategy instances, not both")
         cfg = parse_config({"model": {"adapter": adapter.name}, "strategy": [dict(s) for s in strategies]},

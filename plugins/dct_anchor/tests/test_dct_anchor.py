@@ -324,9 +324,9 @@ def test_bad_config_values_are_one_line_errors(tmp_path, name, line, expected):
 
 
 MODEL_BAD = [
-    ('blocks = ["middle_block"]\n', "key 'blocks': unknown block 'middle_block'; this UNet's blocks are: down_blocks.0, "
+    ('blocks = ["middle_block"]\n', "key 'blocks': unknown block 'middle_block'; this model's blocks are: down_blocks.0, "
                                      "down_blocks.1, mid_block, up_blocks.0, up_blocks.1"),
-    ("band = 17\n", "key 'band': 17 is larger than the 16x16 denoised estimate (the UNet's sample size)"),
+    ("band = 17\n", "key 'band': 17 is larger than the 16x16 denoised estimate (the model's sample size) that signal 'x0' measures; use at most 16"),
     ('band = 9\nsignal = "input"\n', "key 'band': 9 is larger than the 8x8 input map of 'down_blocks.1'"),
     ('band = 9\nsignal = "output"\nblocks = ["down_blocks.0", "up_blocks.0"]\n',
      "key 'band': 9 is larger than the 8x8 output map of 'down_blocks.0'"),
