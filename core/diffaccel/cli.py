@@ -375,14 +375,21 @@ def main(argv: list[str] | None = None) -> int:
             import traceback
 
             traceback.print_exc()
-        print(f"diffaccel: {exc}", file=sys.stderr)
+        _say(f"diffaccel: {exc}")
         return 1
     except DiffaccelError as exc:
-        print(f"diffaccel: error: {exc}", file=sys.stderr)
+        _say(f"diffaccel: error: {exc}")
         return 2
     except KeyboardInterrupt:
-        print("diffaccel: interrupted", file=sys.stderr)
+        _say("diffaccel: interrupted")
         return 130
+
+
+def _say(line: str) -> None:
+    """One line on stderr in one write: processes of one launch share the stream, and print's
+    separate write of the newline lets their lines run together."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 if __name__ == "__main__":

@@ -384,7 +384,8 @@ def exit_together(exc: DiffaccelError) -> int:
     """The CLI's one line and exit code 2 for an error every process raised alike (``raise_if_any``):
     each prints it, then waits for the others, so that the launcher, which stops the rest of the
     job as soon as one process exits nonzero, stops none before it has said why."""
-    print(f"diffaccel: error: {exc}", file=sys.stderr, flush=True)
+    sys.stderr.write(f"diffaccel: error: {exc}\n")  # one write: the processes share the stream
+    sys.stderr.flush()
     from accelerate import PartialState
 
     if PartialState._shared_state and PartialState().num_processes > 1:
