@@ -164,6 +164,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--conditions", metavar="FILE", help="text, masked: per-line condition vectors (python -m diffaccel_bert_cond.conditions)")
     t.add_argument("--cond-dropout", type=float, default=0.15, help="text: share of sequences trained without their condition")
     t.add_argument("--cond-only", action="store_true", help="text: with --init and --conditions, train the condition path alone")
+    t.add_argument("--cond-line-weight", type=float, default=1.0, help="text: loss weight of the conditioned line (1 elsewhere)")
+    t.add_argument("--cond-term-weight", type=float, default=1.0, help="text: loss weight of the line's key-term tokens")
+    t.add_argument("--cond-term-mask", type=float, default=0.0, help="text: chance a key-term token is masked whatever the noise level")
 
     sb = cmd("scale-bench", "throughput of generate --prompts on N processes against one")
     sb.add_argument("config")
@@ -341,6 +344,8 @@ def _train(args) -> int:
                       tokenizer=args.tokenizer, freq_weight=args.freq_weight, schedule=args.schedule, seed=args.seed,
                       init_embeddings=args.init_embeddings, latent_norm=args.latent_norm, threads=args.threads,
                       init_from=args.init, conditions=args.conditions, cond_dropout=args.cond_dropout, cond_only=args.cond_only,
+                      cond_line_weight=args.cond_line_weight, cond_term_weight=args.cond_term_weight,
+                      cond_term_mask=args.cond_term_mask,
                       **{k: v for k, v in (("lr", args.lr), ("batch", args.batch)) if v is not None})
     _threads(cfg.threads)
     out = train(cfg)
