@@ -85,11 +85,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--length", type=int, default=128)
     ap.add_argument("--mask-rest", type=float, default=0.5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--split", choices=["heldout", "train"], default="heldout",
+                    help="where the file's lines come from (train: a training conditions file, to see how much of "
+                         "what the model learnt carries over to held-out lines)")
+    ap.add_argument("--limit", type=int, default=0, help="the first N lines of the file only (0: all)")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     lines, vectors, terms = load(a.conditions, with_terms=True)
-    pool = source_lines("heldout")
-    print(f"{len(lines)} held-out lines, {sum(len(t) for t in terms)} key terms; the line masked, the rest at {a.mask_rest}")
+    if a.limit:
+        lines, vectors, terms = lines[:a.limit], vectors[:a.limit], terms[:a.limit]
+    pool = source_lines(a.split)
+    print(f"{len(lines)} {a.split} lines, {sum(len(t) for t in terms)} key terms; the line masked, the rest at {a.mask_rest}")
     print("model | CE line uncond -> cond | CE key terms uncond -> cond | CE rest uncond -> cond")
     for name in a.models:
         path = resolve(name)
