@@ -148,4 +148,4 @@ def test_diffusion_loss_masks_and_weighs_the_given_positions():
     heavy, *_ = diffusion_loss(model, x0, None, gen(), pos_weight=w, also_mask=force)
     _, h, _, scored = diffusion_loss(model, x0, None, gen(), also_mask=force)
     ce = torch.nn.functional.cross_entropy(model.logits(h[:, 2]), x0[:, 2])
-    assert abs(float(heavy) - float(ce)) < abs(float(plain) - float(ce))  # pulled towards position 2's loss
+    assert abs(heavy.item() - ce.item()) < abs(plain.item() - ce.item())  # pulled towards position 2's loss
