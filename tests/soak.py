@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = ("wordnet-masked", "default", "wordnet-continuous", "digits")
+# every checkpoint shipped in the repository (adapters/*/assets), so every shipped config on them
+SHIPPED = ("wordnet-masked", "wordnet-masked-cond", "default", "wordnet-continuous", "digits", "dit-digits")
 SECTION = "## Checkpoints and soak"
 WARMUP = 50
 MAX_GROWTH = 0.05
