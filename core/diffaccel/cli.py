@@ -134,6 +134,7 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("--repeats", type=int, default=10, help="interleaved rounds, one run of each entry (default 10)")
     o.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     o.add_argument("--batch", type=int, help="override [model] batch")
+    o.add_argument("--steps", type=int, help="override [model] steps (shorter runs; the costs measured are per step)")
     o.add_argument("--guard", type=int, default=0, metavar="N",
                    help="also time a pass-through strategy with [guard] every = N against the same with the guard off")
 

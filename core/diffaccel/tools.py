@@ -49,6 +49,10 @@ def overhead(args) -> int:
         from .bench import with_batch
 
         cfg = with_batch(cfg, args.batch)
+    if getattr(args, "steps", None):  # shorter runs, same steps: the costs are per step
+        import attrs
+
+        cfg = attrs.evolve(cfg, model=attrs.evolve(cfg.model, steps=args.steps))
     every = getattr(args, "guard", 0) or 0
     empty = Accelerator([], adapter.name)
     unchecked = Accelerator([], adapter.name, guard=GuardConfig(finite=False))
