@@ -209,7 +209,7 @@ def write_docs(path: Path, result: dict, rows: list[dict], command: str) -> None
     if SECTION in text:
         head, rest = text.split(SECTION, 1)
         nxt = rest.find("\n## ")
-        text = head + "\n".join(lines) + (rest[nxt + 1:] if nxt >= 0 else "")
+        text = head + "\n".join(lines) + ("\n" + rest[nxt + 1:] if nxt >= 0 else "")  # a blank line before the next section
     else:
         text = text.rstrip("\n") + "\n\n" + "\n".join(lines)
     path.write_text(text)
