@@ -72,9 +72,27 @@ class TrainDiTConfig:
     ema: float = 0.999
     """Decay of the weight average that is saved."""
     seed: int = 0
+    adaln_zero: bool = True
+    """Start every block as the identity (DiT's adaLN-Zero): the timestep modulation, the blocks'
+    gates and the output projection begin at zero, which made the loss fall faster in a short
+    A/B on this data."""
     checkpoint_minutes: float = 12.0
     eval_per_class: int = 3
     """Images per class in the quick accuracy check at each checkpoint (0: none)."""
+
+
+@torch.no_grad()
+def adaln_zero(transformer) -> None:
+    """DiT's adaLN-Zero initialisation on a PixArt transformer: the timestep's modulation
+    projection, each block's gate rows (2: attention, 5: feed-forward, of its scale-shift table)
+    and the output projection are zero, so every block starts as the identity."""
+    torch.nn.init.zeros_(transformer.adaln_single.linear.weight)
+    torch.nn.init.zeros_(transformer.adaln_single.linear.bias)
+    for block in transformer.transformer_blocks:
+        block.scale_shift_table[2].zero_()
+        block.scale_shift_table[5].zero_()
+    torch.nn.init.zeros_(transformer.proj_out.weight)
+    torch.nn.init.zeros_(transformer.proj_out.bias)
 
 
 @torch.no_grad()
@@ -108,6 +126,8 @@ def train(cfg: TrainDiTConfig) -> Path:
     y_all = torch.from_numpy(y_all)
     pipe = new_pipeline(cfg.seed)
     model, text, sched = pipe.transformer, pipe.text_encoder, pipe.scheduler
+    if cfg.adaln_zero:
+        adaln_zero(model)
     ids_table = _prompt_table(pipe.tokenizer, TEXT_CONFIG["max_position_embeddings"])
     params = [*model.parameters(), *text.parameters()]
     ema_model, ema_text = deepcopy(model).eval(), deepcopy(text).eval()
