@@ -16,19 +16,14 @@ Peers (``[[peer]]``): diffusers' own cache hooks (``peers.py``).
 
 from __future__ import annotations
 
-import inspect
-import json
 from pathlib import Path
 from typing import Any
 
 import attrs
 import torch
 
-from diffaccel.errors import ConfigError, ModelLoadError
-from diffaccel.state import RunState
-
-from ..checkpoints import precheck_folder, quiet_loading
-from ..unet.adapter import UNetAdapter, UNetOptions, UNetOutput, _first_line, check_pipeline
+from ..diffusers_pipelines import PipelineSource, load_for_config, load_pipeline, run_pipeline
+from ..unet.adapter import UNetAdapter, UNetOptions, UNetOutput
 from . import hooks, peers
 from .synthetic import SYNTHETIC
 
@@ -41,57 +36,36 @@ class DiTOptions(UNetOptions):
     """Keys of ``[model]`` that only the DiT adapter reads (the UNet adapter's, same meaning)."""
 
 
+def _text_dit_pipeline() -> type:
+    from .pipeline import TextDiTPipeline
+
+    return TextDiTPipeline
+
+
+def _from_pretrained(name: str, **kwargs):
+    from diffusers import DiffusionPipeline
+
+    return DiffusionPipeline.from_pretrained(name, **kwargs)
+
+
+def _build(name: str):
+    from .synthetic import build
+
+    return build(name)
+
+
+SOURCE = PipelineSource(
+    assets=ASSETS, shipped=SHIPPED, retrain="'python -m diffaccel.adapters.dit.digits train --out DIR' and copy DIR there",
+    synthetic=SYNTHETIC, build=_build, own_class=_text_dit_pipeline, fallback=_from_pretrained)
+"""What ``load_checkpoint`` reads: the digits DiT, the synthetic DiTs, a ``TextDiTPipeline``
+folder, else any diffusers pipeline (``DiffusionPipeline``)."""
+
+
 def load_checkpoint(checkpoint: str, allow_pickle: bool = False):
     """A pipeline for a ``checkpoint`` string (see the module docstring). The same checkpoint
     checks as the UNet adapter's: safetensors only unless ``allow_pickle``, damaged files, missing
     tensors and NaN/inf weights are one ``ModelLoadError`` (``diffaccel.adapters.checkpoints``)."""
-    with quiet_loading():
-        pipe = _load_checkpoint(checkpoint, allow_pickle)
-    check_pipeline(pipe, checkpoint)
-    return pipe
-
-
-def _load_checkpoint(checkpoint: str, allow_pickle: bool):
-    from .pipeline import TextDiTPipeline
-
-    if checkpoint in SHIPPED:
-        path = ASSETS / SHIPPED[checkpoint]
-        if not (path / "model_index.json").is_file():
-            raise ModelLoadError(f"shipped model '{checkpoint}' is missing at {path}; reinstall diffaccel or retrain it "
-                                 f"with 'python -m diffaccel.adapters.dit.digits train --out DIR' and copy DIR there")
-        return TextDiTPipeline.from_pretrained(str(path))
-    if checkpoint in SYNTHETIC:
-        from .synthetic import build
-
-        return build(checkpoint)
-    path = Path(checkpoint).expanduser()
-    from diffusers import DiffusionPipeline
-
-    if path.is_dir():
-        index = path / "model_index.json"
-        if not index.is_file():
-            raise ModelLoadError(f"{checkpoint}: not a diffusers pipeline folder (no model_index.json)")
-        try:
-            cls_name = json.loads(index.read_text()).get("_class_name")
-        except (OSError, ValueError, AttributeError) as exc:
-            raise ModelLoadError(f"{checkpoint}: unreadable model_index.json ({_first_line(exc)})") from None
-        safe = precheck_folder(path, allow_pickle, recursive=True)
-        use = {"use_safetensors": True} if safe and not allow_pickle else {}
-        try:
-            if cls_name == "TextDiTPipeline":
-                return TextDiTPipeline.from_pretrained(str(path), **use)
-            return DiffusionPipeline.from_pretrained(str(path), **use)
-        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
-            raise ModelLoadError(f"{checkpoint}: could not load the pipeline ({_first_line(exc)})") from None
-    if path.exists() or checkpoint.startswith((".", "/", "~")):
-        raise ModelLoadError(f"{checkpoint}: no such model folder")
-    try:
-        return DiffusionPipeline.from_pretrained(checkpoint, **({} if allow_pickle else {"use_safetensors": True}))
-    except Exception as exc:  # hub errors come in many types; all mean "not loadable here"
-        raise ModelLoadError(
-            f"checkpoint '{checkpoint}': not a shipped model ({', '.join([*SHIPPED, *SYNTHETIC])}), not a local "
-            f"pipeline folder, and diffusers could not load it ({_first_line(exc)})"
-        ) from None
+    return load_pipeline(SOURCE, checkpoint, allow_pickle)
 
 
 def is_digits(pipe) -> bool:
@@ -150,61 +124,14 @@ class DiTAdapter:
 
     @staticmethod
     def load(config):
-        from diffusers import DDIMScheduler
-
-        m, opts, where = config.model, config.options, f"{config.source}: [model]"
-        pipe = load_checkpoint(m.checkpoint, m.allow_pickle)
-        if not DiTAdapter.accepts(pipe):
-            raise ModelLoadError(f"checkpoint '{m.checkpoint}': its pipeline has no diffusion transformer "
-                                 f"(.transformer with transformer_blocks)")
-        if opts.scheduler == "ddim" and not isinstance(pipe.scheduler, DDIMScheduler):
-            pipe.scheduler = DDIMScheduler.from_config(pipe.scheduler.config)
-        if opts.size is not None:
-            factor = patch_factor(pipe)
-            if opts.size % factor:
-                raise ConfigError(f"{where}: key 'size': {opts.size} is not a multiple of {factor}, the model's "
-                                  f"patch size times its VAE downsampling; try {-(-opts.size // factor) * factor}")
-        if opts.negative_prompt is not None and type(pipe).__name__ == "TextDiTPipeline":
-            raise ConfigError(f"{where}: key 'negative_prompt': this pipeline's unconditional branch is the empty prompt")
-        try:
-            pipe = pipe.to(m.device)
-        except (RuntimeError, AssertionError) as exc:
-            raise ModelLoadError(f"{where}: key 'device': '{m.device}' is not usable ({_first_line(exc)})") from None
-        return pipe
+        return load_for_config(
+            config, SOURCE, accepts=DiTAdapter.accepts, lacks="diffusion transformer (.transformer with transformer_blocks)",
+            size_factor=patch_factor, factor_is="the model's patch size times its VAE downsampling",
+            negative_refused="this pipeline's unconditional branch is the empty prompt")
 
     @staticmethod
     def run(pipe, config, seed: int, progress: bool = True, **extra) -> UNetOutput:
-        from ..unet.pipeline import digit_label
-
-        m, o = config.model, config.options
-        prompts = [o.prompts[i % len(o.prompts)] for i in range(m.batch)] if o.prompts else [""] * m.batch
-        seeds = [seed + i for i in range(m.batch)]
-        gens = [torch.Generator().manual_seed(s) for s in seeds]
-        kwargs: dict[str, Any] = dict(prompt=prompts, num_inference_steps=m.steps or 50, guidance_scale=o.guidance_scale,
-                                      generator=gens, output_type="pt")
-        if "eta" in inspect.signature(type(pipe).__call__).parameters:
-            kwargs["eta"] = o.eta
-        if o.size is not None:
-            kwargs.update(height=o.size, width=o.size)
-        if o.negative_prompt is not None:
-            kwargs["negative_prompt"] = [o.negative_prompt] * m.batch
-        kwargs.update(extra)
-        pipe.set_progress_bar_config(disable=not progress, leave=False, desc=m.checkpoint)
-        session = hooks.session_of(pipe)
-        if session is not None:
-            session.last_run = None
-            session.next_info = {"seeds": seeds, "prompts": prompts}
-        try:
-            images = pipe(**kwargs).images
-        finally:
-            if session is not None and session.run is not None:
-                session.end_run()
-        run = session.last_run if session is not None else None
-        if run is None:  # no accelerator attached: nothing was counted
-            run = RunState(adapter="dit", num_steps=m.steps or 50, batch_size=m.batch)
-        return UNetOutput(images=images.detach().float().cpu(), prompts=prompts, seeds=seeds,
-                          labels=[digit_label(p) for p in prompts] if is_digits(pipe) else None, report=run.report(),
-                          grid_columns=o.grid_columns, grid_scale=o.grid_scale)
+        return run_pipeline(pipe, config, seed, progress, extra, adapter="dit", labelled=is_digits(pipe))
 
     reference_run = UNetAdapter.reference_run
     write = UNetAdapter.write

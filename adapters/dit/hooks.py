@@ -22,7 +22,6 @@ last d blocks.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import torch
@@ -30,17 +29,14 @@ import torch
 from diffaccel.capabilities import BLOCK_STACK, GUIDANCE_BRANCHES, IMAGE_STEPS
 from diffaccel.state import RunState
 
-from ..unet import hooks as unet_hooks
-from ..unet.hooks import UNetBlock, _Patch
+from .. import diffusers_hooks as _shared
+from ..diffusers_hooks import DenoiserBlock, DenoiserSession, detach, session_of  # noqa: F401
 
 CAPABILITIES = frozenset({BLOCK_STACK, GUIDANCE_BRANCHES, IMAGE_STEPS})
 """What the DiT adapter offers strategies (``diffaccel.capabilities``)."""
 
 STACKS = ("transformer_blocks", "single_transformer_blocks")
 """Module lists of a diffusers transformer that hold its blocks, in forward order."""
-
-_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-
 
 def block_specs(transformer) -> list[tuple[str, str, int, torch.nn.Module]]:
     """(name, kind, depth, module) of each block, in forward order."""
@@ -71,7 +67,7 @@ def stream_layout(module: torch.nn.Module) -> tuple[int | None, int | None, str,
             meta.hidden_states_argument_name, meta.encoder_hidden_states_argument_name)
 
 
-class DiTBlock(UNetBlock):
+class DiTBlock(DenoiserBlock):
     """The DiT adapter's layer: one transformer block (``transformer_blocks.i``; kind
     ``down``/``mid``/``up`` by its place in the stack, see the module docstring).
 
@@ -79,6 +75,8 @@ class DiTBlock(UNetBlock):
     keeps the block's residual. ``cached_output`` is the residual added to the block's current
     input (what the block would output if its update had not changed since it was last computed).
     """
+
+    family = "DiT"
 
     def __init__(self, name, index, kind, module, session, depth=0):
         super().__init__(name, index, kind, module, session, depth)
@@ -118,117 +116,31 @@ class DiTBlock(UNetBlock):
             return None
         return self.apply_residual(self.current, res)
 
-    def compute(self, hidden: dict[str, Any], positions: Any = None) -> Any:
-        if positions is not None:
-            raise ValueError(f"{self.name}: DiT blocks compute every row; positions apply to text layers")
-        s = self.session
-        out = self.call(hidden)
-        run = s.run
-        if run is not None:
-            c = run.counters
-            c.layers_computed += 1
-            c.positions_computed += run.positions_per_layer
-            if s.keep:
-                s.block_cache[(run.branch, self.name)] = self._residual(hidden, out)
-        return out
+    def to_cache(self, hidden: dict[str, Any], out: Any) -> Any:
+        return self._residual(hidden, out)
 
-    def tail_start(self, tail_layers: int) -> int:  # pragma: no cover - the DiT declares no block-tail
-        raise ValueError(f"{self.name}: a transformer block has no tail layers")
+    def served(self, cached: Any, args: tuple, kwargs: dict) -> Any:
+        return self.apply_residual(self.bind(args, kwargs), cached)
+
+    def hooked(self, accel: Any, run: RunState, args: tuple, kwargs: dict) -> Any:
+        self.current = self.bind(args, kwargs)
+        try:
+            return accel.layer_output(run, self, self.current)
+        finally:
+            self.current = None
 
 
-class DiTSession(unet_hooks.Session):
+class DiTSession(DenoiserSession):
     """The accelerator attached to one DiT pipeline, and the state of its current run."""
 
-    def __init__(self, pipe: Any, accelerator: Any):
-        self.pipe = pipe
-        self.accel = accelerator
-        self.keep = bool(getattr(accelerator, "active", False))
-        self.unet = pipe.transformer  # the denoiser the inherited wrappers patch
+    adapter = "dit"
+    capabilities = CAPABILITIES
+    denoiser_attr = "transformer"
+
+    def _build_layers(self, accelerator: Any) -> None:
         self.layers = [DiTBlock(name, i, kind, mod, self, depth)
-                       for i, (name, kind, depth, mod) in enumerate(block_specs(pipe.transformer))]
-        self.modules = []
-        self.run: RunState | None = None
-        self.last_run: RunState | None = None
-        self.unbatched_hint = False
-        self.next_info: dict[str, Any] = {}
-        self._patches: list[_Patch] = []
-        self._reset_run_state()
-
-    def _begin_run(self, rows: int) -> RunState:
-        pipe = self.pipe
-        cfg = getattr(pipe, "do_classifier_free_guidance", None)
-        self._reset_run_state()
-        self.unbatched = self.unbatched_hint and cfg is not False
-        batch = rows // 2 if cfg and not self.unbatched and rows % 2 == 0 else rows
-        timesteps = getattr(pipe.scheduler, "timesteps", None)
-        run = RunState(adapter="dit", num_steps=len(timesteps) if timesteps is not None else 0, batch_size=batch,
-                       capabilities=CAPABILITIES)
-        tcfg = self.unet.config
-        run.info.update(
-            layers=[layer.name for layer in self.layers], n_layers=len(self.layers), time_conditioned=True,
-            depths=[layer.depth for layer in self.layers], kinds=[layer.kind for layer in self.layers], modules=[],
-            sample_size=tcfg.sample_size, in_channels=tcfg.in_channels, guidance=bool(cfg),
-            cfg_mode="unbatched" if self.unbatched else ("batched" if cfg else "none"),
-            timesteps=[float(t) for t in timesteps] if timesteps is not None else [],
-        )
-        run.info.update(self.next_info)
-        self.next_info = {}
-        self.run = run
-        self.accel.start_run(run)
-        return run
-
-    def block_forward(self, layer: DiTBlock):
-        accel = self.accel
-        name = layer.name
-
-        def make(original):
-            layer.forward = original
-            try:
-                params = inspect.signature(original).parameters.values()
-                layer.arg_names = tuple(p.name for p in params if p.kind in _POSITIONAL)
-            except (TypeError, ValueError):  # pragma: no cover - builtins
-                layer.arg_names = ()
-
-            def forward(*args, **kwargs):
-                run = self.run
-                if run is None:  # called outside a pipeline run: untouched
-                    return original(*args, **kwargs)
-                hidden = layer.bind(args, kwargs)
-                plan = run.plan
-                if plan is not None and name in plan.skip:
-                    res = self.block_cache.get((run.branch, name))
-                    if res is not None:
-                        c = run.counters
-                        c.positions_total += run.positions_per_layer
-                        c.layers_skipped += 1
-                        return layer.apply_residual(hidden, res)
-                layer.current = hidden
-                try:
-                    return accel.layer_output(run, layer, hidden)
-                finally:
-                    layer.current = None
-
-            return forward
-
-        return make
-
-
-_SESSIONS = unet_hooks._SESSIONS  # one table: a pipeline has one diffaccel session, whichever adapter
-_HINTS = unet_hooks._HINTS
+                       for i, (name, kind, depth, mod) in enumerate(block_specs(self.denoiser))]
 
 
 def attach(pipe: Any, accelerator: Any) -> DiTSession:
-    detach(pipe)
-    session = DiTSession(pipe, accelerator)
-    session.unbatched_hint = _HINTS.get(pipe, False)
-    session.install()
-    _SESSIONS[pipe] = session
-    return session
-
-
-def detach(pipe: Any) -> None:
-    unet_hooks.detach(pipe)
-
-
-def session_of(pipe: Any) -> DiTSession | None:
-    return _SESSIONS.get(pipe)
+    return _shared.attach(pipe, accelerator, DiTSession)

@@ -9,24 +9,25 @@ unconditional (empty prompt) and conditional branches into one transformer call 
 VAE decodes latents into images; without one the transformer works on pixels in [-1, 1].
 
 Used by the digits DiT (``digits.py``, 1-channel 32x32 pixels) and the synthetic medium DiT
-(``synthetic.py``, 4-channel latents, a tiny VAE). Saved and loaded with ``save_pretrained`` /
-``from_pretrained``.
+(``synthetic.py``, 4-channel latents, a tiny VAE). The sampling loop is
+``diffaccel.adapters.guided_pipeline``'s, shared with the UNet's ``DigitsPipeline``. Saved and
+loaded with ``save_pretrained`` / ``from_pretrained``.
 """
 
 from __future__ import annotations
 
-import inspect
-
 import torch
-from diffusers import DiffusionPipeline, ImagePipelineOutput
-from diffusers.utils.torch_utils import randn_tensor
+from diffusers import DiffusionPipeline
+
+from ..guided_pipeline import GuidedPipeline
 
 
-class TextDiTPipeline(DiffusionPipeline):
+class TextDiTPipeline(GuidedPipeline, DiffusionPipeline):
     """``pipe(["digit 3", "7"], guidance_scale=2.0).images``."""
 
     model_cpu_offload_seq = "text_encoder->transformer->vae"
     _optional_components = ["vae"]
+    denoiser_name = "transformer"
 
     def __init__(self, transformer, scheduler, text_encoder, tokenizer, vae=None):
         super().__init__()
@@ -34,92 +35,8 @@ class TextDiTPipeline(DiffusionPipeline):
                               tokenizer=tokenizer, vae=vae)
         self._guidance_scale = 1.0
 
-    @property
-    def guidance_scale(self) -> float:
-        return self._guidance_scale
-
-    @property
-    def do_classifier_free_guidance(self) -> bool:
-        return self._guidance_scale > 1.0
-
-    @property
-    def vae_scale_factor(self) -> int:
-        vae = getattr(self, "vae", None)
-        return 2 ** (len(vae.config.block_out_channels) - 1) if vae is not None else 1
-
-    def encode_prompt(self, prompts: list[str], device) -> torch.Tensor:
-        tok = self.tokenizer
-        ids = tok(prompts, padding="max_length", max_length=tok.model_max_length, truncation=True,
-                  return_tensors="pt").input_ids
-        return self.text_encoder(ids.to(device))[0]
-
     def _denoise(self, x: torch.Tensor, t, cond: torch.Tensor) -> torch.Tensor:
         timestep = t.expand(x.shape[0]) if isinstance(t, torch.Tensor) else torch.full((x.shape[0],), t)
         out = self.transformer(x, encoder_hidden_states=cond, timestep=timestep, return_dict=False)[0]
         c = x.shape[1]
         return out[:, :c] if out.shape[1] == 2 * c else out  # learned-sigma models: keep the noise half
-
-    @torch.no_grad()
-    def __call__(
-        self,
-        prompt: str | list[str] = "",
-        num_inference_steps: int = 50,
-        guidance_scale: float = 2.0,
-        generator: torch.Generator | list[torch.Generator] | None = None,
-        height: int | None = None,
-        width: int | None = None,
-        eta: float = 0.0,
-        latents: torch.Tensor | None = None,
-        output_type: str = "pil",
-        return_dict: bool = True,
-        cfg_batched: bool = True,
-    ):
-        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
-        B = len(prompts)
-        device = self._execution_device
-        self._guidance_scale = guidance_scale
-        cfg = self.transformer.config
-        f = self.vae_scale_factor
-        height, width = height or cfg.sample_size * f, width or cfg.sample_size * f
-        cond = self.encode_prompt(prompts, device)
-        uncond = self.encode_prompt([""] * B, device) if self.do_classifier_free_guidance else None
-        shape = (B, cfg.in_channels, height // f, width // f)
-        if latents is None:
-            latents = randn_tensor(shape, generator=generator, device=device, dtype=cond.dtype)
-        latents = latents.to(device) * self.scheduler.init_noise_sigma
-        self.scheduler.set_timesteps(num_inference_steps, device=device)
-        extra = {}
-        step_params = set(inspect.signature(self.scheduler.step).parameters)
-        if "eta" in step_params:
-            extra["eta"] = eta
-        if "generator" in step_params:
-            extra["generator"] = generator
-        both = torch.cat([uncond, cond]) if uncond is not None else None
-        for t in self.progress_bar(self.scheduler.timesteps):
-            if uncond is None:
-                noise = self._denoise(self.scheduler.scale_model_input(latents, t), t, cond)
-            elif cfg_batched:
-                x = self.scheduler.scale_model_input(torch.cat([latents] * 2), t)
-                noise_u, noise_c = self._denoise(x, t, both).chunk(2)
-                noise = noise_u + guidance_scale * (noise_c - noise_u)
-            else:
-                x = self.scheduler.scale_model_input(latents, t)
-                noise_u = self._denoise(x, t, uncond)
-                noise_c = self._denoise(x, t, cond)
-                noise = noise_u + guidance_scale * (noise_c - noise_u)
-            latents = self.scheduler.step(noise, t, latents, **extra, return_dict=False)[0]
-        if output_type == "latent":
-            out = latents
-        else:
-            vae = getattr(self, "vae", None)
-            images = latents if vae is None else vae.decode(latents / vae.config.scaling_factor, return_dict=False)[0]
-            images = (images / 2 + 0.5).clamp(0, 1)
-            if output_type == "pt":
-                out = images
-            else:
-                arr = images.permute(0, 2, 3, 1).float().cpu().numpy()
-                out = self.numpy_to_pil(arr) if output_type == "pil" else arr
-        self.maybe_free_model_hooks()
-        if not return_dict:
-            return (out,)
-        return ImagePipelineOutput(images=out)

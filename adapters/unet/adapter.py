@@ -24,11 +24,13 @@ from typing import Any
 import attrs
 import torch
 
-from diffaccel.errors import ConfigError, DiffaccelError, ModelLoadError
-from diffaccel.state import RunState
+from diffaccel.errors import DiffaccelError, ModelLoadError
 from diffaccel.validators import in_range, non_negative, one_of, positive
 
-from ..checkpoints import check_component_files, check_module_finite, precheck_folder, quiet_loading
+from ..checkpoints import quiet_loading
+from ..diffusers_pipelines import (  # noqa: F401 - check_pipeline: importable from here as before
+    ImageOutput, PipelineSource, check_pipeline, load_for_config, load_pipeline, run_pipeline)
+from ..diffusers_pipelines import first_line as _first_line
 from . import hooks
 from .synthetic import SYNTHETIC
 
@@ -71,90 +73,39 @@ class DeepCachePeer:
     """Entry name in bench (default: deepcache-i<interval>, with -b<branch> when the branch is not 0)."""
 
 
-@attrs.define
-class UNetOutput:
-    images: torch.Tensor
-    """(B, C, H, W) float in [0, 1], on the CPU."""
-    prompts: list[str]
-    seeds: list[int]
-    labels: list[int | None] | None
-    """Digits models: the class each prompt asks for; None for other models."""
-    report: dict[str, Any]
-    """Counters and what each strategy reported (``RunState.report()``)."""
-    grid_columns: int = 8
-    grid_scale: int = 1
+UNetOutput = ImageOutput  # what ``run`` returns (shared with the DiT adapter)
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+def _from_pretrained(name: str, **kwargs):
+    from diffusers import StableDiffusionPipeline
+
+    return StableDiffusionPipeline.from_pretrained(name, safety_checker=None, requires_safety_checker=False, **kwargs)
+
+
+def _digits_pipeline() -> type:
+    from .pipeline import DigitsPipeline
+
+    return DigitsPipeline
+
+
+def _build(name: str):
+    from .synthetic import build
+
+    return build(name)
+
+
+SOURCE = PipelineSource(
+    assets=ASSETS, shipped=SHIPPED, retrain="'diffaccel train digits --out DIR' and copy DIR/pipeline there",
+    synthetic=SYNTHETIC, build=_build, own_class=_digits_pipeline, fallback=_from_pretrained)
+"""What ``load_checkpoint`` reads: the digits model, the synthetic Stable Diffusion pipelines, a
+``DigitsPipeline`` folder, else ``StableDiffusionPipeline``."""
 
 
 def load_checkpoint(checkpoint: str, allow_pickle: bool = False):
     """A pipeline for a ``checkpoint`` string (see the module docstring). Safetensors only unless
     ``allow_pickle`` (then diffusers reads pickles with ``torch.load(weights_only=True)``); damaged
     files and NaN/inf weights are one ``ModelLoadError`` (``diffaccel.adapters.checkpoints``)."""
-    with quiet_loading():
-        pipe = _load_checkpoint(checkpoint, allow_pickle)
-    check_pipeline(pipe, checkpoint)
-    return pipe
-
-
-def check_pipeline(pipe, checkpoint: str) -> None:
-    """Each model of the pipeline: no tensor its local files lack (diffusers would initialise it
-    at random), no NaN/inf weight (named ``component: tensor``)."""
-    folder = Path(checkpoint).expanduser()
-    for name, component in pipe.components.items():
-        if isinstance(component, torch.nn.Module):
-            if checkpoint not in SHIPPED and (folder / name).is_dir():
-                check_component_files(component, folder / name)
-            check_module_finite(component, f"checkpoint '{checkpoint}': {name}")
-
-
-def _load_checkpoint(checkpoint: str, allow_pickle: bool):
-    from .pipeline import DigitsPipeline
-
-    if checkpoint in SHIPPED:
-        path = ASSETS / SHIPPED[checkpoint]
-        if not (path / "model_index.json").is_file():
-            raise ModelLoadError(f"shipped model '{checkpoint}' is missing at {path}; reinstall diffaccel or retrain it "
-                                 f"with 'diffaccel train digits --out DIR' and copy DIR/pipeline there")
-        return DigitsPipeline.from_pretrained(str(path))
-    if checkpoint in SYNTHETIC:
-        from .synthetic import build
-
-        return build(checkpoint)
-    path = Path(checkpoint).expanduser()
-    if path.is_dir():
-        index = path / "model_index.json"
-        if not index.is_file():
-            raise ModelLoadError(f"{checkpoint}: not a diffusers pipeline folder (no model_index.json)")
-        try:
-            cls_name = json.loads(index.read_text()).get("_class_name")
-        except (OSError, ValueError, AttributeError) as exc:
-            raise ModelLoadError(f"{checkpoint}: unreadable model_index.json ({_first_line(exc)})") from None
-        safe = precheck_folder(path, allow_pickle, recursive=True)
-        use = {"use_safetensors": True} if safe and not allow_pickle else {}
-        try:
-            if cls_name == "DigitsPipeline":
-                return DigitsPipeline.from_pretrained(str(path), **use)
-            from diffusers import StableDiffusionPipeline
-
-            return StableDiffusionPipeline.from_pretrained(str(path), safety_checker=None, requires_safety_checker=False, **use)
-        except (OSError, ValueError, TypeError, KeyError) as exc:
-            raise ModelLoadError(f"{checkpoint}: could not load the pipeline ({_first_line(exc)})") from None
-    if path.exists() or checkpoint.startswith((".", "/", "~")):
-        raise ModelLoadError(f"{checkpoint}: no such model folder")
-    try:
-        from diffusers import StableDiffusionPipeline
-
-        use = {} if allow_pickle else {"use_safetensors": True}
-        return StableDiffusionPipeline.from_pretrained(checkpoint, safety_checker=None, requires_safety_checker=False, **use)
-    except Exception as exc:  # hub errors come in many types; all mean "not loadable here"
-        raise ModelLoadError(
-            f"checkpoint '{checkpoint}': not a shipped model ({', '.join([*SHIPPED, *SYNTHETIC])}), not a local "
-            f"pipeline folder, and diffusers could not load it ({_first_line(exc)})"
-        ) from None
+    return load_pipeline(SOURCE, checkpoint, allow_pickle)
 
 
 def unet_downsampling(pipe) -> int:
@@ -246,59 +197,15 @@ class UNetAdapter:
 
     @staticmethod
     def load(config):
-        from diffusers import DDIMScheduler
-
-        m, opts, where = config.model, config.options, f"{config.source}: [model]"
-        pipe = load_checkpoint(m.checkpoint, m.allow_pickle)
-        if not UNetAdapter.accepts(pipe):
-            raise ModelLoadError(f"checkpoint '{m.checkpoint}': its pipeline has no UNet2DConditionModel (.unet)")
-        if opts.scheduler == "ddim" and not isinstance(pipe.scheduler, DDIMScheduler):
-            pipe.scheduler = DDIMScheduler.from_config(pipe.scheduler.config)
-        if opts.size is not None:
-            factor = unet_downsampling(pipe)
-            if opts.size % factor:
-                raise ConfigError(f"{where}: key 'size': {opts.size} is not a multiple of {factor}, the model's "
-                                  f"downsampling; try {-(-opts.size // factor) * factor}")
-        if opts.negative_prompt is not None and type(pipe).__name__ == "DigitsPipeline":
-            raise ConfigError(f"{where}: key 'negative_prompt': the digits model's unconditional branch is the empty prompt")
-        try:
-            pipe = pipe.to(m.device)
-        except (RuntimeError, AssertionError) as exc:
-            raise ModelLoadError(f"{where}: key 'device': '{m.device}' is not usable ({_first_line(exc)})") from None
-        return pipe
+        return load_for_config(
+            config, SOURCE, accepts=UNetAdapter.accepts, lacks="UNet2DConditionModel (.unet)",
+            size_factor=unet_downsampling, factor_is="the model's downsampling",
+            negative_refused="the digits model's unconditional branch is the empty prompt")
 
     @staticmethod
     def run(pipe, config, seed: int, progress: bool = True, **extra) -> UNetOutput:
-        from .pipeline import digit_label
-
-        m, o = config.model, config.options
-        prompts = [o.prompts[i % len(o.prompts)] for i in range(m.batch)] if o.prompts else [""] * m.batch
-        seeds = [seed + i for i in range(m.batch)]
-        gens = [torch.Generator().manual_seed(s) for s in seeds]
-        kwargs: dict[str, Any] = dict(prompt=prompts, num_inference_steps=m.steps or 50, guidance_scale=o.guidance_scale,
-                                      generator=gens, output_type="pt", eta=o.eta)
-        if o.size is not None:
-            kwargs.update(height=o.size, width=o.size)
-        if o.negative_prompt is not None:
-            kwargs["negative_prompt"] = [o.negative_prompt] * m.batch
-        kwargs.update(extra)
-        pipe.set_progress_bar_config(disable=not progress, leave=False, desc=m.checkpoint)
-        session = hooks.session_of(pipe)
-        if session is not None:
-            session.last_run = None
-            session.next_info = {"seeds": seeds, "prompts": prompts}
-        try:
-            images = pipe(**kwargs).images
-        finally:
-            if session is not None and session.run is not None:
-                session.end_run()
-        run = session.last_run if session is not None else None
-        if run is None:  # no accelerator attached: nothing was counted
-            run = RunState(adapter="unet", num_steps=m.steps or 50, batch_size=m.batch)
-        is_digits = type(pipe).__name__ == "DigitsPipeline"
-        return UNetOutput(images=images.detach().float().cpu(), prompts=prompts, seeds=seeds,
-                          labels=[digit_label(p) for p in prompts] if is_digits else None, report=run.report(),
-                          grid_columns=o.grid_columns, grid_scale=o.grid_scale)
+        return run_pipeline(pipe, config, seed, progress, extra, adapter="unet",
+                            labelled=type(pipe).__name__ == "DigitsPipeline")
 
     @staticmethod
     def reference_run(pipe, config, seed: int) -> None:
