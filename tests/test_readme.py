@@ -5,6 +5,7 @@ tables exactly as a config file's ``[[strategy]]`` tables are checked."""
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -106,3 +107,44 @@ def test_apply_refuses_tables_mixed_with_instances_or_a_config():
 
     assert "not both" in _error(lambda: diffaccel.apply(pipe, strategies=[{"use": "swd"}, SWD()]).__enter__())
     assert "not both" in _error(lambda: diffaccel.apply(pipe, "x.toml", strategies=[{"use": "swd"}]).__enter__())
+
+
+def _benchmarks_script():
+    import importlib.util
+
+    path = README.parent / "docs" / "benchmarks.py"
+    spec = importlib.util.spec_from_file_location("docs_benchmarks", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_readme_strategies_table_is_the_one_generated_from_the_benches():
+    bench = _benchmarks_script()
+    text = README.read_text()
+    assert bench.readme_with_table(text, bench.headline_table()) == text, "run `python docs/benchmarks.py --combine-only`"
+
+
+def test_strategies_table_follows_the_bench_json(tmp_path):
+    import json
+    import shutil
+
+    bench = _benchmarks_script()
+    src = README.parent / "docs" / "benchmarks" / "text-masked-b1"
+    shutil.copytree(src, tmp_path / "text-masked-b1")
+    before = bench.headline_table(tmp_path)
+    path = tmp_path / "text-masked-b1" / "bench.json"
+    result = json.loads(path.read_text())
+    swd = next(e for e in result["entries"] if e["name"] == "text-swd")
+    swd["speedup"] = 9.87
+    path.write_text(json.dumps(result))
+    after = bench.headline_table(tmp_path)
+    assert "masked 9.87x / -" in after and "9.87x" not in before
+    assert "not measured yet (bench `digits-dct`)" in after  # a missing bench is said, not invented
+
+
+def test_readme_without_the_table_markers_is_refused():
+    bench = _benchmarks_script()
+    with pytest.raises(SystemExit, match="markers"):
+        bench.readme_with_table("# no table here\n", "| a |")

@@ -130,3 +130,21 @@ def test_bench_prompts_two_processes_same_quality(tmp_path, capsys):
     assert [e["name"] for e in one["entries"]] == [e["name"] for e in two["entries"]] == ["baseline", "swd"]
     for a, b in zip(one["entries"], two["entries"]):
         assert a["quality"] == b["quality"] and a["reports"] == b["reports"]
+
+
+def test_machine_ceiling_runs_the_kernel_copies_at_once():
+    from diffaccel.scale_bench import _kernel_runs
+
+    runs = _kernel_runs(2, 1, 200)
+    assert len(runs) == 2 and all(end > start and seconds > 0 for start, end, seconds in runs)
+    assert max(r[0] for r in runs) < min(r[1] for r in runs)  # concurrent, not one after the other
+
+
+def test_machine_ceiling_is_the_throughput_of_the_copies(monkeypatch):
+    from diffaccel import scale_bench
+
+    def fake(processes, threads, products):  # one copy alone: 1 s; two at once: 1.25 s, overlapping
+        return [(0.0, 1.0, 1.0)] if processes == 1 else [(0.0, 1.25, 1.25), (0.1, 1.3, 1.2)]
+
+    monkeypatch.setattr(scale_bench, "_kernel_runs", fake)
+    assert scale_bench.machine_ceiling(2, repeats=2) == (1.6, True)
