@@ -79,9 +79,10 @@ train-text: setup
 train-text-cond: setup
 	$(BIN)/python -m diffaccel_bert_cond.conditions --out runs/conditions/shard0.safetensors --lines 2240
 	$(BIN)/python -m diffaccel_bert_cond.conditions --out runs/conditions/shard1.safetensors --lines 2304 --offset 20000
+	$(BIN)/python -m diffaccel_bert_cond.conditions --out runs/conditions/shard2.safetensors --lines 2304 --offset 40000
 	$(BIN)/python -m diffaccel_bert_cond.conditions --out runs/conditions/wordnet-cond.safetensors --merge runs/conditions/shard*.safetensors
 	$(BIN)/diffaccel train text --out runs/text-masked-cond --init wordnet-masked --conditions runs/conditions/wordnet-cond.safetensors \
-		--cond-only --steps 400 --max-minutes 25 --batch 16 --lr 3e-3 --threads 1
+		--cond-only --cond-line-weight 4 --cond-term-weight 8 --cond-term-mask 0.5 --steps 800 --max-minutes 30 --batch 16 --lr 3e-3 --threads 1
 	$(BIN)/python -c "from diffaccel.adapters.text.train import export_fp16 as e; e('runs/text-masked-cond', 'adapters/text/assets/wordnet-masked-cond')"
 
 clean:

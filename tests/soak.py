@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = ("wordnet-masked", "default", "wordnet-continuous", "digits")
+# every checkpoint shipped in the repository (adapters/*/assets), so every shipped config on them
+SHIPPED = ("wordnet-masked", "wordnet-masked-cond", "default", "wordnet-continuous", "digits", "dit-digits")
 SECTION = "## Checkpoints and soak"
 WARMUP = 50
 MAX_GROWTH = 0.05
@@ -109,17 +110,20 @@ def soak(generations: int = 500) -> dict:
     runner = Runner(paths)
     t0 = time.perf_counter()
     rss_warm = None
+    trace = {}  # generation -> RSS, every WARMUP generations: a steady climb and a one-off step look different
     for i in range(generations):
         runner.run(i, seed_offset=i // len(paths))
+        if (i + 1) % WARMUP == 0:
+            trace[i + 1] = rss_mib()
         if i + 1 == WARMUP:
-            rss_warm = rss_mib()
+            rss_warm = trace[i + 1]
     rss_end = rss_mib()
     seconds = time.perf_counter() - t0
     after = runner.fingerprints()
     fresh = json.loads(subprocess.run([sys.executable, __file__, "--fingerprints"], check=True, capture_output=True,
                                       text=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}).stdout)
     return {"generations": generations, "configs": [str(p.relative_to(ROOT)) for p in paths], "rss_warm_mib": rss_warm,
-            "rss_end_mib": rss_end, "growth": rss_end / rss_warm - 1, "seconds": seconds,
+            "rss_end_mib": rss_end, "growth": rss_end / rss_warm - 1, "rss_trace_mib": trace, "seconds": seconds,
             "identical": after == fresh, "differ": sorted(k for k in after if after[k] != fresh.get(k))}
 
 
@@ -179,7 +183,7 @@ def write_docs(path: Path, result: dict, rows: list[dict], command: str) -> None
         SECTION, "",
         f"Written by `{command}` (`make soak`); the machine was shared with other jobs while it ran, "
         "so the seconds are indicative only.", "",
-        "**Soak.** One process, the shipped models (`wordnet-masked`, `wordnet-continuous`, `digits`) loaded once, "
+        "**Soak.** One process, the shipped models (" + ", ".join(f"`{m}`" for m in SHIPPED if m != "default") + ") loaded once, "
         f"{result['generations']} generations cycling through {len(result['configs'])} shipped configs, their strategies "
         "built and applied anew for every generation (text: 2 rows of 32 tokens, 16 steps; digits: 2 images, 12 steps; "
         "one thread). Resident memory is read after `gc.collect()` and `malloc_trim(0)`.", "",
@@ -188,6 +192,7 @@ def write_docs(path: Path, result: dict, rows: list[dict], command: str) -> None
         f"| {result['generations']} | {len(result['configs'])} | {result['rss_warm_mib']:.1f} | {result['rss_end_mib']:.1f} | "
         f"{growth:+.2f}% | < +5% | {'identical (sha256 of every config output)' if result['identical'] else 'DIFFER: ' + ', '.join(result['differ'])} | "
         f"{result['seconds']:.0f} |", "",
+        "RSS every 50 generations (MiB): " + ", ".join(f"{g}: {r:.1f}" for g, r in result["rss_trace_mib"].items()) + ".", "",
         "Configs: " + ", ".join(f"`{c}`" for c in result["configs"]) + ".", "",
         "**Weight check at load.** Every adapter scans the loaded weights once for NaN/inf "
         "(`diffaccel.adapters.checkpoints.check_finite`: one sum per tensor; only a non-finite sum is "
@@ -204,7 +209,7 @@ def write_docs(path: Path, result: dict, rows: list[dict], command: str) -> None
     if SECTION in text:
         head, rest = text.split(SECTION, 1)
         nxt = rest.find("\n## ")
-        text = head + "\n".join(lines) + (rest[nxt + 1:] if nxt >= 0 else "")
+        text = head + "\n".join(lines) + ("\n" + rest[nxt + 1:] if nxt >= 0 else "")  # a blank line before the next section
     else:
         text = text.rstrip("\n") + "\n\n" + "\n".join(lines)
     path.write_text(text)

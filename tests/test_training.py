@@ -86,13 +86,66 @@ def test_conditional_training_from_a_checkpoint_trains_the_condition_path_alone(
     vectors = torch.nn.functional.normalize(torch.randn(5, 8, generator=torch.Generator().manual_seed(0)), dim=-1)
     save(tmp_path / "c.safetensors", lines, [("x",)] * 5, vectors, {})
     out = train(TrainConfig(out=str(tmp_path / "cond"), steps=3, batch=4, seq_len=32, threads=1, lr=1e-2,
-                            init_from=str(base), conditions=str(tmp_path / "c.safetensors"), cond_only=True),
+                            init_from=str(base), conditions=str(tmp_path / "c.safetensors"), cond_only=True,
+                            cond_line_weight=4.0, cond_term_weight=8.0, cond_term_mask=0.5),
                 lines=list(LINES))
     a, b = load_file(str(base / "model.safetensors")), load_file(str(out / "model.safetensors"))
     assert not b["blocks.0.mod.weight"].abs().sum() == 0 and a["blocks.0.mod.weight"].abs().sum() == 0
     assert "cond_proj.weight" in b and "cond_proj.weight" not in a
-    assert all(torch.equal(a[k], b[k]) for k in a if ".mod." not in k)  # the rest is frozen
+    # the rest is frozen, the gating biases too: without a vector the model is the initial one
+    assert all(torch.equal(a[k], b[k]) for k in a if not k.endswith(".mod.weight"))
+    assert json.loads((out / "train.json").read_text())["conditioned_lines"] == 5
     assert load_pipeline(str(out)).denoiser.cond_dim == 8
     with pytest.raises(ValueError, match="cond_only needs"):
         train(TrainConfig(out=str(tmp_path / "x"), steps=1, batch=4, seq_len=32, dim=16, layers=1, heads=2, vocab=80,
                           threads=1, cond_only=True), lines=list(LINES))
+
+
+def test_line_weights_weigh_the_conditioned_line_and_its_key_terms():
+    """The loss weights of a sequence that starts at a conditioned line: the line and its [SEP]
+    get the line weight, its key terms' tokens (as in running text) the term weight, the rest 1;
+    a term the line does not hold marks nothing."""
+    import numpy as np
+
+    from diffaccel.adapters.text.tokenizer import TextTokenizer, train_tokenizer
+    from diffaccel.adapters.text.train import line_weights
+
+    tok = TextTokenizer(train_tokenizer(LINES, 80))
+    ids = tok.encode_lines(["word3: a small thing", "word1: a thing"])
+    stream, starts = pack(ids, tok.sep_id)
+    w, at = line_weights(stream, starts[:1], [("small thing", "absent")], tok, 8, 4.0, 9.0)
+    n = len(ids[0]) + 1  # the line and its [SEP]
+    term = tok.encode(" small thing")
+    i = next(k for k in range(n) if ids[0][k:k + len(term)] == term)
+    expect = np.ones(8)
+    expect[:n] = 4.0
+    expect[i:i + len(term)] = 9.0
+    assert w[0].tolist() == expect.tolist()
+    assert at[0].nonzero().flatten().tolist() == list(range(i, i + len(term)))
+
+
+def test_diffusion_loss_masks_and_weighs_the_given_positions():
+    """``also_mask`` positions are scored even at the lowest noise; ``pos_weight`` weighs them."""
+    import torch
+
+    from diffaccel.adapters.text.model import TextDiffusionConfig, TextDiffusionLM
+    from diffaccel.adapters.text.train import diffusion_loss
+
+    torch.manual_seed(0)
+    model = TextDiffusionLM(TextDiffusionConfig(vocab_size=16, dim=16, n_layers=1, n_heads=2, max_len=8))
+    x0 = torch.randint(4, 16, (2, 8))
+    force = torch.zeros(2, 8, dtype=torch.bool)
+    force[:, 2] = True
+    seen = []
+    for seed in range(5):
+        _, _, _, scored = diffusion_loss(model, x0, None, torch.Generator().manual_seed(seed), also_mask=force)
+        seen.append(scored)
+    assert all(bool(s[:, 2].all()) for s in seen)
+    gen = lambda: torch.Generator().manual_seed(0)  # noqa: E731
+    w = torch.ones(2, 8)
+    plain, *_ = diffusion_loss(model, x0, None, gen(), pos_weight=w, also_mask=force)
+    w[:, 2] = 50.0
+    heavy, *_ = diffusion_loss(model, x0, None, gen(), pos_weight=w, also_mask=force)
+    _, h, _, scored = diffusion_loss(model, x0, None, gen(), also_mask=force)
+    ce = torch.nn.functional.cross_entropy(model.logits(h[:, 2]), x0[:, 2])
+    assert abs(heavy.item() - ce.item()) < abs(plain.item() - ce.item())  # pulled towards position 2's loss

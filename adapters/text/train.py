@@ -66,12 +66,23 @@ class TrainConfig:
     diffaccel_bert_cond.conditions``); every sequence then starts at a conditioned line and the
     model learns cond_dim = the vectors' size, fed to its per-block condition gating."""
     cond_dropout: float = 0.15
+    """With ``conditions``: share of sequences trained without their vector (the model then runs
+    unconditioned too, as classifier-free guidance trains it). Ignored with ``cond_only``: there
+    the unconditioned model is the initial one exactly, and such rows would train nothing."""
     cond_only: bool = False
     """With ``init_from`` and ``conditions``: train the condition path alone (the condition
-    projection and every block's gating layer), the rest frozen at the initial weights: far
-    fewer steps teach the model to use the vector, and what it writes without one moves little."""
-    """With ``conditions``: share of sequences trained without their vector (the model then runs
-    unconditioned too, as classifier-free guidance trains it)."""
+    projection and the weights of every block's gating layer; the gating biases, which are all an
+    unconditioned run uses, stay frozen with the rest): far fewer steps teach the model to use the
+    vector, and what it writes without one is exactly the initial model's."""
+    cond_line_weight: float = 1.0
+    """With ``conditions``: loss weight of the conditioned line's positions (its tokens and the
+    [SEP] after it), against 1 for the rest of the sequence: the vector describes that line only."""
+    cond_term_weight: float = 1.0
+    """With ``conditions``: loss weight of the tokens of the line's key terms (those the
+    conditions file lists for it), in place of ``cond_line_weight`` there."""
+    cond_term_mask: float = 0.0
+    """With ``conditions``: chance that each key-term token is masked (and scored) whatever the
+    row's noise level, so the vector, not the visible context, has to supply those tokens."""
 
 
 def pack(ids_per_line: list[list[int]], sep_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -96,15 +107,20 @@ def token_weights(stream: np.ndarray, vocab: int, alpha: float) -> torch.Tensor:
 
 
 def diffusion_loss(model: TextDiffusionLM, x0: torch.Tensor, weights: torch.Tensor | None, gen: torch.Generator,
-                   cond: torch.Tensor | None = None, keep: torch.Tensor | None = None):
+                   cond: torch.Tensor | None = None, keep: torch.Tensor | None = None,
+                   pos_weight: torch.Tensor | None = None, also_mask: torch.Tensor | None = None):
     """Return (loss, final hidden states, noise level per row in [0, 1], mask of positions scored).
     ``cond`` (B, cond_dim): condition vectors; rows where ``keep`` (B,) is False run without theirs,
-    exactly as generation without a condition does (no projection added, not a zero vector's)."""
+    exactly as generation without a condition does (no projection added, not a zero vector's).
+    Masked models: ``pos_weight`` (B, N) weighs each position's loss (the loss is the weighted
+    mean over scored positions); ``also_mask`` (B, N) masks and scores those positions too."""
     cfg = model.config
     B, N = x0.shape
     if cfg.kind == "masked":
         t = torch.rand(B, generator=gen).clamp(min=1e-3)
         scored = torch.rand(B, N, generator=gen) < mask_rate(cfg.schedule, t)[:, None]
+        if also_mask is not None:
+            scored |= also_mask
         xt = torch.where(scored, torch.full_like(x0, cfg.mask_id), x0)
         time_in = t * 1000 if model.uses_time else None
     else:
@@ -125,7 +141,11 @@ def diffusion_loss(model: TextDiffusionLM, x0: torch.Tensor, weights: torch.Tens
     ce = F.cross_entropy(model.logits(h[scored]), x0[scored], reduction="none")
     if weights is not None:
         ce = ce * weights[x0[scored]]
-    loss = ce.mean() if ce.numel() else h.sum() * 0
+    if pos_weight is not None and ce.numel():
+        w = pos_weight[scored]
+        loss = (ce * w).sum() / w.sum()
+    else:
+        loss = ce.mean() if ce.numel() else h.sum() * 0
     return loss, h, t, scored
 
 
@@ -200,8 +220,9 @@ def train(cfg: TrainConfig, lines: list[str] | None = None) -> Path:
     if cfg.conditions:
         if cfg.kind != "masked":
             raise ValueError("conditions apply to masked models")
-        cond_lines, cond_vectors, starts_c = _conditioned(cfg.conditions, lines, starts, len(stream) - cfg.seq_len)
+        cond_lines, cond_vectors, starts_c, cond_terms = _conditioned(cfg.conditions, lines, starts, len(stream) - cfg.seq_len)
         mcfg = attrs.evolve(mcfg, cond_dim=cond_vectors.shape[1])
+        line_w, term_at = line_weights(stream, starts_c, cond_terms, tok, cfg.seq_len, cfg.cond_line_weight, cfg.cond_term_weight)
     if base is not None:
         mcfg = attrs.evolve(TextDiffusionConfig.from_json((base / "config.json").read_text()), cond_dim=mcfg.cond_dim)
     table = None
@@ -231,7 +252,7 @@ def train(cfg: TrainConfig, lines: list[str] | None = None) -> Path:
         if base is None or cond_vectors is None:
             raise ValueError("cond_only needs init_from and conditions")
         for name, prm in model.named_parameters():
-            prm.requires_grad_(name.startswith("cond_proj.") or ".mod." in name)
+            prm.requires_grad_(name.startswith("cond_proj.") or name.endswith(".mod.weight"))
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.98))
     warmup = max(1, cfg.steps // 20)
     started = time.time()
@@ -257,8 +278,12 @@ def train(cfg: TrainConfig, lines: list[str] | None = None) -> Path:
         else:
             pick = rng.integers(0, len(starts_c), size=cfg.batch)
             x0 = torch.from_numpy(np.stack([stream[starts_c[i]: starts_c[i] + cfg.seq_len] for i in pick]))
-            keep = torch.from_numpy(rng.random(cfg.batch) >= cfg.cond_dropout)
-            loss, *_ = diffusion_loss(model, x0, weights, gen, cond_vectors[torch.from_numpy(pick)], keep)
+            dropout = 0.0 if cfg.cond_only else cfg.cond_dropout
+            keep = torch.from_numpy(rng.random(cfg.batch) >= dropout)
+            rows = torch.from_numpy(pick)
+            also = (term_at[rows] & (torch.rand(term_at[rows].shape, generator=gen) < cfg.cond_term_mask)
+                    if cfg.cond_term_mask > 0 else None)
+            loss, *_ = diffusion_loss(model, x0, weights, gen, cond_vectors[rows], keep, line_w[rows], also)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -276,23 +301,52 @@ def train(cfg: TrainConfig, lines: list[str] | None = None) -> Path:
             break
     (out / "train.json").write_text(
         json.dumps({"config": attrs.asdict(cfg), "steps_done": len(losses), "minutes": (time.time() - started) / 60,
-                    "final_loss_mean_50": float(np.mean(losses[-50:]))}, indent=2)
+                    "final_loss_mean_50": float(np.mean(losses[-50:])),
+                    **({"conditioned_lines": cond_lines} if cond_lines else {})}, indent=2)
     )
     return out
 
 
 def _conditioned(path: str, lines: list[str], starts: np.ndarray, last_start: int):
-    """(conditioned line count, their vectors (n, d), their start offsets in the stream) for the
-    lines of ``lines`` that the conditions file holds and a full sequence can start at."""
+    """(how many of the file's lines are used, then per start: the vector (n, d), the offset in the
+    stream, the key terms) for the lines of ``lines`` that the conditions file holds and a full
+    sequence can start at (a line the corpus holds twice starts two sequences)."""
     from diffaccel_bert_cond.conditions import load
 
-    cond_lines, vectors = load(path)
+    cond_lines, vectors, terms = load(path, with_terms=True)
     row = {text: i for i, text in enumerate(cond_lines)}
     at = [(row[text], int(starts[i])) for i, text in enumerate(lines) if text in row and starts[i] <= last_start]
     if not at:
         raise ValueError(f"{path}: none of its lines is in the training corpus")
     idx = torch.tensor([a for a, _ in at])
-    return len(at), vectors[idx], np.array([b for _, b in at])
+    return len({a for a, _ in at}), vectors[idx], np.array([b for _, b in at]), [terms[a] for a, _ in at]
+
+
+def find_run(ids: list[int], part: list[int]) -> int:
+    """Start of the first run of ``part`` in ``ids``, or -1."""
+    n = len(part)
+    return next((i for i in range(len(ids) - n + 1) if ids[i:i + n] == part), -1) if n else -1
+
+
+def line_weights(stream: np.ndarray, starts: np.ndarray, terms: list, tok: TextTokenizer, seq_len: int,
+                 line_weight: float, term_weight: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per conditioned line (the sequence that starts at it): loss weights (n, seq_len), 1 past the
+    line, ``line_weight`` on its tokens and [SEP], ``term_weight`` on its key terms' tokens; and
+    where those term tokens are (n, seq_len) bool. A term is found as the tokens it has in running
+    text (a leading space, as bert-cond pins it); one the line tokenizes otherwise is skipped."""
+    w = torch.ones(len(starts), seq_len)
+    at = torch.zeros(len(starts), seq_len, dtype=torch.bool)
+    for r, (s, ts) in enumerate(zip(starts, terms)):
+        seq = stream[s:s + seq_len].tolist()
+        end = seq.index(tok.sep_id) + 1 if tok.sep_id in seq else seq_len
+        w[r, :end] = line_weight
+        for term in ts:
+            ids = tok.encode(" " + term)
+            i = find_run(seq[:end], ids)
+            if i >= 0:
+                at[r, i:i + len(ids)] = True
+    w[at] = term_weight
+    return w, at
 
 
 def bert_embedding_table(tok: TextTokenizer, bert_path: str) -> torch.Tensor:

@@ -34,11 +34,14 @@ EXAMPLES = {
         (opens offline): the table, speedup against quality, the images or samples of each entry
         beside the baseline's, the strategies' plots, the command, versions and machine.""",
     "overhead": """
-        example:
+        examples:
           diffaccel overhead configs/text-default.toml
+          diffaccel overhead configs/digits.toml --threads 1 --batch 8 --guard 8
         Times the untouched sampler against the same sampler routed through diffaccel's hooks with
         every installed plugin loaded but no strategy active, with the non-finite check of each
-        step's output on (the default) and off, interleaved, and prints the costs.""",
+        step's output on (the default) and off, interleaved, and prints the costs. --guard N adds
+        a strategy that changes nothing, run with [guard] every = N and with the guard off: what
+        the quality guard costs (docs/reliability.md).""",
     "partial": """
         example:
           diffaccel partial configs/text-default.toml
@@ -128,9 +131,12 @@ def _parser() -> argparse.ArgumentParser:
 
     o = cmd("overhead", "measure the hook machinery's cost with no strategy active")
     o.add_argument("config")
-    o.add_argument("--repeats", type=int, default=10, help="interleaved triples of runs (default 10)")
+    o.add_argument("--repeats", type=int, default=10, help="interleaved rounds, one run of each entry (default 10)")
     o.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     o.add_argument("--batch", type=int, help="override [model] batch")
+    o.add_argument("--steps", type=int, help="override [model] steps (shorter runs; the costs measured are per step)")
+    o.add_argument("--guard", type=int, default=0, metavar="N",
+                   help="also time a pass-through strategy with [guard] every = N against the same with the guard off")
 
     pa = cmd("partial", "benchmark partial computation: a step at 100%% down to one position per row")
     pa.add_argument("config")
@@ -164,6 +170,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--conditions", metavar="FILE", help="text, masked: per-line condition vectors (python -m diffaccel_bert_cond.conditions)")
     t.add_argument("--cond-dropout", type=float, default=0.15, help="text: share of sequences trained without their condition")
     t.add_argument("--cond-only", action="store_true", help="text: with --init and --conditions, train the condition path alone")
+    t.add_argument("--cond-line-weight", type=float, default=1.0, help="text: loss weight of the conditioned line (1 elsewhere)")
+    t.add_argument("--cond-term-weight", type=float, default=1.0, help="text: loss weight of the line's key-term tokens")
+    t.add_argument("--cond-term-mask", type=float, default=0.0, help="text: chance a key-term token is masked whatever the noise level")
 
     sb = cmd("scale-bench", "throughput of generate --prompts on N processes against one")
     sb.add_argument("config")
@@ -341,6 +350,8 @@ def _train(args) -> int:
                       tokenizer=args.tokenizer, freq_weight=args.freq_weight, schedule=args.schedule, seed=args.seed,
                       init_embeddings=args.init_embeddings, latent_norm=args.latent_norm, threads=args.threads,
                       init_from=args.init, conditions=args.conditions, cond_dropout=args.cond_dropout, cond_only=args.cond_only,
+                      cond_line_weight=args.cond_line_weight, cond_term_weight=args.cond_term_weight,
+                      cond_term_mask=args.cond_term_mask,
                       **{k: v for k, v in (("lr", args.lr), ("batch", args.batch)) if v is not None})
     _threads(cfg.threads)
     out = train(cfg)

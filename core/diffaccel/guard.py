@@ -5,8 +5,8 @@
   hook implementation (nothing is paid per call). Such an exception becomes a ``StrategyError``
   (or, with the strategy's ``on_error = "disable"``, drops that strategy for the rest of the
   run); an exception raised outside every strategy (the model, the adapter) propagates as it is.
-* Non-finite outputs. Each step's raw denoiser output is checked with one ``isfinite().all()``
-  (``[guard] finite``, on by default).
+* Non-finite outputs. Each step's raw denoiser output is checked with one sum (``all_finite``;
+  ``[guard] finite``, on by default).
 * Quality guard (``[guard] every = N``): every N steps the adapter computes the full step
   beside the strategies' step, compares the two raw outputs and resets (or disables) the
   strategies past ``threshold``.

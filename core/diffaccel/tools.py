@@ -12,7 +12,7 @@ from .adapters_registry import get_adapter
 from .config import load_config
 from .errors import ConfigError, DiffaccelError
 from .guard import GuardConfig
-from .plugins import Registry
+from .plugins import Registry, hookimpl
 
 
 def _load(path: str, registry: Registry | None = None):
@@ -21,9 +21,23 @@ def _load(path: str, registry: Registry | None = None):
     return cfg, adapter, adapter.load(cfg)
 
 
+class PassThrough:
+    """A strategy that changes nothing (it plans nothing: every layer is computed, the output is
+    untouched): with it active the ``[guard]`` has a strategy to guard, so ``overhead --guard``
+    times what the guard itself adds."""
+
+    name = "pass-through"
+
+    @hookimpl
+    def diffaccel_pre_step(self, run) -> None:
+        return None
+
+
 def overhead(args) -> int:
     """Untouched sampler vs. hooks with every plugin loaded and no strategy active, with the
-    non-finite check on (the default) and off; and the check's own cost per step."""
+    non-finite check on (the default) and off; the check's own cost per step; with ``--guard N``
+    also a pass-through strategy under ``[guard] every = N`` against the same with the guard off.
+    Every entry runs once per round, the order rotating between rounds (interleaved)."""
     if getattr(args, "threads", None):
         import torch
 
@@ -35,8 +49,17 @@ def overhead(args) -> int:
         from .bench import with_batch
 
         cfg = with_batch(cfg, args.batch)
+    if getattr(args, "steps", None):  # shorter runs, same steps: the costs are per step
+        import attrs
+
+        cfg = attrs.evolve(cfg, model=attrs.evolve(cfg.model, steps=args.steps))
+    every = getattr(args, "guard", 0) or 0
     empty = Accelerator([], adapter.name)
     unchecked = Accelerator([], adapter.name, guard=GuardConfig(finite=False))
+    entries: dict[str, Accelerator | None] = {"untouched": None, "finite on": empty, "finite off": unchecked}
+    if every:
+        entries["pass-through, guard off"] = Accelerator([PassThrough()], adapter.name)
+        entries["pass-through, guard on"] = Accelerator([PassThrough()], adapter.name, guard=GuardConfig(every=every))
     seen: list[Any] = []
     check = empty.output_ok
     empty.output_ok = lambda run, output: (seen.append(output) if not seen else None, check(run, output))[1]
@@ -44,38 +67,53 @@ def overhead(args) -> int:
     adapter.run(pipe, cfg, cfg.model.seed, progress=False)  # warm-up; keeps one step's output
     adapter.detach(pipe)
     empty.output_ok = check
-    plain, hooked, bare = [], [], []
+    times: dict[str, list[float]] = {name: [] for name in entries}
+    reports: dict[str, dict] = {}
+    order = list(entries)
     for i in range(args.repeats):
-        runs = [(plain, None), (hooked, empty), (bare, unchecked)]
-        for times, accel in runs[i % 3:] + runs[: i % 3]:
+        for name in order[i % len(order):] + order[: i % len(order)]:
+            accel = entries[name]
             if accel is None:
                 adapter.detach(pipe)
             else:
                 adapter.attach(pipe, accel)
             t0 = time.perf_counter()
             out = adapter.run(pipe, cfg, cfg.model.seed, progress=False)
-            times.append(time.perf_counter() - t0)
+            times[name].append(time.perf_counter() - t0)
             adapter.detach(pipe)
-            if accel is not None:
-                hooked_out = out  # untouched runs may carry no report (the UNet's has no run state)
-    steps = hooked_out.report["steps_run"]
+            if accel is not None:  # untouched runs may carry no report (the UNet's has no run state)
+                reports[name] = out.report
+    plain = times["untouched"]
+    steps = reports["finite on"]["steps_run"]
     step_ms = 1000 * statistics.median(plain) / steps
     n_layers = len(adapter.info(pipe).get("layers", ())) or 1
     per_step_us = _dispatch_cost_us(empty, n_layers)
-    print(f"{cfg.model.checkpoint}: batch {cfg.model.batch}, {steps} steps per run, {args.repeats} interleaved triples, "
-          f"{len(registry.strategies)} strategies loaded ({', '.join(sorted(registry.strategies)) or 'none'}), none active")
-    for label, times in (("finite check on (default)", hooked), ("finite check off", bare)):
-        ratio = sum(times) / sum(plain)
-        pair = statistics.median(h / p for h, p in zip(times, plain))
-        print(f"whole runs, hooked ({label}) vs untouched: {100 * (ratio - 1):+.2f}% (total time ratio), "
-              f"{100 * (pair - 1):+.2f}% (median of pair ratios); machine noise dominates this line")
+    print(f"{cfg.model.checkpoint}: batch {cfg.model.batch}, {steps} steps per run, {args.repeats} interleaved rounds of "
+          f"{len(entries)} runs, {len(registry.strategies)} strategies loaded ({', '.join(sorted(registry.strategies)) or 'none'}), none active")
+    for label, name in (("finite check on (default)", "finite on"), ("finite check off", "finite off")):
+        print(f"whole runs, hooked ({label}) vs untouched: {_ratio(times[name], plain)}; machine noise dominates this line")
+    print(f"finite check on vs off (hooked, no strategy): {_ratio(times['finite on'], times['finite off'])}")
     print(f"hook dispatch alone: {per_step_us:.1f} us per step ({n_layers} layers + step hooks) = "
           f"{100 * per_step_us / (1000 * step_ms):.4f}% of a {step_ms:.1f} ms sampling step")
     if seen:
         finite_us = _finite_cost_us(seen[0])
         print(f"non-finite check alone: {finite_us:.1f} us per step (sum, then isfinite() if not finite, on a {tuple(seen[0].shape)} output) = "
               f"{100 * finite_us / (1000 * step_ms):.4f}% of a {step_ms:.1f} ms sampling step")
+    if every:
+        rel = reports["pass-through, guard on"].get("reliability") or {}
+        print(f"[guard] every = {every} vs off (a pass-through strategy active): "
+              f"{_ratio(times['pass-through, guard on'], times['pass-through, guard off'])}; "
+              f"{rel.get('guard_checks', 0)} full steps computed beside the strategy's per run, max relative error "
+              f"{rel.get('guard_max_error', 0.0):.3g}")
+        print(f"whole runs, pass-through strategy ([guard] off) vs untouched: {_ratio(times['pass-through, guard off'], plain)}")
     return 0
+
+
+def _ratio(times: list[float], base: list[float]) -> str:
+    """Extra time of ``times`` over ``base`` (runs of the same rounds): total and median of pairs."""
+    total = sum(times) / sum(base)
+    pair = statistics.median(t / b for t, b in zip(times, base))
+    return f"{100 * (total - 1):+.2f}% (total time ratio), {100 * (pair - 1):+.2f}% (median of pair ratios)"
 
 
 def _finite_cost_us(output: Any, calls: int = 200) -> float:

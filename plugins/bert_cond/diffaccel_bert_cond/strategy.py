@@ -339,6 +339,13 @@ class BertCond:
         st.after = st.cont = st.pin_mask = st.forced = st.reserved = st.masked = None
 
     # -- bench ---------------------------------------------------------------------------------
+    def presence_of(self, source: str, text: str) -> list[bool]:
+        """Which of the terms this strategy extracts from ``source`` appear in ``text`` (the
+        extraction is done once per source)."""
+        if source not in self._bench_terms:
+            self._bench_terms[source] = self.condition_of(source).terms
+        return presence(self._bench_terms[source], text)
+
     @hookimpl
     def diffaccel_bench_quality(self, outputs: list[Any], seeds: list[int]) -> dict[str, float]:
         """Key-term recall of any entry's outputs, against the terms this strategy extracts for
@@ -347,10 +354,7 @@ class BertCond:
         found, shares = [], []
         for out, seed in zip(outputs, seeds):
             for r, text in enumerate(out.texts):
-                src = self.sources[self.source_index(seed + r)]
-                if src not in self._bench_terms:
-                    self._bench_terms[src] = self.condition_of(src).terms
-                found.append(presence(self._bench_terms[src], text))
+                found.append(self.presence_of(self.sources[self.source_index(seed + r)], text))
             m = out.report.get("strategies", {}).get(self.name)
             if m:
                 shares.append(m["stage_one_share"])

@@ -67,6 +67,31 @@ def test_cls_pooling_differs_from_mean(tiny_bert):
     assert not torch.allclose(mean.embed([SOURCE]), cls.embed([SOURCE]))
 
 
+def test_the_encoder_is_loaded_once_per_process_and_the_cache_is_bounded(tiny_bert, tiny_bert_builder, tmp_path):
+    from diffaccel_bert_cond import BertCond
+    from diffaccel_bert_cond.extract import LOADED_MAX, loaded_encoders
+
+    first = Encoder(tiny_bert)
+    held = loaded_encoders()
+    # a strategy is built per config, per bench entry, per soak generation: none reads the weights again
+    for _ in range(5):
+        s = BertCond(BertCondConfig(source=SOURCE, bert=tiny_bert))
+        assert s.encoder.model is first.model and s.encoder.tokenizer is first.tokenizer
+    assert Encoder(tiny_bert, "cls").model is first.model  # pooling is applied after the shared model
+    assert loaded_encoders() == held
+    others = [Encoder(tiny_bert_builder(tmp_path / f"b{i}", seed=i)) for i in range(LOADED_MAX + 1)]
+    assert loaded_encoders() == LOADED_MAX
+    assert len({id(e.model) for e in others}) == LOADED_MAX + 1
+    assert Encoder(tiny_bert).model is not first.model  # dropped (least recently used), loaded again
+
+
+def test_a_rewritten_encoder_folder_is_loaded_again(tiny_bert_builder, tmp_path):
+    path = tiny_bert_builder(tmp_path / "b", seed=0)
+    before = Encoder(path).embed([SOURCE])
+    tiny_bert_builder(tmp_path / "b", seed=1)
+    assert not torch.equal(Encoder(path).embed([SOURCE]), before)
+
+
 def test_a_source_without_candidates_is_an_error(tiny_encoder):
     with pytest.raises(ValueError, match="no candidate key term"):
         extract("it is of the", tiny_encoder)
