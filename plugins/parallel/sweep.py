@@ -13,12 +13,20 @@ baseline (``diffaccel bench``), so the speedups are wall-clock ratios taken in o
 shows speedup against perplexity (the bench's ``gen_ppl`` when it reports one, else the trigram
 ``perplexity``; ``--metric`` chooses) and against distinct-2, each rule as its own marker and the
 steps peers as a line. The bench's JSON is written beside the PNG.
+
+A sweep longer than the bench lock allows (5 minutes a command on the shared machine) runs in
+parts, each its own interleaved bench with its own baseline on the same seeds (``--steps ''``
+in all parts but one: the fewer-steps line once), each writing its JSON (``--out part1.png``
+...); ``--merge part1.json part2.json ... --out figure.png`` then draws them on one plot. A
+part's speedups are ratios to its own baseline, taken in its own run; the baselines' quality is
+the same (same seeds, deterministic sampling), which ``--merge`` checks.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -27,6 +35,8 @@ from diffaccel.bench import format_table, run_bench
 from diffaccel.config import read_toml
 
 RULE_KNOB = {"factor": "factor", "threshold": "tau", "entropy": "gamma"}
+# entry names: <rule>[-prob]-<knob><value>[-s<spacing>] (scale ratio unless -prob)
+ENTRY = re.compile(r"^(?P<rule>factor|threshold|entropy)(?P<prob>-prob)?-(?P<knob>[a-z]+)(?P<value>[0-9.e+-]+?)(?:-s(?P<spacing>\d+))?$")
 
 
 def _values(text: str) -> list[float]:
@@ -68,7 +78,8 @@ def write_configs(folder: Path, args) -> list[str]:
         for v in _values(getattr(args, knob)):
             for sp in (int(x) for x in _values(args.spacing)):
                 tail = f"-s{sp}" if sp else ""
-                p = folder / f"{rule}-{knob}{v:g}{tail}.toml"
+                scale = "-prob" if args.scale == "prob" else ""
+                p = folder / f"{rule}{scale}-{knob}{v:g}{tail}.toml"
                 p.write_text(model + composed + f'[[strategy]]\nuse = "parallel"\nrule = "{rule}"\nscale = "{args.scale}"\n'
                              f'{knob} = {v!r}\nspacing = {sp}\n')
                 paths.append(p)
@@ -91,16 +102,18 @@ def plot(result: dict, path: Path, metric: str) -> None:
         for e in steps:
             ax.annotate(e["name"].removeprefix("steps-"), (e["speedup"], e["quality"][key]), fontsize=7, xytext=(3, 3),
                         textcoords="offset points")
-        for rule, marker in (("factor", "s"), ("threshold", "^"), ("entropy", "D")):
-            # one line per rule and spacing (entry names: <rule>-<knob><value>[-s<spacing>])
-            mine = [e for e in entries if e["name"].startswith(rule + "-")]
-            for sp in sorted({e["name"].partition("-s")[2] for e in mine}):
-                pts = sorted((e for e in mine if e["name"].partition("-s")[2] == sp), key=lambda e: e["speedup"])
-                ax.plot([e["speedup"] for e in pts], [e["quality"][key] for e in pts], marker=marker, ls="-" if not sp else "-.",
-                        ms=5, label=rule + (f", spacing {sp}" if sp else ""))
-                for e in pts:
-                    ax.annotate(e["name"].split("-")[1], (e["speedup"], e["quality"][key]), fontsize=7,
-                                xytext=(3, -9), textcoords="offset points")
+        parsed = [(m, e) for e in entries if (m := ENTRY.match(e["name"]))]
+        groups = sorted({(m["rule"], bool(m["prob"]), m["spacing"] or "") for m, _ in parsed})
+        for rule, prob, sp in groups:  # one line per rule, scale and spacing
+            marker = {"factor": "s", "threshold": "^", "entropy": "D"}[rule]
+            pts = sorted((e for m, e in parsed if (m["rule"], bool(m["prob"]), m["spacing"] or "") == (rule, prob, sp)),
+                         key=lambda e: e["speedup"])
+            ax.plot([e["speedup"] for e in pts], [e["quality"][key] for e in pts], marker=marker, ls="-" if not sp else "-.",
+                    ms=5, label=rule + (" (prob)" if prob else "") + (f", spacing {sp}" if sp else ""))
+            for e in pts:
+                m = ENTRY.match(e["name"])
+                ax.annotate(m["knob"] + m["value"], (e["speedup"], e["quality"][key]), fontsize=7,
+                            xytext=(3, -9), textcoords="offset points")
         ax.plot([1.0], [base["quality"][key]], "k*", ms=10, label="baseline")
         if key == metric:
             ax.axhline(base["quality"][key] * 1.05, color="grey", lw=0.8, ls=":", label="+5%")
@@ -118,9 +131,39 @@ def plot(result: dict, path: Path, metric: str) -> None:
     plt.close(fig)
 
 
+def steps_run(entry: dict) -> float:
+    """Mean steps an entry's runs took (a steps peer: its N; rows of a batch share a run's steps)."""
+    runs = [r.get("steps_run", r.get("steps")) for r in entry.get("reports") or []]
+    runs = [r for r in runs if r is not None]
+    return sum(runs) / len(runs) if runs else float("nan")
+
+
+def merge(paths: list[str]) -> dict:
+    """One result from the JSONs of a sweep's parts: the first part's baseline, every part's
+    other entries (speedups as each part measured them, against its own baseline)."""
+    parts = [json.loads(Path(p).read_text()) for p in paths]
+    first = parts[0]
+    base = next(e for e in first["entries"] if e["name"] == "baseline")
+    merged = dict(first, entries=[base], parts=list(paths))
+    names = {"baseline"}
+    for path, part in zip(paths, parts):
+        if (part["model"], part["seeds"]) != (first["model"], first["seeds"]):
+            raise SystemExit(f"{path}: model or seeds differ from {paths[0]}'s; merge parts of one sweep")
+        pb = next(e for e in part["entries"] if e["name"] == "baseline")
+        if any(abs(pb["quality"][k] - v) > 1e-6 * max(1.0, abs(v)) for k, v in base["quality"].items()
+               if k in pb["quality"] and k != "gen_ppl_noise"):
+            raise SystemExit(f"{path}: its baseline's quality differs from {paths[0]}'s (other seeds or code?)")
+        for e in part["entries"]:
+            if e["name"] in names:
+                continue
+            names.add(e["name"])
+            merged["entries"].append(dict(e, part=path))
+    return merged
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("baseline", help="config whose [model] every entry shares (its strategies are ignored)")
+    ap.add_argument("baseline", nargs="?", help="config whose [model] every entry shares (its strategies are ignored)")
     ap.add_argument("--seed", type=int, default=None, help="replaces [model] seed: held-out seeds for the sweep")
     ap.add_argument("--seeds", type=int, default=4)
     ap.add_argument("--batch", type=int, default=None, help="rows per call in every entry")
@@ -134,15 +177,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compose", action="append", default=[], help="a config whose [[strategy]] tables go before parallel's")
     ap.add_argument("--metric", default=None, help="quality key on the plot's left panel (default: gen_ppl if reported, else perplexity)")
     ap.add_argument("--out", required=True, help="PNG path; the bench JSON goes beside it")
+    ap.add_argument("--merge", nargs="+", metavar="JSON", help="no bench: plot these parts' JSONs as one sweep")
     args = ap.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        paths = write_configs(Path(tmp), args)
-        result = run_bench(paths, seeds=args.seeds, batch=args.batch, noise_floor=False, judge=args.judge, judge_noise=True)
+    if args.merge:
+        result = merge(args.merge)
+    elif args.baseline is None:
+        ap.error("a baseline config, or --merge with a sweep's JSONs")
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            paths = write_configs(Path(tmp), args)
+            result = run_bench(paths, seeds=args.seeds, batch=args.batch, noise_floor=False, judge=args.judge, judge_noise=True)
     out = Path(args.out)
     metric = args.metric or ("gen_ppl" if "gen_ppl" in result["entries"][0]["quality"] else "perplexity")
     out.with_suffix(".json").write_text(json.dumps(result, indent=2, default=float))
     plot(result, out, metric)
     print(format_table(result))
+    print("steps run (mean over the runs): " + ", ".join(f"{e['name']} {steps_run(e):.1f}" for e in result["entries"]))
     print(f"wrote {out} and {out.with_suffix('.json')}")
     return 0
 
