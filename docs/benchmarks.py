@@ -103,7 +103,8 @@ def _quality(entry: dict, base: dict) -> str:
     """One quality figure against the baseline of the same bench."""
     q, b = entry["quality"], base["quality"]
     if "key_term_recall" in q:
-        return f"key-term recall {q['key_term_recall']:.2f} (unconditioned {b.get('key_term_recall', 0.0):.2f})"
+        ppl = f", trigram perplexity {100 * (q['perplexity'] / b['perplexity'] - 1):+.0f}%" if "perplexity" in q else ""
+        return f"key-term recall {q['key_term_recall']:.2f} (unconditioned {b.get('key_term_recall', 0.0):.2f}){ppl}"
     for key, name in (("gen_ppl", "gen_ppl"), ("perplexity", "trigram perplexity")):
         if key in q and key in b:
             return f"{name} {100 * (q[key] / b[key] - 1):+.0f}%"
