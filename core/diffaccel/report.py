@@ -16,6 +16,7 @@ folders combine into one page (``combine``): ``docs/benchmarks.md`` is made that
 from __future__ import annotations
 
 import html
+import io
 import json
 import math
 import os
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import DiffaccelError
+from .jobs import atomic_write
 
 # quality measures, in the order the Pareto plot prefers them; True: higher is better
 MEASURES = {"gen_ppl": False, "psnr": True, "perplexity": False, "ssim": True, "agreement": True}
@@ -149,9 +151,19 @@ def write_report(out_dir: str | Path, result: dict[str, Any], outputs: dict[str,
 
 
 def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".partial")
-    tmp.write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
-    tmp.replace(path)  # never leave a half-written file under the final name
+    # never leave a half-written file under the final name
+    atomic_write(path, (text if text.endswith("\n") else text + "\n").encode("utf-8"))
+
+
+def _save_figure(fig, path: Path, dpi: int) -> None:
+    """A matplotlib figure as a PNG at ``path``, written atomically; the figure is closed."""
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=dpi)
+    plt.close(fig)
+    atomic_write(path, buf.getvalue())
 
 
 def measure(result: dict[str, Any]) -> str | None:
@@ -208,11 +220,7 @@ def pareto_plot(result: dict[str, Any], path: Path) -> bool:
     ax.set_title(f"{m['checkpoint']}, batch {m['batch']}, seeds {len(result['seeds'])}", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    tmp = path.with_name(path.stem + ".partial.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
+    _save_figure(fig, path, dpi=110)
     return True
 
 
@@ -263,11 +271,7 @@ def image_grid(result: dict[str, Any], outputs: dict[str, list[Any]], path: Path
                 ax.set_title(labels[c], fontsize=6)
             if c == 0:
                 ax.set_ylabel(name, fontsize=7, rotation=0, ha="right", va="center")
-    fig.tight_layout()
-    tmp = path.with_name(path.stem + ".partial.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    tmp.replace(path)
+    _save_figure(fig, path, dpi=100)
     return True
 
 
