@@ -33,13 +33,8 @@ CACHING = {"text": '[[strategy]]\nuse = "swd"\n', "unet": '[[strategy]]\nuse = "
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    target = tmp_path_factory.mktemp("boom-site")
-    src = tmp_path_factory.mktemp("boom-src")  # a copy: building must not write into tests/
-    subprocess.run(["cp", "-r", f"{BOOM}/.", str(src)], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                    "--target", str(target), str(src)], check=True, capture_output=True)
-    return target
+def site(install_distribution):
+    return install_distribution(BOOM)
 
 
 @pytest.fixture

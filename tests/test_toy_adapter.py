@@ -22,13 +22,8 @@ MODEL = '[model]\nadapter = "toy"\nsteps = 24\nbatch = 3\ndim = 8\n'
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    target = tmp_path_factory.mktemp("toy-site")
-    src = tmp_path_factory.mktemp("toy-src")  # a copy: building must not write into tests/
-    subprocess.run(["cp", "-r", f"{TOY}/.", str(src)], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                    "--target", str(target), str(src)], check=True, capture_output=True)
-    return target
+def site(install_distribution):
+    return install_distribution(TOY)
 
 
 def _run(site, *args):
@@ -123,14 +118,11 @@ py-modules = ["diffaccel_bad"]
     ("raise RuntimeError('adapter import exploded')\n",
      "adapter 'bad' (distribution diffaccel-bad-adapter) failed to load: RuntimeError: adapter import exploded"),
 ])
-def test_a_broken_adapter_is_one_line_naming_its_distribution(tmp_path, body, message):
-    src = tmp_path / "src"
+def test_a_broken_adapter_is_one_line_naming_its_distribution(tmp_path, install_distribution, body, message):
+    src = tmp_path / "bad-adapter"
     src.mkdir()
     (src / "pyproject.toml").write_text(BAD_PYPROJECT)
     (src / "diffaccel_bad.py").write_text(body)
-    target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                    "--target", str(target), str(src)], check=True, capture_output=True)
-    proc = _run(target, "plugins")
+    proc = _run(install_distribution(src), "plugins")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
     assert message in proc.stderr

@@ -106,3 +106,24 @@ def run_with(pipe, strategies: Sequence[Any] = (), **call_kwargs):
 def tiny_text_pipe():
     """A tiny random masked text pipeline (2 layers, 64 tokens, 32 positions)."""
     return tiny_text_pipeline("masked")
+
+
+@pytest.fixture(scope="session")
+def install_distribution(tmp_path_factory):
+    """``install(folder)``: ``pip install --target`` of a distribution folder (a test plugin or
+    adapter) into a fresh folder, built from a copy so that building never writes into the
+    source; returns the folder to put on ``sys.path`` or ``PYTHONPATH``."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    def install(folder: Path) -> Path:
+        target = tmp_path_factory.mktemp(f"{folder.name}-site")
+        src = tmp_path_factory.mktemp(f"{folder.name}-src")
+        shutil.copytree(folder, src, dirs_exist_ok=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                        "--target", str(target), str(src)], check=True, capture_output=True)
+        return target
+
+    return install

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from diffaccel import ConfigError, parse_config
+from diffaccel import ConfigError, hookimpl, parse_config
 from diffaccel.accelerator import build_strategies
 from diffaccel.adapters.text.logits import TopKLogits
 from diffaccel.testing import run_with, tiny_text_pipeline
@@ -153,20 +153,23 @@ def test_tau_one_on_ratio_commits_only_ties_with_the_best(pipe):
     assert torch.equal(bare.tokens, out.tokens) and out.report["steps_run"] == N
 
 
+class MaskedWatch:
+    """Appends row 0's masked positions after every step to ``seen``."""
+
+    name = "watch"
+
+    def __init__(self, seen: list):
+        self.seen = seen
+
+    @hookimpl
+    def diffaccel_post_step(self, run, output):
+        self.seen.append(output.masked[0].clone())
+
+
 @pytest.mark.parametrize("rule, kw", [("threshold", {"tau": 0.6}), ("factor", {"factor": 3.0}), ("entropy", {"gamma": 2.0})])
 def test_rules_in_semi_autoregressive_blocks(pipe, rule, kw):
     seen = []
-
-    class Watch:
-        name = "watch"
-
-        from diffaccel import hookimpl
-
-        @hookimpl
-        def diffaccel_post_step(self, run, output):
-            seen.append(output.masked[0].clone())
-
-    out = run_with(pipe, [par(rule=rule, **kw), Watch()], length=N, steps=N, seed=3, block_size=8)
+    out = run_with(pipe, [par(rule=rule, **kw), MaskedWatch(seen)], length=N, steps=N, seed=3, block_size=8)
     assert not (out.tokens == pipe.denoiser.mask_id).any() and out.report["steps_run"] < N
     # block b is committed entirely before any position of block b + 1 is
     for masked in seen:
@@ -176,17 +179,7 @@ def test_rules_in_semi_autoregressive_blocks(pipe, rule, kw):
 
 def test_spacing_in_a_run_keeps_each_steps_commits_apart(pipe):
     seen = []
-
-    class Watch:
-        name = "watch"
-
-        from diffaccel import hookimpl
-
-        @hookimpl
-        def diffaccel_post_step(self, run, output):
-            seen.append(output.masked[0].clone())
-
-    out = run_with(pipe, [par(rule="factor", factor=8.0, spacing=2), Watch()], length=N, steps=N, seed=4)
+    out = run_with(pipe, [par(rule="factor", factor=8.0, spacing=2), MaskedWatch(seen)], length=N, steps=N, seed=4)
     assert not (out.tokens == pipe.denoiser.mask_id).any() and out.report["steps_run"] < N
     before = torch.ones(N, dtype=torch.bool)
     several = 0
