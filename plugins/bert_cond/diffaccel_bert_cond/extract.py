@@ -63,8 +63,8 @@ def _cache_key(path: str) -> tuple:
     folder = Path(path)
     if not folder.is_dir():
         return (path,)
-    stamps = tuple((f.name, f.stat().st_mtime_ns, f.stat().st_size) for f in sorted(folder.iterdir())
-                   if f.suffix in (".json", ".safetensors", ".txt", ".bin"))
+    files = [f for f in sorted(folder.iterdir()) if f.suffix in (".json", ".safetensors", ".txt", ".bin")]
+    stamps = tuple((f.name, st.st_mtime_ns, st.st_size) for f in files for st in [f.stat()])
     return (str(folder.resolve()), stamps)
 
 
