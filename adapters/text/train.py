@@ -328,6 +328,19 @@ def find_run(ids: list[int], part: list[int]) -> int:
     return next((i for i in range(len(ids) - n + 1) if ids[i:i + n] == part), -1) if n else -1
 
 
+def term_mask(tok: TextTokenizer, line_ids: list[int], terms, length: int) -> torch.Tensor:
+    """(length,) bool: the tokens of ``terms`` in ``line_ids``, each term found as the tokens it
+    has in running text (a leading space, as bert-cond pins it); one the line tokenizes otherwise
+    is skipped."""
+    at = torch.zeros(length, dtype=torch.bool)
+    for term in terms:
+        ids = tok.encode(" " + term)
+        i = find_run(line_ids, ids)
+        if i >= 0:
+            at[i:i + len(ids)] = True
+    return at
+
+
 def line_weights(stream: np.ndarray, starts: np.ndarray, terms: list, tok: TextTokenizer, seq_len: int,
                  line_weight: float, term_weight: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Per conditioned line (the sequence that starts at it): loss weights (n, seq_len), 1 past the
@@ -340,11 +353,7 @@ def line_weights(stream: np.ndarray, starts: np.ndarray, terms: list, tok: TextT
         seq = stream[s:s + seq_len].tolist()
         end = seq.index(tok.sep_id) + 1 if tok.sep_id in seq else seq_len
         w[r, :end] = line_weight
-        for term in ts:
-            ids = tok.encode(" " + term)
-            i = find_run(seq[:end], ids)
-            if i >= 0:
-                at[r, i:i + len(ids)] = True
+        at[r] = term_mask(tok, seq[:end], ts, seq_len)
     w[at] = term_weight
     return w, at
 

@@ -26,7 +26,7 @@ from .conditions import load, source_lines
 def sequences(tok, lines: list[str], pool: list[str], terms: list, length: int):
     """(ids (n, length), line mask, term mask): each sequence is the line, [SEP], then the lines
     after it in ``pool``; term tokens are found as in running text (a leading space)."""
-    from diffaccel.adapters.text.train import find_run
+    from diffaccel.adapters.text.train import term_mask
 
     where = {s: i for i, s in enumerate(pool)}
     ids, line, term = [], [], []
@@ -38,15 +38,9 @@ def sequences(tok, lines: list[str], pool: list[str], terms: list, length: int):
             seq += tok.encode(pool[j % len(pool)]) + [tok.sep_id]
             j += 1
         seq = seq[:length]
-        t = torch.zeros(length, dtype=torch.bool)
-        for w in ts:
-            part = tok.encode(" " + w)
-            i = find_run(seq[:n], part)
-            if i >= 0:
-                t[i:i + len(part)] = True
         ids.append(seq)
         line.append(torch.arange(length) < n)
-        term.append(t)
+        term.append(term_mask(tok, seq[:n], ts, length))
     return torch.tensor(ids), torch.stack(line), torch.stack(term)
 
 
