@@ -40,7 +40,9 @@ original pixel loses nothing and keeps attention cheap on a CPU. The width is wh
 budget on a shared 2-core machine can train (at nice 15, one thread)."""
 
 
-def new_pipeline(seed: int = 0, **overrides):
+def new_pipeline(seed: int = 0, pooled_text: bool = True, **overrides):
+    """Random weights; ``pooled_text``: the ``PooledTextPixArtTransformer2DModel`` (the prompt also
+    in the adaLN timestep embedding, ``nets/pooled_pixart.py``), else stock PixArt."""
     from diffusers import DDIMScheduler, PixArtTransformer2DModel
     from transformers import CLIPTextConfig, CLIPTextModel
 
@@ -48,7 +50,10 @@ def new_pipeline(seed: int = 0, **overrides):
     from .pipeline import TextDiTPipeline
 
     torch.manual_seed(seed)
-    transformer = PixArtTransformer2DModel(**{**DIT_CONFIG, **overrides})
+    from .nets.pooled_pixart import PooledTextPixArtTransformer2DModel
+
+    model = PooledTextPixArtTransformer2DModel if pooled_text else PixArtTransformer2DModel
+    transformer = model(**{**DIT_CONFIG, **overrides})
     text = CLIPTextModel(CLIPTextConfig(vocab_size=len(char_vocab()), **TEXT_CONFIG))
     return TextDiTPipeline(transformer=transformer, scheduler=DDIMScheduler(**SCHEDULER_CONFIG), text_encoder=text,
                            tokenizer=char_tokenizer(TEXT_CONFIG["max_position_embeddings"]))
@@ -75,6 +80,15 @@ class TrainDiTConfig:
     """Start every block as the identity (DiT's adaLN-Zero): the timestep modulation, the blocks'
     gates and the output projection begin at zero, which made the loss fall faster in a short
     A/B on this data."""
+    pooled_text: bool = True
+    """The prompt's mean token state also enters the adaLN timestep embedding
+    (``PooledTextPixArtTransformer2DModel``). Without it (stock PixArt, cross-attention only) the
+    model ignored its prompt: conditioning accuracy at chance (docs/dit.md)."""
+    text_from: str | None = None
+    """Start from this digits pipeline's text encoder (a checkpoint of the UNet adapter, e.g. the
+    shipped ``digits``) instead of random weights."""
+    freeze_text: bool = False
+    """Keep the text encoder as it starts (no gradient)."""
     checkpoint_minutes: float = 12.0
     eval_per_class: int = 3
     """Images per class in the quick accuracy check at each checkpoint (0: none)."""
@@ -98,9 +112,15 @@ def train(cfg: TrainDiTConfig) -> Path:
     """Train the digits DiT (``diffaccel.adapters.digits.train_loop``) from random weights."""
     from .pipeline import TextDiTPipeline
 
-    pipe = new_pipeline(cfg.seed)
+    pipe = new_pipeline(cfg.seed, pooled_text=cfg.pooled_text)
     if cfg.adaln_zero:
         adaln_zero(pipe.transformer)
+    if cfg.text_from:
+        from ..unet.adapter import load_checkpoint as load_unet
+
+        pipe.text_encoder.load_state_dict(load_unet(cfg.text_from).text_encoder.state_dict())
+    if cfg.freeze_text:
+        pipe.text_encoder.requires_grad_(False)
 
     def predict(model, xt, t, cond):
         return model(xt, encoder_hidden_states=cond, timestep=t, return_dict=False)[0]
@@ -121,13 +141,23 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--batch", type=int, default=24)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--threads", type=int, default=1)
+    t.add_argument("--stock-pixart", action="store_true",
+                   help="stock PixArtTransformer2DModel (prompt through cross-attention only; ignores it)")
+    t.add_argument("--checkpoint-minutes", type=float, default=12.0)
+    t.add_argument("--lr", type=float, default=TrainDiTConfig.lr)
+    t.add_argument("--no-adaln-zero", action="store_true", help="keep diffusers' initialisation")
+    t.add_argument("--text-from", default=None, help="start the text encoder from this UNet digits checkpoint")
+    t.add_argument("--freeze-text", action="store_true", help="do not train the text encoder")
     e = sub.add_parser("eval", help="conditioning accuracy of a digits DiT, per class and overall")
     add_eval_arguments(e, "dit-digits", "TextDiTPipeline")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.cmd == "train":
         train(TrainDiTConfig(out=args.out, max_minutes=args.max_minutes, batch=args.batch, seed=args.seed,
-                             threads=args.threads))
+                             threads=args.threads, pooled_text=not args.stock_pixart,
+                             checkpoint_minutes=args.checkpoint_minutes, lr=args.lr,
+                             adaln_zero=not args.no_adaln_zero, text_from=args.text_from,
+                             freeze_text=args.freeze_text))
         return 0
     from .adapter import load_checkpoint
 

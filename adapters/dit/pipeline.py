@@ -20,6 +20,7 @@ import torch
 from diffusers import DiffusionPipeline
 
 from ..guided_pipeline import GuidedPipeline
+from .nets import pooled_pixart  # noqa: F401 - imported so that from_pretrained can load a saved PooledTextPixArtTransformer2DModel
 
 
 class TextDiTPipeline(GuidedPipeline, DiffusionPipeline):
