@@ -276,3 +276,54 @@ def test_digits_dit_training_writes_a_loadable_pipeline(tmp_path):
     p = load_checkpoint(str(folder))
     assert type(p).__name__ == "TextDiTPipeline" and len(p.transformer.transformer_blocks) == 10
     assert p.transformer.proj_out.weight.abs().sum() > 0  # two optimiser steps moved it off zero
+
+
+def test_dct_anchor_extrapolates_the_kept_residual_on_dit():
+    """extrapolate = true: a reused block returns its current input plus the residual extrapolated
+    through its last two computed steps (not the last residual alone), and the block does not run."""
+    pytest.importorskip("diffaccel_dct_anchor")
+    from diffaccel_dct_anchor.strategy import extrapolated
+
+    a, b = torch.tensor([1.0, 2.0]), torch.tensor([2.0, 5.0])
+    assert torch.equal(extrapolated([(2, a), (4, b)], 5), torch.tensor([2.5, 6.5]))  # slope over 2 steps, 1 ahead
+    pair = extrapolated([(0, (a, None)), (1, (b, None))], 3)
+    assert torch.equal(pair[0], torch.tensor([4.0, 11.0])) and pair[1] is None
+    seen = {}
+    for flag in (False, True):
+        cfg = diffaccel.parse_config(_dct_config(threshold=10.0, blocks=LAYERS[1:3], max_reuse=3, extrapolate=flag))
+        pipe = DiTAdapter.load(cfg)
+        with diffaccel.apply(pipe, cfg):
+            out = DiTAdapter.run(pipe, cfg, 0, progress=False)
+        d = out.report["strategies"]["dct-anchor"]["branches"]["main"]["transformer_blocks.1"]["decisions"]
+        seen[flag] = (out.images, "".join(d), out.report["counters"]["layers_skipped"])
+    assert seen[True][1] == seen[False][1] and "R" in seen[True][1]  # same decisions and skips,
+    assert seen[True][2] == seen[False][2] > 0
+    assert not torch.equal(seen[True][0], seen[False][0])  # different values served
+
+
+def test_pooled_text_pixart_reads_the_prompt_through_adaln(tmp_path):
+    """PooledTextPixArtTransformer2DModel: with every cross-attention's output projection zeroed the
+    prompt still changes the prediction (through the timestep embedding), stock PixArt's does not;
+    save_pretrained / from_pretrained in a TextDiTPipeline give the same outputs."""
+    from diffaccel.adapters.dit.digits import new_pipeline
+    from diffaccel.adapters.dit.pipeline import TextDiTPipeline
+
+    x, t = torch.randn(2, 1, 32, 32), torch.tensor([10, 900])
+    e1, e2 = torch.randn(2, 16, 64), torch.randn(2, 16, 64)
+    diffs = {}
+    for pooled in (True, False):
+        tr = new_pipeline(0, pooled_text=pooled).transformer
+        with torch.no_grad():
+            for blk in tr.transformer_blocks:
+                blk.attn2.to_out[0].weight.zero_()
+                blk.attn2.to_out[0].bias.zero_()
+            y1, y2 = (tr(x, encoder_hidden_states=e, timestep=t, return_dict=False)[0] for e in (e1, e2))
+        diffs[pooled] = (y1 - y2).abs().max().item()
+    assert diffs[False] == 0.0 and diffs[True] > 1e-4
+    pipe = new_pipeline(0)
+    pipe.save_pretrained(str(tmp_path / "p"), safe_serialization=True)
+    back = TextDiTPipeline.from_pretrained(str(tmp_path / "p"))
+    assert type(back.transformer) is type(pipe.transformer)
+    with torch.no_grad():
+        assert torch.equal(back.transformer(x, encoder_hidden_states=e1, timestep=t).sample,
+                           pipe.transformer(x, encoder_hidden_states=e1, timestep=t).sample)

@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--stock-pixart", action="store_true",
                    help="stock PixArtTransformer2DModel (prompt through cross-attention only; ignores it)")
     t.add_argument("--checkpoint-minutes", type=float, default=12.0)
-    t.add_argument("--lr", type=float, default=TrainDiTConfig.lr)
+    t.add_argument("--lr", type=float, default=attrs.fields(TrainDiTConfig).lr.default)
     t.add_argument("--no-adaln-zero", action="store_true", help="keep diffusers' initialisation")
     t.add_argument("--text-from", default=None, help="start the text encoder from this UNet digits checkpoint")
     t.add_argument("--freeze-text", action="store_true", help="do not train the text encoder")

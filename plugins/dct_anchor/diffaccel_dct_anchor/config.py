@@ -46,6 +46,8 @@ class DCTAnchorConfig:
     """A block is recomputed after this many consecutive reuses, whatever its input does."""
     final_full: int = attrs.field(default=0, validator=non_negative)
     """The last final_full steps compute every block in full."""
+    extrapolate: bool = False
+    """Serve a reused block from the first-order extrapolation of what it keeps (a DiT block: its residual) through its last two computed steps, rather than from the last one alone (TaylorSeer's idea, on whole blocks): between refreshes the block's update keeps drifting the way it drifted between its last two computations. Not for the last up block (its tail runs)."""
     tail_layers: int = attrs.field(default=1, validator=in_range(1, None))
     """When the last up block is listed and anchored: how many of its last layers (resnet, with its attention) still run. At most its number of layers."""
 

@@ -59,6 +59,8 @@ class BlockState:
     """signal = "output": the low band of the block's output at the cached step."""
     rate: torch.Tensor | None = None
     """signal = "output": per row, the output's relative low-band change per step (to the power of the criterion) between its last two computations."""
+    kept: list[tuple[int, Any]] = attrs.Factory(list)
+    """extrapolate: (step, what the block kept) at its last two computations, oldest first."""
 
 
 @attrs.define(eq=False)
@@ -87,6 +89,21 @@ def predicted_change(bs: "BlockState", step: int, power: int) -> float | None:
     if bs.rate is None or bs.step is None:
         return None
     return float((bs.rate * float(step - bs.step) ** power).max())
+
+
+def extrapolated(kept: list[tuple[int, Any]], step: int) -> Any:
+    """First-order extrapolation to ``step`` of a block's kept value (a tensor, or a tuple of
+    tensors and None) through its last two computed steps ``[(s1, v1), (s2, v2)]``:
+    ``v2 + (v2 - v1) * (step - s2) / (s2 - s1)``."""
+    (s1, v1), (s2, v2) = kept
+    k = (step - s2) / (s2 - s1)
+
+    def one(a, b):
+        return b + (b - a) * k if isinstance(b, torch.Tensor) and isinstance(a, torch.Tensor) else b
+
+    if isinstance(v2, tuple):
+        return tuple(one(a, b) for a, b in zip(v1, v2))
+    return one(v1, v2)
 
 
 def decide(step: int, num_steps: int, has_ref: bool, reused: int, change: float | None, c: DCTAnchorConfig) -> str:
@@ -201,9 +218,12 @@ class DCTAnchor:
             if self._signal == "output":
                 self._update_rate(bs, bs.tail_h, step, computed_at)
             return out
-        if self._signal == "output":  # the output is the signal: computed here
+        if self._signal == "output" or c.extrapolate:  # the output is needed: computed here
             out = layer.compute(hidden)
-            self._update_rate(bs, out[0] if isinstance(out, tuple) else out, step, computed_at)
+            if self._signal == "output":
+                self._update_rate(bs, out[0] if isinstance(out, tuple) else out, step, computed_at)
+            if c.extrapolate:
+                bs.kept = [*bs.kept[-1:], (step, layer.to_cache(hidden, out))]
             return out
         return None  # not anchored: the next strategy in the config, or the default, computes the block
 
@@ -235,6 +255,7 @@ class DCTAnchor:
             if key[0] == self.name:
                 for bs in st.blocks.values():
                     bs.inputs = bs.low = bs.tail_h = bs.out_low = bs.rate = bs.x0_ref = None
+                    bs.kept = []
                 st.x0_low = st.memo = None
 
     @hookimpl
@@ -292,6 +313,8 @@ class DCTAnchor:
     def _reuse(self, run, layer, hidden, bs: BlockState, start: int, is_last_up: bool):
         """The anchored block's output without running it (the last up block: its tail only)."""
         if not is_last_up:
+            if self.config.extrapolate and len(bs.kept) == 2:
+                return layer.served(extrapolated(bs.kept, run.step), (), hidden)
             return layer.cached_output
         if bs.tail_h is None or not layer.can_run_tail(hidden):
             return None
@@ -302,4 +325,4 @@ class DCTAnchor:
         return out
 
 
-__all__ = ["BlockState", "DCTAnchor", "DCTState", "block_inputs", "decide"]
+__all__ = ["BlockState", "DCTAnchor", "DCTState", "block_inputs", "decide", "extrapolated"]
