@@ -282,7 +282,7 @@ def test_dct_anchor_extrapolates_the_kept_residual_on_dit():
     """extrapolate = true: a reused block returns its current input plus the residual extrapolated
     through its last two computed steps (not the last residual alone), and the block does not run."""
     pytest.importorskip("diffaccel_dct_anchor")
-    from diffaccel_dct_anchor.strategy import extrapolated
+    from diffaccel.extrapolate import extrapolated
 
     a, b = torch.tensor([1.0, 2.0]), torch.tensor([2.0, 5.0])
     assert torch.equal(extrapolated([(2, a), (4, b)], 5), torch.tensor([2.5, 6.5]))  # slope over 2 steps, 1 ahead
@@ -327,3 +327,21 @@ def test_pooled_text_pixart_reads_the_prompt_through_adaln(tmp_path):
     with torch.no_grad():
         assert torch.equal(back.transformer(x, encoder_hidden_states=e1, timestep=t).sample,
                            pipe.transformer(x, encoder_hidden_states=e1, timestep=t).sample)
+
+
+def test_time_anchor_extrapolates_skipped_blocks_on_dit():
+    """time-anchor's extrapolate = true serves skipped middle blocks from the extrapolated residual:
+    blocks are still skipped, and what they return differs from the plain cached residual."""
+    pytest.importorskip("diffaccel_time_anchor")
+    images = {}
+    for flag in (False, True):
+        cfg = diffaccel.parse_config({"model": {"adapter": "dit", "checkpoint": TINY, "steps": 12, "batch": 2,
+                                                "guidance_scale": 2.0, "prompts": ["a", "b"]},
+                                      "strategy": [{"use": "time-anchor", "threshold": 0.9, "warmup": 2, "max_age": 4,
+                                                    "min_depth": 1, "extrapolate": flag}]})
+        pipe = DiTAdapter.load(cfg)
+        with diffaccel.apply(pipe, cfg):
+            out = DiTAdapter.run(pipe, cfg, 0, progress=False)
+        assert out.report["counters"]["layers_skipped"] > 0
+        images[flag] = out.images
+    assert not torch.equal(images[True], images[False])

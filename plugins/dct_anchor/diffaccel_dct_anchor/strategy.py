@@ -31,6 +31,7 @@ import torch
 from diffaccel import hookimpl
 from diffaccel.capabilities import BLOCK_STACK, IMAGE_STEPS, SPATIAL_FEATURES
 from diffaccel.errors import DiffaccelError
+from diffaccel.extrapolate import extrapolated, keep
 
 from .config import DCTAnchorConfig, check_against_model, last_up
 from .dct import CRITERIA, CRITERION_POWER, low_band
@@ -89,21 +90,6 @@ def predicted_change(bs: "BlockState", step: int, power: int) -> float | None:
     if bs.rate is None or bs.step is None:
         return None
     return float((bs.rate * float(step - bs.step) ** power).max())
-
-
-def extrapolated(kept: list[tuple[int, Any]], step: int) -> Any:
-    """First-order extrapolation to ``step`` of a block's kept value (a tensor, or a tuple of
-    tensors and None) through its last two computed steps ``[(s1, v1), (s2, v2)]``:
-    ``v2 + (v2 - v1) * (step - s2) / (s2 - s1)``."""
-    (s1, v1), (s2, v2) = kept
-    k = (step - s2) / (s2 - s1)
-
-    def one(a, b):
-        return b + (b - a) * k if isinstance(b, torch.Tensor) and isinstance(a, torch.Tensor) else b
-
-    if isinstance(v2, tuple):
-        return tuple(one(a, b) for a, b in zip(v1, v2))
-    return one(v1, v2)
 
 
 def decide(step: int, num_steps: int, has_ref: bool, reused: int, change: float | None, c: DCTAnchorConfig) -> str:
@@ -223,7 +209,7 @@ class DCTAnchor:
             if self._signal == "output":
                 self._update_rate(bs, out[0] if isinstance(out, tuple) else out, step, computed_at)
             if c.extrapolate:
-                bs.kept = [*bs.kept[-1:], (step, layer.to_cache(hidden, out))]
+                bs.kept = keep(bs.kept, step, layer.to_cache(hidden, out))
             return out
         return None  # not anchored: the next strategy in the config, or the default, computes the block
 
@@ -325,4 +311,4 @@ class DCTAnchor:
         return out
 
 
-__all__ = ["BlockState", "DCTAnchor", "DCTState", "block_inputs", "decide", "extrapolated"]
+__all__ = ["BlockState", "DCTAnchor", "DCTState", "block_inputs", "decide"]

@@ -19,6 +19,7 @@ import attrs
 import torch
 
 from diffaccel.errors import ConfigValueError
+from diffaccel.extrapolate import extrapolated, keep
 
 from .cache import LatentCache
 from .state import AnchorState, rel_change
@@ -41,6 +42,8 @@ class BlockStackState(AnchorState):
     tail_h: torch.Tensor | None = None
     """The features entering its tail at its last full run."""
     tailed: int = 0
+    kept: dict[int, list] = attrs.Factory(dict)
+    """With extrapolate: per block, (step, what it kept) at its last two computations."""
 
 
 class BlockPolicy:
@@ -63,7 +66,7 @@ class BlockPolicy:
         pass
 
     def finish(self, st: BlockStackState) -> None:
-        pass
+        st.kept = {}  # the kept block values are not needed after the run
 
     def add_metrics(self, m: dict[str, Any], states: list[BlockStackState], run) -> None:
         m["skipped_per_block"] = [sum(s.skipped[j] for s in states if s.skipped) for j in range(len(m["layers"]))]
@@ -112,7 +115,11 @@ class BlockPolicy:
                     if out is not None:
                         return out
                 else:
-                    cached = layer.cached_output
+                    kept = st.kept.get(layer.index, ())
+                    if self.config.extrapolate and len(kept) == 2:
+                        cached = layer.served(extrapolated(kept, run.step), (), hidden)
+                    else:
+                        cached = layer.cached_output
                     if cached is not None:
                         st.hits += st.keys.shape[0]
                         st.skipped[layer.index] += 1
@@ -125,6 +132,8 @@ class BlockPolicy:
             st.tail_h = got.get("h")
         else:
             out = layer.compute(hidden)
+            if self.config.extrapolate:
+                st.kept[layer.index] = keep(st.kept.get(layer.index, []), run.step, layer.to_cache(hidden, out))
         main = out[0] if isinstance(out, tuple) else out
         if st.cache is None:
             self._init(st, run, main.shape[0], main.device)
