@@ -243,7 +243,9 @@ def test_shipped_digits_dit_loads_and_is_labelled():
     from diffaccel.adapters.dit.adapter import is_digits
 
     p = load_checkpoint("dit-digits")
-    assert type(p.transformer).__name__ == "PixArtTransformer2DModel" and is_digits(p)
+    from diffaccel.adapters.dit.nets.pooled_pixart import PooledTextPixArtTransformer2DModel
+
+    assert type(p.transformer) is PooledTextPixArtTransformer2DModel and is_digits(p)
     assert [n for n, _, _, _ in hooks.block_specs(p.transformer)] == [f"transformer_blocks.{i}" for i in range(10)]
     cfg = diffaccel.parse_config({"model": {"adapter": "dit", "checkpoint": "dit-digits", "steps": 2, "batch": 2,
                                             "guidance_scale": 2.0, "prompts": ["digit 3", "7"]}})

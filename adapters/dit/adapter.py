@@ -3,7 +3,7 @@
 Checkpoints (``[model] checkpoint``):
 
 * ``dit-digits``: the shipped class-conditional digits DiT (``TextDiTPipeline`` around a
-  ``PixArtTransformer2DModel``, 32x32 grey, prompts ``"digit 7"`` or ``"7"``), trained by
+  ``PooledTextPixArtTransformer2DModel``, PixArt with the prompt also in its adaLN embedding, 32x32 grey, prompts ``"digit 7"`` or ``"7"``), trained by
   ``python -m diffaccel.adapters.dit.digits train``;
 * ``synthetic-dit-medium`` / ``synthetic-dit-tiny``: PixArt-like pipelines with seeded random
   weights, built offline (``synthetic.py``);
