@@ -11,7 +11,7 @@ from diffaccel.adapters.text.model import (SCHEDULES, TextDiffusionConfig, TextD
                                            mask_rate)
 from diffaccel.adapters.text.positions import Positions
 from diffaccel.cli import main
-from diffaccel.errors import ModelLoadError
+from diffaccel.errors import ConfigError, ModelLoadError
 from diffaccel.testing import run_with, tiny_text_pipeline
 
 
@@ -477,6 +477,33 @@ def test_bench_batch_overrides_every_configs_batch(tmp_path, capsys):
     assert main(["bench", str(tmp_path / "base.toml"), "--batch", "0", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "--batch must be 1 or more, got 0" in err and "Traceback" not in err
+
+
+def test_quality_only_bench_runs_each_entry_once_per_seed_untimed(tmp_path, capsys, monkeypatch):
+    from diffaccel.adapters_registry import get_adapter
+    from diffaccel.bench import format_table, run_bench
+
+    model = '[model]\nadapter = "text"\ncheckpoint = "wordnet-masked"\nlength = 16\nsteps = 4\n'
+    (tmp_path / "base.toml").write_text(model)
+    (tmp_path / "swd.toml").write_text(model + '[[strategy]]\nuse = "swd"\n')
+    paths = [str(tmp_path / "base.toml"), str(tmp_path / "swd.toml")]
+    timed = run_bench(paths, seeds=2, noise_floor=False, progress=False, judge=None)
+    adapter = get_adapter("text")
+    calls = []
+    real_run = adapter.run
+    monkeypatch.setattr(adapter, "run", lambda *a, **k: calls.append(a[2]) or real_run(*a, **k))
+    result = run_bench(paths, seeds=2, noise_floor=False, progress=False, judge=None, timed=False)
+    assert calls == [0, 0, 1, 1]  # no warm-up: two entries, once per seed
+    assert result["timed"] is False and [e["speedup"] for e in result["entries"]] == [None, None]
+    for a, b in zip(timed["entries"], result["entries"]):  # the same outputs as the timed bench's
+        assert a["quality"] == b["quality"]
+    assert format_table(result).splitlines()[3].split()[1] == "-"
+    with pytest.raises(ConfigError, match="--repeats 2: a quality-only bench runs each seed once"):
+        run_bench(paths, seeds=2, repeats=2, timed=False, progress=False)
+    assert main(["bench", *paths, "--quality-only", "--report", str(tmp_path / "r"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "--report: not available with --quality-only" in err and "Traceback" not in err
+    assert not (tmp_path / "r").exists()
 
 
 class NarrowLastLayer:

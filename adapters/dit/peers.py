@@ -143,6 +143,7 @@ def _timestep(args: tuple, kwargs: dict) -> float | None:
 @contextmanager
 def peer_context(pipe, config: Any, session_of):
     """Apply the diffusers hook ``config`` names to ``pipe.transformer`` for a ``with`` block."""
+    from diffusers.hooks import HookRegistry
     from diffusers.hooks.hooks import CacheContext, _set_cache_context
 
     if type(config) not in PEERS.values():
@@ -161,6 +162,12 @@ def peer_context(pipe, config: Any, session_of):
 
     def forward(*args, **kwargs):
         t = _timestep(args, kwargs)
+        if clock.t is not None and t is not None and t > clock.t:
+            # the timestep rose: a new generation. Stateful hooks (TaylorSeer's expansions,
+            # FirstBlockCache's residuals) start afresh, as CacheMixin transformers get from the
+            # pipeline's maybe_free_model_hooks; PixArt and SD3 have no CacheMixin
+            HookRegistry.check_if_exists_or_initialize(transformer).reset_stateful_hooks(recurse=True)
+            clock.step = -1
         if t != clock.t or clock.step < 0:
             clock.t, clock.calls = t, 0
             clock.step += 1

@@ -12,6 +12,10 @@ counts nothing for it ("computed" shows "-").
 
 A judge (``judge``, adapters with ``load_judge``: text) scores every entry's outputs after the
 timed runs: ``gen_ppl``, and ``gen_ppl_noise``, the baseline on a second, disjoint seed set.
+
+``timed=False`` (``bench --quality-only``) runs the same entries on the same seeds without the
+warm-up or any clock: quality over more seeds than a timed bench can afford, with no need for a
+quiet machine. Its entries have ``speedup`` None.
 """
 
 from __future__ import annotations
@@ -65,14 +69,17 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
               noise_floor: bool = True, progress: bool = True, registry: Registry | None = None,
               plot_dir: str | None = None, batch: int | None = None, seed: int | None = None,
               judge: str | None = None, judge_noise: bool | None = None,
-              keep_outputs: dict[str, list[Any]] | None = None) -> dict[str, Any]:
+              keep_outputs: dict[str, list[Any]] | None = None, timed: bool = True) -> dict[str, Any]:
     """``batch`` overrides every config's ``[model] batch`` (rows per call; seed k of the bench
     starts at ``seed + k * batch``, so no row is generated twice); ``seed`` their first seed.
     ``judge``: a judge the adapter's ``load_judge`` knows (text: 'smollm2', a causal LM folder or
     hub id), loaded before any sampling; "default": the adapter's default judge, if it loads (if
     not, a note in the result); None or "none": no judge. ``judge_noise`` (default: as
     ``noise_floor``): also score the baseline on as many seeds again for ``gen_ppl_noise``.
-    ``keep_outputs``: a dict that receives every entry's outputs (name -> one per seed), for the report."""
+    ``keep_outputs``: a dict that receives every entry's outputs (name -> one per seed), for the report.
+    ``timed``: False runs every entry once per seed with no warm-up and no timing (speedup None)."""
+    if not timed and repeats != 1:
+        raise ConfigError(f"--repeats {repeats}: a quality-only bench runs each seed once (--repeats 1)")
     wall0 = time.perf_counter()
     registry = registry or Registry()
     configs = load_bench_configs(paths, registry)
@@ -95,7 +102,8 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
     peer_configs = {name: peer_run(base, p.config) for name, p in peers.items()} if peer_run else {}
     seed_list = [base.model.seed + k * base.model.batch for k in range(seeds)]
 
-    adapter.run(pipe, base, seed_list[0], progress=False)  # warm-up, untimed
+    if timed:
+        adapter.run(pipe, base, seed_list[0], progress=False)  # warm-up, untimed
     times: dict[str, list[float]] = {name: [] for name, _ in entries}
     outputs: dict[str, list[Any]] = {name: [] for name, _ in entries}
     total = repeats * len(seed_list) * len(entries)
@@ -126,14 +134,14 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
     # outputs[name][i] is the run of seed_list[i] for every entry
     result: dict[str, Any] = {"model": {"adapter": base.model.adapter, "checkpoint": base.model.checkpoint,
                                         "steps": base.model.steps, "batch": base.model.batch},
-                              "seeds": seed_list, "repeats": repeats, "entries": []}
+                              "seeds": seed_list, "repeats": repeats, "timed": timed, "entries": []}
     base_time = sum(times["baseline"])
     for name, strategies in entries:
         reports = [o.report for o in outputs[name]]
         peer = peers.get(name)
         entry = {
             "name": name,
-            "speedup": base_time / sum(times[name]),
+            "speedup": base_time / sum(times[name]) if timed else None,
             "quality": adapter.quality(outputs["baseline"], outputs[name], references),
             "fraction_computed": None if peer else sum(r["counters"]["fraction_computed"] for r in reports) / len(reports),
             "strategies": [s.name for s in strategies],
@@ -246,12 +254,13 @@ def format_table(result: dict[str, Any]) -> str:
     rows = [head]
     for e in result["entries"]:
         computed = "-" if e["fraction_computed"] is None else f"{e['fraction_computed']:.0%}"
-        rows.append([e["name"], f"{e['speedup']:.2f}x", computed,
-                     *[_fmt(e["quality"].get(k)) for k in keys]])
+        speed = "-" if e["speedup"] is None else f"{e['speedup']:.2f}x"
+        rows.append([e["name"], speed, computed, *[_fmt(e["quality"].get(k)) for k in keys]])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
     m = result["model"]
-    lines.insert(0, f"{m['adapter']} model {m['checkpoint']}, seeds {result['seeds']}, {result['repeats']} repeat(s), interleaved")
+    how = f"{result['repeats']} repeat(s), interleaved" if result.get("timed", True) else "quality only (not timed)"
+    lines.insert(0, f"{m['adapter']} model {m['checkpoint']}, seeds {result['seeds']}, {how}")
     lines.insert(2, "  ".join("-" * w for w in widths))
     j = result.get("judge")
     if j and j.get("note"):

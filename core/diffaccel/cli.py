@@ -25,6 +25,7 @@ EXAMPLES = {
           diffaccel bench configs/text-swd.toml configs/text-swd-time-anchor.toml --seeds 4 --json out/bench.json
           diffaccel bench configs/text-default.toml configs/text-time-anchor.toml --seeds 6 --batch 8
           diffaccel bench configs/digits-dct.toml --seeds 2 --report report/digits
+          diffaccel bench configs/dit-digits-time-anchor.toml configs/dit-digits-dct.toml --quality-only --seeds 10
         All configs must share one [model] table. The baseline is that model with no strategy;
         every entry runs on the same seeds, interleaved. Speedup = baseline wall time / entry
         wall time. Quality columns compare each entry with the baseline of the same seed.
@@ -32,7 +33,9 @@ EXAMPLES = {
         on a CPU a step's weights are then read once for N rows, and what skipping positions
         saves grows (see 'diffaccel partial'). --report DIR writes DIR/index.md and DIR/index.html
         (opens offline): the table, speedup against quality, the images or samples of each entry
-        beside the baseline's, the strategies' plots, the command, versions and machine.""",
+        beside the baseline's, the strategies' plots, the command, versions and machine.
+        --quality-only runs each entry once per seed with no warm-up and no clock: quality over
+        more seeds than a timed bench affords, on a busy machine too (speedup shows "-").""",
     "overhead": """
         examples:
           diffaccel overhead configs/text-default.toml
@@ -126,6 +129,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, help="override [model] seed: the first seed (e.g. seeds kept for tuning)")
     b.add_argument("--judge", default="default", metavar="NAME_OR_PATH",
                    help="language model scoring text samples (gen_ppl): smollm2 (default), none, a causal LM folder or hub id, a .gguf file")
+    b.add_argument("--quality-only", action="store_true",
+                   help="no timing, no warm-up: each entry once per seed, quality only (more seeds; no quiet machine needed)")
     b.add_argument("--no-progress", action="store_true")
     b.add_argument("--prompts", metavar="FILE", help="one item per line instead of --seeds; shared by the processes of 'accelerate launch'")
 
@@ -234,17 +239,20 @@ def _bench(args) -> int:
     if args.prompts is not None:
         from .prompt_bench import main_bench
 
-        for option, given in (("--report", args.report_dir), ("--plots", args.plot_dir)):
+        for option, given in (("--report", args.report_dir), ("--plots", args.plot_dir), ("--quality-only", args.quality_only or None)):
             if given is not None:
                 raise ConfigError(f"{option}: not available with --prompts (the sharded bench writes --json only)")
         return main_bench(args)
     from .bench import format_table, run_bench
 
+    if args.quality_only and args.report_dir:
+        raise ConfigError("--report: not available with --quality-only (a report plots speedup against quality)")
     outputs: dict | None = {} if args.report_dir else None
     plot_dir = args.plot_dir or (f"{args.report_dir}/plots" if args.report_dir else None)
     result = run_bench(args.configs, seeds=args.seeds, repeats=args.repeats, json_path=args.json_path,
                        noise_floor=not args.no_noise_floor, progress=not args.no_progress, plot_dir=plot_dir,
-                       batch=args.batch, seed=args.seed, judge=args.judge, keep_outputs=outputs)
+                       batch=args.batch, seed=args.seed, judge=args.judge, keep_outputs=outputs,
+                       timed=not args.quality_only)
     print(format_table(result))
     if args.json_path:
         print(f"wrote {args.json_path}")
