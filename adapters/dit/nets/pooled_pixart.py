@@ -1,14 +1,14 @@
 """``PooledTextPixArtTransformer2DModel``: PixArt with the prompt also in its timestep embedding.
 
-Stock PixArt reads the prompt only through cross-attention (``attn2``), which in its
-``ada_norm_single`` blocks sees the un-normalised hidden states. On the digits DiT that route
-never learned: its cross-attention weights stayed uniform over the 16 prompt tokens, so
-``attn2`` returned the same token average for every prompt (the character CLIP encoder's causal
-mask makes "digit 3" and "digit 7" identical up to the digit's position), and the text changed
-the noise prediction by ~0.3% (conditioning accuracy at chance). DiT's standard class
-conditioning is through adaLN: here the mean of the prompt's token states, projected to the
-model width (``adaln_single.emb.text_proj``), is added to the embedded timestep, so it modulates
-every block's scale/shift/gate and the output layer. Cross-attention stays as it is.
+Stock PixArt reads the prompt only through cross-attention (``attn2``, which in its
+``ada_norm_single`` blocks sees the un-normalised hidden states). On the digits DiT those
+attention weights stayed uniform over the 16 prompt tokens, so ``attn2`` returned about the same
+token average for every prompt and the text changed the noise prediction by ~0.3%. DiT's standard
+class conditioning goes through adaLN instead: here the mean of the prompt's token states,
+projected to the model width (``adaln_single.emb.text_proj``), is added to the embedded timestep,
+so it modulates every block's scale/shift/gate and the output layer. Cross-attention stays.
+(On its own this doubled the prompt's effect in a short A/B; the larger part of the digits fix
+was freezing a trained text encoder, see docs/dit.md.)
 
 Same config and blocks as ``PixArtTransformer2DModel`` (the subclass adds no config keys), so
 ``save_pretrained`` / ``from_pretrained``, the adapter's per-block hooks and diffusers' cache
