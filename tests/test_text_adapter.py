@@ -237,6 +237,25 @@ def test_modulation_cache_follows_condition_and_weights():
         assert other is not c and other.shape[0] == 2
 
 
+def test_a_zero_condition_row_is_that_row_unconditioned():
+    """A row whose external condition vector is all zeros gets no projection (not the projection's
+    bias): that row is the unconditioned model, while the other rows keep their condition."""
+    from diffaccel.adapters.text.model import TextDiffusionConfig, TextDiffusionLM
+
+    torch.manual_seed(0)
+    model = TextDiffusionLM(TextDiffusionConfig(vocab_size=32, dim=16, n_layers=2, n_heads=2, max_len=8, mask_id=2, cond_dim=4)).eval()
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    x = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(1))
+    v = torch.randn(2, 4, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        both, plain = model(x, cond=v), model(x)
+        assert not torch.allclose(both[0], plain[0]) and not torch.allclose(both[1], plain[1])
+        one = model(x, cond=torch.stack([v[0], torch.zeros(4)]))
+        torch.testing.assert_close(one[0], both[0])
+        torch.testing.assert_close(one[1], plain[1])
+
+
 # ---- BERT-family masked LMs -------------------------------------------------------------------
 
 def _tiny_bert(tmp_path, family="bert"):

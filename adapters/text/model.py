@@ -267,7 +267,10 @@ class TextDiffusionLM(nn.Module):
         return h + pos
 
     def condition(self, t: torch.Tensor | None, batch: int, cond: torch.Tensor | None = None) -> torch.Tensor:
-        """Condition vector (B, D): learned bias + time embedding + projected external condition."""
+        """Condition vector (B, D): learned bias + time embedding + projected external condition.
+
+        ``cond`` is (B, cond_dim); a row whose vector is all zeros gets no projection at all
+        (exactly the unconditioned model for that row), so a strategy can drop one row's condition."""
         c = self.cond_bias.expand(batch, -1)
         if self.uses_time:
             if t is None:
@@ -275,7 +278,7 @@ class TextDiffusionLM(nn.Module):
             t = t.expand(batch) if t.dim() == 0 or t.numel() == 1 else t
             c = c + self.time_mlp(timestep_embedding(t.reshape(batch), self.config.dim))
         if cond is not None and self.config.cond_dim:
-            c = c + self.cond_proj(cond)
+            c = c + self.cond_proj(cond) * cond.ne(0).any(-1, keepdim=True)
         return c
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
