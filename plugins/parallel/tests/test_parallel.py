@@ -382,3 +382,19 @@ def test_diffusion_gemma_is_refused_by_capability(tmp_path, capsys):
     assert main(["generate", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "'mask-confidences'" in err[0] and "parallel" in err[0] and str(path) in err[0]
+
+
+def test_the_steps_output_is_built_only_when_a_strategy_reads_it(pipe, monkeypatch):
+    # parallel answers diffaccel_commit only: the sampler then skips post_step's top-1 over every
+    # position; with a strategy that reads the output it is built as before, same tokens either way
+    import diffaccel.adapters.text.pipeline as pl
+
+    calls = []
+    real = pl.most_probable
+    monkeypatch.setattr(pl, "most_probable", lambda lg: calls.append(1) or real(lg))
+    alone = run_with(pipe, [par(rule="factor", factor=3.0)], length=N, steps=N, seed=5)
+    assert calls == []
+    seen = []
+    watched = run_with(pipe, [par(rule="factor", factor=3.0), MaskedWatch(seen)], length=N, steps=N, seed=5)
+    assert len(calls) == len(seen) == watched.report["steps_run"]
+    assert torch.equal(alone.tokens, watched.tokens)
