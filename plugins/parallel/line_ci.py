@@ -34,40 +34,50 @@ def line_at(x: float, peers: dict[int, torch.Tensor]) -> torch.Tensor:
     return (1 - w) * peers[lo] + w * peers[hi]
 
 
+def log_ppl(entry: dict, idx: torch.Tensor) -> torch.Tensor:
+    """log gen_ppl (the mean nll per judged token) of an entry's samples ``idx`` (..., n)."""
+    nll, tok = (torch.tensor(entry[k], dtype=torch.float64) for k in ("nll", "tokens"))
+    return nll[idx].sum(-1) / tok[idx].sum(-1)
+
+
+def against_line(data: dict, entry: str, at: float | None = None, resamples: int = 4000, seed: int = 0) -> dict:
+    """The entry's gen_ppl against the line at ``at`` steps (default: its mean steps run):
+    ``diff`` (ratio less 1), its 95% interval ``lo``, ``hi`` and the share ``below`` of resamples
+    where the entry is under the line, seeds resampled the same for every entry (paired)."""
+    peers = {int(k.split("=")[1]): k for k in data if k.startswith("steps=")}
+    peers[128] = "baseline"
+    n = len(data["baseline"]["nll"])
+    steps = sum(data[entry]["steps_run"]) / n
+    x = steps if at is None else at
+
+    def diff(idx):
+        line = line_at(x, {k: log_ppl(data[v], idx) for k, v in peers.items()})
+        return (log_ppl(data[entry], idx) - line).exp() - 1, line
+
+    full = torch.arange(n)
+    point, line = diff(full)
+    boot, _ = diff(torch.randint(0, n, (resamples, n), generator=torch.Generator().manual_seed(seed)))
+    lo, hi = torch.quantile(boot, torch.tensor([0.025, 0.975], dtype=boot.dtype)).tolist()
+    return {"steps": steps, "at": x, "gen_ppl": math.exp(float(log_ppl(data[entry], full))), "line": math.exp(float(line)),
+            "diff": float(point), "lo": lo, "hi": hi, "below": float((boot < 0).double().mean())}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("json")
     ap.add_argument("entry", nargs="+", help="probe spec names of the entries to place against the line")
     ap.add_argument("--at", type=float, nargs="*", help="steps at which to read the line, one per entry")
     ap.add_argument("--resamples", type=int, default=4000)
-    ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     data = json.load(open(a.json))["entries"]
-    g = torch.Generator().manual_seed(a.seed)
-
-    def logppl(name: str, idx: torch.Tensor) -> torch.Tensor:
-        nll, tok = torch.tensor(data[name]["nll"], dtype=torch.float64), torch.tensor(data[name]["tokens"], dtype=torch.float64)
-        return nll[idx].sum(-1) / tok[idx].sum(-1)  # log gen_ppl: the mean nll per judged token
-
-    names = {int(k.split("=")[1]): k for k in data if k.startswith("steps=")}
-    names[128] = "baseline"
     n = len(data["baseline"]["nll"])
-    full = torch.arange(n)[None]
-    boot = torch.randint(0, n, (a.resamples, n), generator=g)
-    print(f"{n} samples; line: {', '.join(f'{k} steps {math.exp(float(logppl(v, full))):.1f}' for k, v in sorted(names.items()))}")
+    peers = sorted((int(k.split("=")[1]), k) for k in data if k.startswith("steps=")) + [(128, "baseline")]
+    print(f"{n} samples; line: " + ", ".join(f"{k} steps {math.exp(float(log_ppl(data[v], torch.arange(n)))):.1f}" for k, v in peers))
     for i, entry in enumerate(a.entry):
-        steps = sum(data[entry]["steps_run"]) / n
-        x = a.at[i] if a.at else steps
-        for idx, tag in ((full, "point"), (boot, "boot")):
-            peers = {k: logppl(v, idx) for k, v in names.items()}
-            d = (logppl(entry, idx) - line_at(x, peers)).exp() - 1
-            if tag == "point":
-                point, ppl, line = float(d), math.exp(float(logppl(entry, idx))), math.exp(float(line_at(x, peers)))
-            else:
-                lo, hi = torch.quantile(d, torch.tensor([0.025, 0.975], dtype=d.dtype)).tolist()
-                below = float((d < 0).double().mean())
-        print(f"{entry}: {steps:.1f} steps run, gen_ppl {ppl:.1f}; line at {x:.1f} steps {line:.1f}; "
-              f"difference {100 * point:+.1f}% (95% CI {100 * lo:+.1f}% to {100 * hi:+.1f}%), below the line in {100 * below:.0f}% of resamples")
+        r = against_line(data, entry, a.at[i] if a.at else None, a.resamples)
+        print(f"{entry}: {r['steps']:.1f} steps run, gen_ppl {r['gen_ppl']:.1f}; line at {r['at']:.1f} steps {r['line']:.1f}; "
+              f"difference {100 * r['diff']:+.1f}% (95% CI {100 * r['lo']:+.1f}% to {100 * r['hi']:+.1f}%), "
+              f"below the line in {100 * r['below']:.0f}% of resamples")
     return 0
 
 
