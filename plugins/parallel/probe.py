@@ -11,7 +11,7 @@ computed, the trigram perplexity and distinct-2 over the samples (128 tokens, 12
 the end ``gen_ppl`` under the bench's default judge (SmolLM2-135M, docs/text-quality-judge.md) for
 every entry, scored in one call after all sampling (``--no-judge`` as the first argument: none).
 ``--json PATH`` (first, after ``--no-judge`` if given) also writes every sample's steps run and
-judge score (nll, tokens) per entry, for ``line_ci.py``. ``--batch B`` runs B seeds per call
+judge score (nll and tokens summed over its lines) per entry, for ``line_ci.py``. ``--batch B`` runs B seeds per call
 (rows seeded seed .. seed + B - 1, the tokens each row gets alone), the seeds a multiple of B.
 The defaults of ``configs/text-parallel*.toml`` were chosen with it on seeds 100 to 105.
 """
@@ -97,16 +97,19 @@ def main(argv: list[str]) -> int:
             frac.append(o.report["counters"]["fraction_computed"])
         q = text_quality(texts)
         name = spec or "baseline"
-        lines[name], steps_run[name] = judge_lines(texts), run
+        lines[name], steps_run[name] = [judge_lines([t]) for t in texts], run  # per sample: its lines
         print(f"{name}: steps {sum(run) / len(run):.1f}, computed {sum(frac) / len(frac):.2f}, "
               f"perplexity {q['perplexity']:.1f}, distinct-2 {q['distinct_2']:.3f}", flush=True)
     result = {"seeds": [first, count], "entries": {}}
     if use_judge:
-        scores = load_judge(DEFAULT_JUDGE).score([line for g in lines.values() for line in g])
+        scores = load_judge(DEFAULT_JUDGE).score([line for g in lines.values() for sample in g for line in sample])
         k = 0
         for name, g in lines.items():
-            nll, toks = scores.nll[k : k + len(g)], scores.tokens[k : k + len(g)]
-            k += len(g)
+            nll, toks = [], []  # per sample: the sums over its lines
+            for sample in g:
+                nll.append(sum(scores.nll[k : k + len(sample)]))
+                toks.append(sum(scores.tokens[k : k + len(sample)]))
+                k += len(sample)
             result["entries"][name] = {"steps_run": steps_run[name], "nll": nll, "tokens": toks}
             print(f"{name}: gen_ppl {math.exp(sum(nll) / sum(toks)):.1f}")
     if out:
