@@ -143,7 +143,7 @@ def attend_positions(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCa
     kv.k.view(-1, dh).index_copy_(0, rows, k.reshape(T * Hkv, dh))
     kv.v.view(-1, dh).index_copy_(0, rows, v.reshape(T * Hkv, dh))
     a = F.scaled_dot_product_attention(sel.pad(q).transpose(1, 2), sel.live_rows(kv.k), sel.live_rows(kv.v), scale=scale,
-                                       enable_gqa=Hkv != H)  # (B, H, M, dh)
+                                       enable_gqa=Hkv != H)  # (L, H, M, dh)
     return sel.unpad(a.transpose(1, 2)).reshape(T, H * dh)
 
 
