@@ -133,9 +133,12 @@ def test_positions_are_ragged_and_pad_only_for_attention():
     x = torch.arange(3 * 4 * 2, dtype=torch.float32).view(3, 4, 2)
     rows = sel.gather(x)
     assert torch.equal(rows, x[mask])
-    padded = sel.pad(rows)  # (B, M, 2): row 1 holds one pair, row 2 none
-    assert padded.shape == (3, 2, 2) and torch.equal(padded[1, 0], x[1, 3]) and not padded[1, 1].any() and not padded[2].any()
+    padded = sel.pad(rows)  # (L, M, 2): row 1 holds one pair; row 2 has none and is left out
+    assert padded.shape == (2, 2, 2) and torch.equal(padded[1, 0], x[1, 3]) and not padded[1, 1].any()
     assert torch.equal(sel.unpad(padded), rows)
+    assert sel.L == 2 and torch.equal(sel.live_rows(x), x[:2])  # the keys and values attention reads
+    full = Positions(torch.ones(3, 4, dtype=torch.bool))
+    assert full.live is None and full.live_rows(x) is x
     dst = torch.zeros_like(x)
     assert torch.equal(sel.scatter_(dst, rows)[mask], rows) and not dst[~mask].any()
     # (row, position) -> rows of a (B, H, N, dh) cache, in the order of a (T, H, dh) tensor

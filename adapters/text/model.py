@@ -130,7 +130,8 @@ def attend_positions(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCa
     """Attention for the T positions ``sel`` of a partial step: their keys and values ``k``, ``v``
     (T, Hkv, dh) are written into ``kv`` (B, Hkv, N, dh each) in place, one ``index_copy_`` per tensor,
     and their queries ``q`` (T, H, dh) attend over every position of their row. Returns (T, H * dh).
-    Queries are padded to the longest row for the one attention call only."""
+    Queries are padded to the longest row for the one attention call only; rows with no
+    position (finished rows) are not in it."""
     T, H, dh = q.shape
     Hkv = k.shape[1]  # fewer than H with grouped-query attention: each serves H / Hkv query heads
     # a full step leaves the values as a strided view of its qkv product: make them one block once
@@ -141,8 +142,8 @@ def attend_positions(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCa
     rows = sel.kv_index(Hkv)
     kv.k.view(-1, dh).index_copy_(0, rows, k.reshape(T * Hkv, dh))
     kv.v.view(-1, dh).index_copy_(0, rows, v.reshape(T * Hkv, dh))
-    a = F.scaled_dot_product_attention(sel.pad(q).transpose(1, 2), kv.k, kv.v, scale=scale,
-                                       enable_gqa=Hkv != H)  # (B, H, M, dh)
+    a = F.scaled_dot_product_attention(sel.pad(q).transpose(1, 2), sel.live_rows(kv.k), sel.live_rows(kv.v), scale=scale,
+                                       enable_gqa=Hkv != H)  # (L, H, M, dh)
     return sel.unpad(a.transpose(1, 2)).reshape(T, H * dh)
 
 
