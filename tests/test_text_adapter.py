@@ -133,9 +133,12 @@ def test_positions_are_ragged_and_pad_only_for_attention():
     x = torch.arange(3 * 4 * 2, dtype=torch.float32).view(3, 4, 2)
     rows = sel.gather(x)
     assert torch.equal(rows, x[mask])
-    padded = sel.pad(rows)  # (B, M, 2): row 1 holds one pair, row 2 none
-    assert padded.shape == (3, 2, 2) and torch.equal(padded[1, 0], x[1, 3]) and not padded[1, 1].any() and not padded[2].any()
+    padded = sel.pad(rows)  # (L, M, 2): row 1 holds one pair; row 2 has none and is left out
+    assert padded.shape == (2, 2, 2) and torch.equal(padded[1, 0], x[1, 3]) and not padded[1, 1].any()
     assert torch.equal(sel.unpad(padded), rows)
+    assert sel.L == 2 and torch.equal(sel.live_rows(x), x[:2])  # the keys and values attention reads
+    full = Positions(torch.ones(3, 4, dtype=torch.bool))
+    assert full.live is None and full.live_rows(x) is x
     dst = torch.zeros_like(x)
     assert torch.equal(sel.scatter_(dst, rows)[mask], rows) and not dst[~mask].any()
     # (row, position) -> rows of a (B, H, N, dh) cache, in the order of a (T, H, dh) tensor
@@ -235,6 +238,25 @@ def test_modulation_cache_follows_condition_and_weights():
         torch.testing.assert_close(den.block(0, h, c, KVCache()), blk(h, c, KVCache()))
         other = den.condition(None, 2)  # another batch size: another vector
         assert other is not c and other.shape[0] == 2
+
+
+def test_a_zero_condition_row_is_that_row_unconditioned():
+    """A row whose external condition vector is all zeros gets no projection (not the projection's
+    bias): that row is the unconditioned model, while the other rows keep their condition."""
+    from diffaccel.adapters.text.model import TextDiffusionConfig, TextDiffusionLM
+
+    torch.manual_seed(0)
+    model = TextDiffusionLM(TextDiffusionConfig(vocab_size=32, dim=16, n_layers=2, n_heads=2, max_len=8, mask_id=2, cond_dim=4)).eval()
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    x = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(1))
+    v = torch.randn(2, 4, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        both, plain = model(x, cond=v), model(x)
+        assert not torch.allclose(both[0], plain[0]) and not torch.allclose(both[1], plain[1])
+        one = model(x, cond=torch.stack([v[0], torch.zeros(4)]))
+        torch.testing.assert_close(one[0], both[0])
+        torch.testing.assert_close(one[1], plain[1])
 
 
 # ---- BERT-family masked LMs -------------------------------------------------------------------

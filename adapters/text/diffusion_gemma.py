@@ -185,7 +185,7 @@ def decoder_layer(layer, h: torch.Tensor, ctx: _GemmaContext, i: int, sel: Posit
         rows = ((sel.rows[:, None] * Hk + heads) * N + S + sel.pos[:, None]).reshape(-1)
         kbuf.view(-1, dh).index_copy_(0, rows, k.reshape(T * Hk, dh))
         vbuf.view(-1, dh).index_copy_(0, rows, v.reshape(T * Hk, dh))
-        out, _ = interface(attn, sel.pad(q).transpose(1, 2), kbuf, vbuf, None, dropout=0.0,
+        out, _ = interface(attn, sel.pad(q).transpose(1, 2), sel.live_rows(kbuf), sel.live_rows(vbuf), None, dropout=0.0,
                            scaling=attn.scaling, sliding_window=attn.sliding_window, is_causal=False)
         out = attn.o_proj(sel.unpad(out).reshape(T, -1))
     h = residual + layer.post_attention_layernorm(out)

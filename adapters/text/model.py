@@ -130,7 +130,8 @@ def attend_positions(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCa
     """Attention for the T positions ``sel`` of a partial step: their keys and values ``k``, ``v``
     (T, Hkv, dh) are written into ``kv`` (B, Hkv, N, dh each) in place, one ``index_copy_`` per tensor,
     and their queries ``q`` (T, H, dh) attend over every position of their row. Returns (T, H * dh).
-    Queries are padded to the longest row for the one attention call only."""
+    Queries are padded to the longest row for the one attention call only; rows with no
+    position (finished rows) are not in it."""
     T, H, dh = q.shape
     Hkv = k.shape[1]  # fewer than H with grouped-query attention: each serves H / Hkv query heads
     # a full step leaves the values as a strided view of its qkv product: make them one block once
@@ -141,8 +142,8 @@ def attend_positions(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCa
     rows = sel.kv_index(Hkv)
     kv.k.view(-1, dh).index_copy_(0, rows, k.reshape(T * Hkv, dh))
     kv.v.view(-1, dh).index_copy_(0, rows, v.reshape(T * Hkv, dh))
-    a = F.scaled_dot_product_attention(sel.pad(q).transpose(1, 2), kv.k, kv.v, scale=scale,
-                                       enable_gqa=Hkv != H)  # (B, H, M, dh)
+    a = F.scaled_dot_product_attention(sel.pad(q).transpose(1, 2), sel.live_rows(kv.k), sel.live_rows(kv.v), scale=scale,
+                                       enable_gqa=Hkv != H)  # (L, H, M, dh)
     return sel.unpad(a.transpose(1, 2)).reshape(T, H * dh)
 
 
@@ -267,7 +268,10 @@ class TextDiffusionLM(nn.Module):
         return h + pos
 
     def condition(self, t: torch.Tensor | None, batch: int, cond: torch.Tensor | None = None) -> torch.Tensor:
-        """Condition vector (B, D): learned bias + time embedding + projected external condition."""
+        """Condition vector (B, D): learned bias + time embedding + projected external condition.
+
+        ``cond`` is (B, cond_dim); a row whose vector is all zeros gets no projection at all
+        (exactly the unconditioned model for that row), so a strategy can drop one row's condition."""
         c = self.cond_bias.expand(batch, -1)
         if self.uses_time:
             if t is None:
@@ -275,7 +279,7 @@ class TextDiffusionLM(nn.Module):
             t = t.expand(batch) if t.dim() == 0 or t.numel() == 1 else t
             c = c + self.time_mlp(timestep_embedding(t.reshape(batch), self.config.dim))
         if cond is not None and self.config.cond_dim:
-            c = c + self.cond_proj(cond)
+            c = c + self.cond_proj(cond) * cond.ne(0).any(-1, keepdim=True)
         return c
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:

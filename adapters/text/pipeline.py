@@ -539,7 +539,7 @@ class TextDiffusionPipeline:
 
     def _post(self, ctx, accel, tokens, logits, masked, fixed, latents=None):
         run = ctx.run
-        if not accel.active:
+        if not accel.active or not accel.watches_steps:  # nobody reads it: skip the top-1 over every position
             return
         topk = None
         if isinstance(logits, TopKLogits):

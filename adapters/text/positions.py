@@ -4,7 +4,9 @@ Rows of a batch rarely need the same number of positions. Padding every row to t
 a (B, M) index does) made a quarter of a batch-8 partial step's rows padding, run through every
 linear layer and the head for nothing. Here the T pairs are one flat list: per-position work
 (linears, the head, the sampler's per-row maths) runs on exactly T rows, and only attention,
-whose queries must sit in their own row, sees a padded (B, M) layout for the length of one call.
+whose queries must sit in their own row, sees a padded (L, M) layout for the length of one call,
+L the rows that have a position at all: a row with nothing to compute (a finished row of an
+early-committing sampler) is left out of attention too, so it costs nothing.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ class Positions:
     """T (row, position) pairs of a (B, N) batch, row-major. Built once per step (or per layer,
     when a strategy narrows a layer further) and shared by everything that gathers or scatters."""
 
-    __slots__ = ("B", "N", "flat", "rows", "pos", "M", "slot", "_mask", "_kv")
+    __slots__ = ("B", "N", "flat", "rows", "pos", "M", "live", "slot", "_mask", "_kv")
 
     def __init__(self, mask: torch.Tensor):
         """From a (B, N) bool mask of the positions to compute (kept, not copied: see ``mask``)."""
@@ -27,9 +29,14 @@ class Positions:
         self.pos = self.flat - self.rows * self.N
         counts = mask.sum(1)
         self.M = int(counts.max()) if self.B else 0
-        # where each pair sits in the padded (B, M) layout of attention: its rank within its row
+        # the rows attention runs on (None: all B); a row with no position is not padded in
+        has = counts > 0
+        self.live = None if bool(has.all()) else has.nonzero().squeeze(1)
+        rank = torch.cumsum(has, 0) - 1  # a row's index among the live rows
+        # where each pair sits in the padded (L, M) layout of attention: its rank within its row
         start = torch.cumsum(counts, 0) - counts
-        self.slot = self.rows * self.M + (torch.arange(self.flat.numel(), device=mask.device) - start.index_select(0, self.rows))
+        self.slot = rank.index_select(0, self.rows) * self.M + (torch.arange(self.flat.numel(), device=mask.device)
+                                                                - start.index_select(0, self.rows))
         self._kv: dict[int, torch.Tensor] = {}
 
     @classmethod
@@ -65,18 +72,28 @@ class Positions:
         dst.view(self.B * self.N, *dst.shape[2:]).index_copy_(0, self.flat, src)
         return dst
 
+    @property
+    def L(self) -> int:
+        """The rows with at least one pair: the batch attention runs on."""
+        return self.B if self.live is None else self.live.numel()
+
+    def live_rows(self, cache: torch.Tensor) -> torch.Tensor:
+        """cache (B, ...) -> (L, ...): the rows of a key or value cache that attention reads."""
+        return cache if self.live is None else cache.index_select(0, self.live)
+
     def pad(self, x: torch.Tensor) -> torch.Tensor:
-        """x (T, ...) -> (B, M, ...), zeros where a row has fewer than M pairs."""
+        """x (T, ...) -> (L, M, ...), zeros where a row has fewer than M pairs; rows without a
+        pair are left out (``live_rows`` gives the matching keys and values)."""
         if self.B == 1:
             return x.unsqueeze(0)
-        out = x.new_zeros(self.B * self.M, *x.shape[1:])
-        return out.index_copy_(0, self.slot, x).view(self.B, self.M, *x.shape[1:])
+        out = x.new_zeros(self.L * self.M, *x.shape[1:])
+        return out.index_copy_(0, self.slot, x).view(self.L, self.M, *x.shape[1:])
 
     def unpad(self, y: torch.Tensor) -> torch.Tensor:
-        """y (B, M, ...) -> (T, ...), the inverse of ``pad``."""
+        """y (L, M, ...) -> (T, ...), the inverse of ``pad``."""
         if self.B == 1:
             return y.squeeze(0)
-        return y.reshape(self.B * self.M, *y.shape[2:]).index_select(0, self.slot)
+        return y.reshape(self.L * self.M, *y.shape[2:]).index_select(0, self.slot)
 
     def kv_index(self, heads: int) -> torch.Tensor:
         """(T * heads,) rows of a (B, heads, N, dh) key or value cache seen as (B * heads * N, dh),

@@ -115,6 +115,12 @@ class Accelerator:
         return bool(self._commit_chain)
 
     @property
+    def watches_steps(self) -> bool:
+        """Whether a strategy reads the step's output (``diffaccel_post_step``): without one an
+        adapter need not build it (a text step's top-1 over every position, for instance)."""
+        return bool(self._chains["diffaccel_post_step"])
+
+    @property
     def active(self) -> bool:
         """Whether strategies run (False also once every one was disabled, and while bypassed)."""
         return bool(self.strategies) and not self._bypass

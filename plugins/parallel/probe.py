@@ -10,11 +10,15 @@ or ``steps=N`` for the sampler with N steps. Prints the mean steps run, the frac
 computed, the trigram perplexity and distinct-2 over the samples (128 tokens, 128 steps), and at
 the end ``gen_ppl`` under the bench's default judge (SmolLM2-135M, docs/text-quality-judge.md) for
 every entry, scored in one call after all sampling (``--no-judge`` as the first argument: none).
+``--json PATH`` (first, after ``--no-judge`` if given) also writes every sample's steps run and
+judge score (nll and tokens summed over its lines) per entry, for ``line_ci.py``. ``--batch B`` runs B seeds per call
+(rows seeded seed .. seed + B - 1, the tokens each row gets alone), the seeds a multiple of B.
 The defaults of ``configs/text-parallel*.toml`` were chosen with it on seeds 100 to 105.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import tomllib
@@ -22,7 +26,7 @@ import tomllib
 import torch
 
 import diffaccel
-from diffaccel import parse_config
+from diffaccel import hookimpl, parse_config
 from diffaccel.accelerator import build_strategies
 from diffaccel.adapters.text.judge import DEFAULT_JUDGE, judge_lines, load_judge
 from diffaccel.adapters.text.metrics import text_quality
@@ -47,33 +51,70 @@ def strategies(spec: str) -> list:
     return build_strategies(parse_config(tomllib.loads(text)), info={"kind": "masked", "vocab_size": 4096}) if tables else []
 
 
+class RowSteps:
+    """Per row of a batch, the steps until nothing of it is masked: what the row runs alone."""
+
+    name = "row-steps"
+
+    def __init__(self):
+        self.steps: list[int | None] = []
+
+    @hookimpl
+    def diffaccel_post_step(self, run, output):
+        left = output.masked.any(1).tolist()
+        if run.step == 0:
+            self.steps = [None] * len(left)
+        self.steps = [run.step + 1 if n is None and not l else n for n, l in zip(self.steps, left)]
+
+
 def main(argv: list[str]) -> int:
     torch.set_num_threads(1)
     use_judge = not (argv and argv[0] == "--no-judge")
     argv = argv[1:] if not use_judge else argv
+    out = batch = None
+    while argv and argv[0] in ("--json", "--batch"):
+        if argv[0] == "--json":
+            out = argv[1]
+        else:
+            batch = int(argv[1])
+        argv = argv[2:]
     pipe = TextDiffusionPipeline.from_pretrained("wordnet-masked")
     lines: dict[str, list[str]] = {}
-    seeds = range(int(argv[0]), int(argv[0]) + int(argv[1]))
+    steps_run: dict[str, list[int]] = {}
+    first, count = int(argv[0]), int(argv[1])
+    batch = batch or 1
+    if count % batch:
+        raise SystemExit(f"probe.py: {count} seeds is not a multiple of --batch {batch}")
     for spec in argv[2:]:
         steps, strats = (int(spec.split("=")[1]), []) if spec.startswith("steps=") else (128, strategies(spec))
         texts, run, frac = [], [], []
-        for s in seeds:
-            with diffaccel.apply(pipe, strategies=strats):
-                o = pipe(None, length=128, steps=steps, seed=s, progress=False)
+        for s in range(first, first + count, batch):
+            watch = RowSteps()
+            with diffaccel.apply(pipe, strategies=strats + [watch] if strats else []):
+                o = pipe(None, length=128, steps=steps, seed=s, batch=batch, progress=False)
             texts += o.texts
-            run.append(o.report["steps_run"])
+            run += [o.report["steps_run"] if n is None else n for n in watch.steps] if strats else [steps] * batch
             frac.append(o.report["counters"]["fraction_computed"])
         q = text_quality(texts)
-        lines[spec or "baseline"] = judge_lines(texts)
-        print(f"{spec or 'baseline'}: steps {sum(run) / len(run):.1f}, computed {sum(frac) / len(frac):.2f}, "
+        name = spec or "baseline"
+        lines[name], steps_run[name] = [judge_lines([t]) for t in texts], run  # per sample: its lines
+        print(f"{name}: steps {sum(run) / len(run):.1f}, computed {sum(frac) / len(frac):.2f}, "
               f"perplexity {q['perplexity']:.1f}, distinct-2 {q['distinct_2']:.3f}", flush=True)
+    result = {"seeds": [first, count], "entries": {}}
     if use_judge:
-        scores = load_judge(DEFAULT_JUDGE).score([line for g in lines.values() for line in g])
+        scores = load_judge(DEFAULT_JUDGE).score([line for g in lines.values() for sample in g for line in sample])
         k = 0
         for name, g in lines.items():
-            nll, toks = sum(scores.nll[k : k + len(g)]), sum(scores.tokens[k : k + len(g)])
-            k += len(g)
-            print(f"{name}: gen_ppl {math.exp(nll / toks):.1f}")
+            nll, toks = [], []  # per sample: the sums over its lines
+            for sample in g:
+                nll.append(sum(scores.nll[k : k + len(sample)]))
+                toks.append(sum(scores.tokens[k : k + len(sample)]))
+                k += len(sample)
+            result["entries"][name] = {"steps_run": steps_run[name], "nll": nll, "tokens": toks}
+            print(f"{name}: gen_ppl {math.exp(sum(nll) / sum(toks)):.1f}")
+    if out:
+        with open(out, "w") as f:
+            json.dump(result, f)
     return 0
 
 

@@ -82,11 +82,16 @@ class BertCondConfig:
     """How the terms' tokens are enforced: 'even' pins them at evenly spread positions in source order before the run; 'model' places each where the model gives its first token the highest probability among the masked positions still free, at the step where that peaks (masked models); 'none' only drives the condition vector (needs a model with condition gating)."""
     place_by: float = attrs.field(default=0.5, validator=in_range(0.0, 1.0))
     """pin = 'model': share of the steps by which every term is placed, peak or not."""
+    vector_until: str = attrs.field(default="end", validator=one_of(("end", "placed")))
+    """How long the condition vector drives the model: 'end', every step; 'placed' (pin = 'model'), each batch row's until pin = 'model' has placed all its terms, then that row runs unconditioned, so the vector decides where the terms go and the rest is written as without it."""
 
     def __attrs_post_init__(self):
         if (self.source is None) == (self.source_file is None):
             which = "both are set" if self.source is not None else "neither is set"
             raise ConfigValueError("source", f"give exactly one of source (text) and source_file (path); {which}")
+        if self.vector_until == "placed" and self.pin != "model":
+            raise ConfigValueError("vector_until", f'"placed" stops the vector once pin = "model" has placed the terms, '
+                                                   f'but pin = "{self.pin}"; use pin = "model" or vector_until = "end"')
 
     def sources(self) -> list[str]:
         """The source texts, files read."""

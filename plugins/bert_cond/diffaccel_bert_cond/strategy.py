@@ -3,7 +3,9 @@
 * Stage one (``run_start``): the encoder extracts each batch row's source into a ``Condition``
   (key terms, scores, pooled vector); timed, so the run reports its share.
 * Stage two: models with condition gating (``cond_dim`` > 0) get the pooled vector through
-  ``RunState.condition`` at every step. ``pin`` says how the terms' tokens are enforced besides:
+  ``RunState.condition``: at every step, or (``vector_until = "placed"``) each row's until its
+  terms are placed, then that row's vector is zeroed (the model adds no projection for a zero
+  vector) and the rest is written unconditioned. ``pin`` says how the terms' tokens are enforced besides:
   ``even`` plans them over the generated positions (``plan.py``) and pins them through
   ``RunState.pinned`` (the adapter holds them fixed like prompt tokens); ``model`` places each
   during the run where the model expects it (``place.py``) and forces its tokens through the
@@ -90,6 +92,8 @@ class BertCondState:
     place_s: float = 0.0
     masked: torch.Tensor | None = None
     """pin = 'model': (B, N) positions masked at the start of the current step."""
+    vector_steps: list[int] = attrs.Factory(list)
+    """Per row, the steps its condition vector drove the model."""
 
 
 class BertCond:
@@ -184,6 +188,7 @@ class BertCond:
         t1 = time.perf_counter()
         length, tok = run.info["length"], run.info["tokenizer"]
         prompt_lengths = run.info.get("prompt_lengths") or [0] * run.batch_size
+        st.vector_steps = [0] * run.batch_size
         if self.config.vector and run.info.get("cond_dim"):
             run.condition = torch.stack([c.vector for c in conds])
         if self.config.pin != "even":
@@ -296,6 +301,23 @@ class BertCond:
             st.pin_computed += int((computed & pin).sum())
             st.free_computed += int((computed & ~pin).sum())
         st.steps_seen += 1
+        if run.condition is not None:
+            self._vector_step(run, st)
+
+    def _vector_step(self, run, st: "BertCondState") -> None:
+        """Count the step for the rows the vector drove; with vector_until = 'placed', a row
+        whose terms are all placed runs unconditioned from the next step (its vector zeroed: the
+        model then adds no projection for it), and once every row has, the batch drops it."""
+        given = run.condition.ne(0).any(-1)
+        for r in given.nonzero().flatten().tolist():
+            st.vector_steps[r] += 1
+        if self.config.vector_until != "placed" or st.placers is None:
+            return
+        done = torch.tensor([pl.done for pl in st.placers])
+        if bool(done.all()):
+            run.condition = None
+        elif bool((done & given.cpu()).any()):
+            run.condition = run.condition.masked_fill(done.to(run.condition.device)[:, None], 0.0)
 
     @hookimpl(wrapper=True)
     def diffaccel_finalize(self, run, final):
@@ -325,7 +347,9 @@ class BertCond:
             "stage_one_share": st.stage_one_s / run_s if run_s > 0 else 0.0,
             "encoder": self.config.bert,
             "encoder_load_s": self.load_seconds,
-            "vector_used": run.condition is not None,
+            "vector_used": any(st.vector_steps),
+            # per row, the share of the run's steps that its condition vector drove the model
+            "vector_share": [n / steps if steps else 0.0 for n in st.vector_steps],
             "pin": self.config.pin,
             "place_s": st.place_s,
             "placed": [list(p.placed) for p in st.placers] if st.placers else None,

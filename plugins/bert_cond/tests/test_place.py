@@ -161,6 +161,7 @@ def test_pin_model_composes_with_topk_and_swd(tiny_bert):
 
 
 def _cond_pipe(tmp_path, tiny_bert_builder, cond_dim):
+    from diffaccel.adapters.text.adapter import TextAdapter
     from diffaccel.adapters.text.denoisers import ReferenceDenoiser
     from diffaccel.adapters.text.model import TextDiffusionConfig, TextDiffusionLM
     from diffaccel.adapters.text.pipeline import TextDiffusionPipeline
@@ -170,7 +171,7 @@ def _cond_pipe(tmp_path, tiny_bert_builder, cond_dim):
     for p in model.parameters():
         torch.nn.init.normal_(p, std=0.3)
     pipe = TextDiffusionPipeline(ReferenceDenoiser(model.eval()), CharTokenizer(64))
-    return pipe, diffaccel.adapters.text.adapter.TextAdapter.info(pipe)
+    return pipe, TextAdapter.info(pipe)
 
 
 def test_pin_none_drives_the_vector_only(tmp_path, tiny_bert_builder):
@@ -181,6 +182,85 @@ def test_pin_none_drives_the_vector_only(tmp_path, tiny_bert_builder):
     assert m["vector_used"] is True and m["pinned_positions"] == 0 and m["placed"] is None
     plain = generate(pipe, [], seed=0, batch=2, temperature=0.0)
     assert not torch.equal(plain.tokens, out.tokens)  # the vector alone changed the text
+
+
+class Conditions:
+    """Records the condition vector the model got at every step (None: no condition)."""
+
+    name = "conditions"
+
+    def __init__(self):
+        self.seen = []
+
+    @hookimpl
+    def diffaccel_pre_step(self, run):
+        self.seen.append(None if run.condition is None else run.condition.clone())
+
+
+def test_vector_until_placed_drops_each_rows_vector_once_its_terms_are_placed(tmp_path, tiny_bert_builder):
+    bert = tiny_bert_builder(tmp_path / "b16", hidden=16)
+    pipe, info = _cond_pipe(tmp_path, tiny_bert_builder, 16)
+    for seed in range(3):
+        rec = Conditions()
+        # short terms: a char-tokenized long one would be placed at once (place.LONG)
+        strategy = make(bert, info, source=["ox", "gnu"], max_terms=1, vector_until="placed", place_by=0.75)
+        out = generate(pipe, [strategy, rec], seed=seed, batch=2, steps=16)
+        m = out.report["strategies"]["bert-cond"]
+        assert m["key_term_recall"] == 1.0 and m["vector_used"] is True
+        for r in range(2):
+            given = [c is not None and bool(c[r].ne(0).any()) for c in rec.seen]
+            last = max(m["placed_at_step"][r])  # the step that placed the row's last term
+            # the vector drove the row up to that step, never after it
+            assert given == [s <= last for s in range(16)], (r, given, last)
+            assert m["vector_share"][r] == (last + 1) / 16
+        assert rec.seen[-1] is None  # every row placed: the batch dropped the vector
+        # a row's zeroed vector is no condition: the model adds no projection for it
+        cond = torch.stack([rec.seen[0][0], torch.zeros(16)])
+        model = pipe.denoiser.model
+        torch.testing.assert_close(model.condition(None, 2, cond)[1], model.condition(None, 2)[1])
+    end = generate(pipe, [make(bert, info)], seed=0, batch=2, steps=16).report["strategies"]["bert-cond"]
+    assert end["vector_share"] == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("until", ["placed", "end"])
+def test_a_row_whose_terms_are_placed_loses_its_vector_alone(until):
+    from types import SimpleNamespace
+
+    from diffaccel_bert_cond.strategy import BertCondState
+
+    strategy = BertCond(BertCondConfig(source="velvet", pin="model", vector_until=until))
+    st = BertCondState(t0=0.0, vector_steps=[0, 0], placers=[RowPlacer([[5]]), RowPlacer([[6]])])
+    run = SimpleNamespace(condition=torch.ones(2, 4))
+    st.placers[0].placed = [3]  # row 0 placed its term at this step, row 1 not yet
+    strategy._vector_step(run, st)
+    if until == "end":
+        assert torch.equal(run.condition, torch.ones(2, 4)) and st.vector_steps == [1, 1]
+        return
+    assert run.condition[0].eq(0).all() and run.condition[1].eq(1).all() and st.vector_steps == [1, 1]
+    strategy._vector_step(run, st)
+    assert st.vector_steps == [1, 2] and run.condition is not None
+    st.placers[1].placed = [7]
+    strategy._vector_step(run, st)
+    assert run.condition is None and st.vector_steps == [1, 3]
+
+
+def test_cli_refuses_vector_until_placed_without_pin_model_in_one_line(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[model]\nadapter = "text"\ncheckpoint = "wordnet-masked-cond"\nlength = 16\nsteps = 4\n'
+                   '[[strategy]]\nuse = "bert-cond"\nsource = "velvet: smooth and soft"\nvector_until = "placed"\n')
+    proc = subprocess.run([sys.executable, "-m", "diffaccel.cli", "generate", str(bad), "--no-progress"], capture_output=True,
+                          text=True, env={**__import__("os").environ, "DIFFACCEL_PLUGINS": "bert-cond"})
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert f"{bad}: [[strategy]] #1 (bert-cond): key 'vector_until': \"placed\"" in proc.stderr and 'pin = "even"' in proc.stderr
+
+
+def test_vector_until_placed_needs_pin_model():
+    with pytest.raises(ConfigValueError) as err:
+        BertCondConfig(source="velvet", pin="even", vector_until="placed")
+    assert err.value.key == "vector_until" and 'pin = "even"' in err.value.message
+    with pytest.raises(ConfigValueError) as err:
+        BertCondConfig(source="velvet", pin="model", vector_until="half")
+    assert err.value.key == "vector_until" and "'end', 'placed'" in err.value.message
 
 
 @pytest.mark.parametrize("cond_dim, extra, words", [(0, {}, "no condition gating (cond_dim 0)"),

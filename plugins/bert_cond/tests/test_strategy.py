@@ -335,7 +335,7 @@ def test_registered_with_documented_fields():
     (row,) = [r for r in registry().describe() if r["name"] == "bert-cond"]
     assert row["requires"] == ["token-logits", "pinned-tokens"]
     assert {f["name"] for f in row["fields"]} == {"source", "source_file", "bert", "max_terms", "ngram_max", "diversity",
-                                                   "always_keep", "pooling", "word_boundary", "vector", "pin", "place_by"}
+                                                   "always_keep", "pooling", "word_boundary", "vector", "pin", "place_by", "vector_until"}
     assert all(f["doc"] for f in row["fields"])
 
 

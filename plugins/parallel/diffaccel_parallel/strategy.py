@@ -115,28 +115,34 @@ def choose(conf: torch.Tensor, config: ParallelConfig, entropy: torch.Tensor | N
     return torch.zeros_like(ok).scatter_(1, order, ok)
 
 
+def _near(mask: torch.Tensor, spacing: int) -> torch.Tensor:
+    """(B, N) bool: the positions within ``spacing`` of a True of ``mask`` (itself included)."""
+    return torch.nn.functional.max_pool1d(mask.float()[:, None], 2 * spacing + 1, 1, spacing)[:, 0].bool()
+
+
 def spaced(chosen: torch.Tensor, scheduled: torch.Tensor, conf: torch.Tensor, spacing: int) -> torch.Tensor:
     """``chosen`` (B, N) less every extra commit within ``spacing`` positions of the schedule's
-    commits or of a surer extra one: greedy in confidence order, rows independent."""
+    commits or of a surer extra one: greedy in confidence order, rows independent.
+
+    Without a loop over the candidates: each round takes every open candidate that is the surest
+    open one within ``spacing`` of itself, then closes their neighbourhoods. A candidate taken so
+    has no surer open rival in reach, so the greedy pass in confidence order takes it too (the
+    standard parallel form of the greedy independent set); a few rounds cover a step."""
     if spacing <= 0:
         return chosen
-    B, N = chosen.shape
-    # positions within ``spacing`` of a scheduled commit
-    blocked = torch.nn.functional.max_pool1d(scheduled.float()[:, None], 2 * spacing + 1, 1, spacing)[:, 0].bool()
+    N = chosen.shape[1]
     extra = chosen & ~scheduled
+    # each extra's rank in confidence order as a unique priority (ties broken as the sort breaks them)
     order = conf.masked_fill(~extra, -math.inf).argsort(1, descending=True)
+    prio = torch.empty_like(conf, dtype=torch.float32).scatter_(
+        1, order, torch.arange(N, 0, -1, device=conf.device, dtype=torch.float32).expand_as(order).contiguous())
     kept = scheduled.clone()
-    rows = torch.arange(B, device=chosen.device)
-    for j in range(int(extra.sum(1).max()) if bool(extra.any()) else 0):
-        pos = order[:, j]
-        take = extra[rows, pos] & ~blocked[rows, pos]
-        if not bool(take.any()):
-            continue
-        kept[rows[take], pos[take]] = True
-        for d in range(-spacing, spacing + 1):  # block the new commits' neighbourhoods
-            q = pos + d
-            t = take & (q >= 0) & (q < N)
-            blocked[rows[t], q[t]] = True
+    open_ = extra & ~_near(scheduled, spacing)
+    while bool(open_.any()):
+        p = prio.masked_fill(~open_, -1.0)
+        take = open_ & (p == torch.nn.functional.max_pool1d(p[:, None], 2 * spacing + 1, 1, spacing)[:, 0])
+        kept |= take
+        open_ &= ~_near(take, spacing)
     return kept
 
 

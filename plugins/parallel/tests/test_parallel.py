@@ -123,6 +123,30 @@ def test_spacing_keeps_a_steps_extra_commits_apart_in_confidence_order():
     assert torch.equal(spaced(chosen, scheduled, conf, 0), chosen)
 
 
+def greedy_spacing(chosen, scheduled, conf, spacing):
+    """The spacing filter as first written: one candidate at a time in confidence order."""
+    kept = scheduled.clone()
+    for r in range(chosen.shape[0]):
+        blocked = [any(scheduled[r, max(0, i - spacing): i + spacing + 1]) for i in range(chosen.shape[1])]
+        extras = [i for i in range(chosen.shape[1]) if chosen[r, i] and not scheduled[r, i]]
+        for i in sorted(extras, key=lambda i: -float(conf[r, i])):
+            if not blocked[i]:
+                kept[r, i] = True
+                for q in range(max(0, i - spacing), min(chosen.shape[1], i + spacing + 1)):
+                    blocked[q] = True
+    return kept
+
+
+@pytest.mark.parametrize("spacing", [1, 2, 3, 6])
+def test_spacing_filter_equals_the_greedy_pass_in_confidence_order(spacing):
+    g = torch.Generator().manual_seed(spacing)
+    for _ in range(50):
+        conf = torch.rand(4, 40, generator=g)
+        chosen = torch.rand(4, 40, generator=g) < 0.5
+        scheduled = chosen & (torch.rand(4, 40, generator=g) < 0.1)
+        assert torch.equal(spaced(chosen, scheduled, conf, spacing), greedy_spacing(chosen, scheduled, conf, spacing))
+
+
 def test_entropies_match_the_softmax_definition_and_topk_logits():
     lg = torch.randn(2, 3, 11)
     rows = torch.tensor([0, 4, 5])
@@ -200,6 +224,55 @@ def test_rows_of_a_batch_commit_independently(pipe):
     # rows finish at different steps and stop costing compute: fewer positions than full steps
     c = batch.report["counters"]
     assert c["positions_computed"] < pipe.denoiser.n_layers * 3 * N * batch.report["steps_run"]
+
+
+class RowsWatch:
+    """Appends which rows still have a masked position after every step to ``left``."""
+
+    name = "rows-watch"
+
+    def __init__(self, left: list):
+        self.left = left
+
+    @hookimpl
+    def diffaccel_post_step(self, run, output):
+        self.left.append(output.masked.any(1).tolist())
+
+
+def test_a_finished_row_leaves_the_forward_batch(pipe, monkeypatch):
+    # rows of one batch finish at different steps; from the step after a row's last commit on,
+    # neither the linears (the step's positions) nor attention (its batch) see that row
+    den, calls, attn = pipe.denoiser, [], []
+    block, sdpa = den.block, torch.nn.functional.scaled_dot_product_attention
+
+    def watched_block(i, h, c, kv, positions=None):
+        if i == 0:
+            calls.append(None if positions is None else sorted(set(positions.rows.tolist())))
+        return block(i, h, c, kv, positions)
+
+    def watched_sdpa(q, k, v, *a, **kw):
+        attn.append((q.shape[0], k.shape[0]))
+        return sdpa(q, k, v, *a, **kw)
+
+    monkeypatch.setattr(den, "block", watched_block)
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", watched_sdpa)
+    left = []
+    p = par(rule="factor", factor=3.0)
+    out = run_with(pipe, [p, RowsWatch(left)], length=N, steps=N, seed=10, batch=3)
+    monkeypatch.undo()
+    steps = out.report["steps_run"]
+    assert len(calls) == steps and len(attn) == steps * den.n_layers
+    finished_early = 0
+    for s in range(1, steps):
+        live = [r for r in range(3) if left[s - 1][r]]
+        if len(live) < 3:
+            finished_early += 1
+            assert calls[s] == live  # the step's positions are in the unfinished rows only
+            assert all(a == (len(live), len(live)) for a in attn[s * den.n_layers: (s + 1) * den.n_layers])
+    assert finished_early > 0  # the seeds make rows finish apart
+    # and each row still gets what it gets alone
+    for r in range(3):
+        assert torch.equal(out.tokens[r], run_with(pipe, [p], length=N, steps=N, seed=10 + r).tokens[0])
 
 
 # ---- composition ---------------------------------------------------------------------------
@@ -309,3 +382,19 @@ def test_diffusion_gemma_is_refused_by_capability(tmp_path, capsys):
     assert main(["generate", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "'mask-confidences'" in err[0] and "parallel" in err[0] and str(path) in err[0]
+
+
+def test_the_steps_output_is_built_only_when_a_strategy_reads_it(pipe, monkeypatch):
+    # parallel answers diffaccel_commit only: the sampler then skips post_step's top-1 over every
+    # position; with a strategy that reads the output it is built as before, same tokens either way
+    import diffaccel.adapters.text.pipeline as pl
+
+    calls = []
+    real = pl.most_probable
+    monkeypatch.setattr(pl, "most_probable", lambda lg: calls.append(1) or real(lg))
+    alone = run_with(pipe, [par(rule="factor", factor=3.0)], length=N, steps=N, seed=5)
+    assert calls == []
+    seen = []
+    watched = run_with(pipe, [par(rule="factor", factor=3.0), MaskedWatch(seen)], length=N, steps=N, seed=5)
+    assert len(calls) == len(seen) == watched.report["steps_run"]
+    assert torch.equal(alone.tokens, watched.tokens)
