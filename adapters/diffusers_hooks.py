@@ -104,9 +104,15 @@ class DenoiserBlock(Layer):
         self.arg_names: tuple[str, ...] = ()
 
     @property
-    def cached_output(self) -> Any:
+    def kept(self) -> Any:
+        """What the block kept (``to_cache``) at its last computation in the current guidance
+        branch, or None."""
         run = self.session.run
         return None if run is None else self.session.block_cache.get((run.branch, self.name))
+
+    @property
+    def cached_output(self) -> Any:
+        return self.kept
 
     def bind(self, args: tuple, kwargs: dict) -> dict[str, Any]:
         if not args:

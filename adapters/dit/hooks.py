@@ -109,9 +109,7 @@ class DiTBlock(DenoiserBlock):
 
     @property
     def cached_output(self) -> Any:
-        s = self.session
-        run = s.run
-        res = None if run is None else s.block_cache.get((run.branch, self.name))
+        res = self.kept
         if res is None or self.current is None:
             return None
         return self.apply_residual(self.current, res)

@@ -44,7 +44,10 @@ BLOCK_STACK = "block-stack"
 up block of depth d, with ``layer.cached_output`` (its last output in the branch) is valid: the
 shallower blocks then read those cached deep features. In a flat stack of residual blocks (a
 diffusion transformer: depth counted from both ends) ``cached_output`` is the block's last
-residual added to its current input. ``StepPlan.skip`` is honoured."""
+residual added to its current input. ``layer.kept`` is what the block kept at its last
+computation in the branch (its output; a diffusion transformer block's residual) and
+``layer.served(value, (), hidden)`` the block's output from such a value (a strategy's own
+estimate of it, e.g. extrapolated). ``StepPlan.skip`` is honoured."""
 
 BLOCK_TAIL = "block-tail"
 """The outermost up block can run only its last layers on the features that entered them at its

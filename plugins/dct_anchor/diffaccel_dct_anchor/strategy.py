@@ -209,7 +209,7 @@ class DCTAnchor:
             if self._signal == "output":
                 self._update_rate(bs, out[0] if isinstance(out, tuple) else out, step, computed_at)
             if c.extrapolate:
-                bs.kept = keep(bs.kept, step, layer.to_cache(hidden, out))
+                bs.kept = keep(bs.kept, step, layer.kept)  # what compute() just stored
             return out
         return None  # not anchored: the next strategy in the config, or the default, computes the block
 

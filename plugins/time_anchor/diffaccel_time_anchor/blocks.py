@@ -133,7 +133,7 @@ class BlockPolicy:
         else:
             out = layer.compute(hidden)
             if self.config.extrapolate:
-                st.kept[layer.index] = keep(st.kept.get(layer.index, []), run.step, layer.to_cache(hidden, out))
+                st.kept[layer.index] = keep(st.kept.get(layer.index, []), run.step, layer.kept)  # stored by compute()
         main = out[0] if isinstance(out, tuple) else out
         if st.cache is None:
             self._init(st, run, main.shape[0], main.device)
