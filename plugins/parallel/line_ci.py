@@ -40,12 +40,16 @@ def log_ppl(entry: dict, idx: torch.Tensor) -> torch.Tensor:
     return nll[idx].sum(-1) / tok[idx].sum(-1)
 
 
+def line_entries(data: dict) -> dict[int, str]:
+    """Steps -> entry name of the line's points: every ``steps=N`` entry and the baseline (128)."""
+    return {**{int(k.split("=")[1]): k for k in data if k.startswith("steps=")}, 128: "baseline"}
+
+
 def against_line(data: dict, entry: str, at: float | None = None, resamples: int = 4000, seed: int = 0) -> dict:
     """The entry's gen_ppl against the line at ``at`` steps (default: its mean steps run):
     ``diff`` (ratio less 1), its 95% interval ``lo``, ``hi`` and the share ``below`` of resamples
     where the entry is under the line, seeds resampled the same for every entry (paired)."""
-    peers = {int(k.split("=")[1]): k for k in data if k.startswith("steps=")}
-    peers[128] = "baseline"
+    peers = line_entries(data)
     n = len(data["baseline"]["nll"])
     steps = sum(data[entry]["steps_run"]) / n
     x = steps if at is None else at
@@ -71,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     data = json.load(open(a.json))["entries"]
     n = len(data["baseline"]["nll"])
-    peers = sorted((int(k.split("=")[1]), k) for k in data if k.startswith("steps=")) + [(128, "baseline")]
+    peers = sorted(line_entries(data).items())
     print(f"{n} samples; line: " + ", ".join(f"{k} steps {math.exp(float(log_ppl(data[v], torch.arange(n)))):.1f}" for k, v in peers))
     for i, entry in enumerate(a.entry):
         r = against_line(data, entry, a.at[i] if a.at else None, a.resamples)
