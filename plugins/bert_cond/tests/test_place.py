@@ -4,8 +4,10 @@ the logits, never re-masked; pin = "none" drives the condition vector alone; bad
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -244,14 +246,21 @@ def test_a_row_whose_terms_are_placed_loses_its_vector_alone(until):
     assert run.condition is None and st.vector_steps == [1, 3]
 
 
-def test_cli_refuses_vector_until_placed_without_pin_model_in_one_line(tmp_path):
+def _cli_one_line_error(tmp_path, checkpoint: str, key_line: str) -> tuple[Path, str]:
+    """``diffaccel generate`` on a bert-cond config with ``key_line``: exit 2 and one stderr line
+    (returned with the config's path)."""
     bad = tmp_path / "bad.toml"
-    bad.write_text('[model]\nadapter = "text"\ncheckpoint = "wordnet-masked-cond"\nlength = 16\nsteps = 4\n'
-                   '[[strategy]]\nuse = "bert-cond"\nsource = "velvet: smooth and soft"\nvector_until = "placed"\n')
+    bad.write_text(f'[model]\nadapter = "text"\ncheckpoint = "{checkpoint}"\nlength = 16\nsteps = 4\n'
+                   f'[[strategy]]\nuse = "bert-cond"\nsource = "velvet: smooth and soft"\n{key_line}\n')
     proc = subprocess.run([sys.executable, "-m", "diffaccel.cli", "generate", str(bad), "--no-progress"], capture_output=True,
-                          text=True, env={**__import__("os").environ, "DIFFACCEL_PLUGINS": "bert-cond"})
+                          text=True, env={**os.environ, "DIFFACCEL_PLUGINS": "bert-cond"})
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert f"{bad}: [[strategy]] #1 (bert-cond): key 'vector_until': \"placed\"" in proc.stderr and 'pin = "even"' in proc.stderr
+    return bad, proc.stderr
+
+
+def test_cli_refuses_vector_until_placed_without_pin_model_in_one_line(tmp_path):
+    bad, err = _cli_one_line_error(tmp_path, "wordnet-masked-cond", 'vector_until = "placed"')
+    assert f"{bad}: [[strategy]] #1 (bert-cond): key 'vector_until': \"placed\"" in err and 'pin = "even"' in err
 
 
 def test_vector_until_placed_needs_pin_model():
@@ -286,11 +295,6 @@ def test_bad_pin_value_names_the_key():
 
 
 def test_cli_refuses_pin_none_on_a_model_without_gating_in_one_line(tmp_path):
-    bad = tmp_path / "bad.toml"
-    bad.write_text('[model]\nadapter = "text"\ncheckpoint = "wordnet-masked"\nlength = 16\nsteps = 4\n'
-                   '[[strategy]]\nuse = "bert-cond"\nsource = "velvet: smooth and soft"\npin = "none"\n')
-    proc = subprocess.run([sys.executable, "-m", "diffaccel.cli", "generate", str(bad), "--no-progress"], capture_output=True,
-                          text=True, env={**__import__("os").environ, "DIFFACCEL_PLUGINS": "bert-cond"})
-    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert f"{bad}: [[strategy]] #1 (bert-cond): key 'pin': pin = \"none\"" in proc.stderr
-    assert "cond_dim 0" in proc.stderr and "Traceback" not in proc.stderr
+    bad, err = _cli_one_line_error(tmp_path, "wordnet-masked", 'pin = "none"')
+    assert f"{bad}: [[strategy]] #1 (bert-cond): key 'pin': pin = \"none\"" in err
+    assert "cond_dim 0" in err and "Traceback" not in err
