@@ -77,14 +77,19 @@ class KneserNeyTrigram:
         lam = self.d * self.ctx2_types[(a, b)] / n
         return max(c - self.d, 0) / n + lam * self._p_bi(b, w)
 
+    def costs(self, sent: Sequence[str]) -> list[float]:
+        """Negative log-probability (nats) of each word of a sentence and of its end, in order;
+        a word the model never saw is scored as ``<unk>``."""
+        toks = [BOS, BOS, *[w if w in self.vocab else "<unk>" for w in sent], EOS]
+        return [-math.log(self.prob(toks[i - 2], toks[i - 1], toks[i])) for i in range(2, len(toks))]
+
     def perplexity(self, sents: Iterable[Sequence[str]]) -> float:
-        logp, n = 0.0, 0
+        nll, n = 0.0, 0
         for sent in sents:
-            toks = [BOS, BOS, *[w if w in self.vocab else "<unk>" for w in sent], EOS]
-            for i in range(2, len(toks)):
-                logp += math.log(self.prob(toks[i - 2], toks[i - 1], toks[i]))
-                n += 1
-        return math.exp(-logp / n) if n else float("inf")
+            c = self.costs(sent)
+            nll += sum(c)
+            n += len(c)
+        return math.exp(nll / n) if n else float("inf")
 
 
 def heldout_lines() -> list[str]:

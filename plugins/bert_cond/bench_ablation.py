@@ -15,12 +15,21 @@ all its saved batches (perplexity and distinct-n over all the texts at once, as 
     python plugins/bert_cond/bench_ablation.py --baseline only --first 0 --seeds 3 --save runs/abl.jsonl
     python plugins/bert_cond/bench_ablation.py --baseline only --first 3 --seeds 3 --save runs/abl.jsonl
     python plugins/bert_cond/bench_ablation.py --aggregate runs/abl.jsonl
+
+``--judge smollm2`` (with ``--aggregate``) adds ``gen_ppl``: the perplexity a pretrained causal
+LM gives the texts (the bench's judge, ``diffaccel.adapters.text.judge``), beside the n-gram one;
+each ratio to the unconditioned run comes with a 95% interval from a paired bootstrap over the
+rows (the same rows drawn for the entry and the baseline). ``--term-cost`` adds what the n-gram
+model charges the key terms' words against the rest, and what the same terms cost it in their own
+source lines (written by people: the context a perfect placement could give them).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import random
 from pathlib import Path
 
 BASELINE = "baseline"
@@ -28,12 +37,15 @@ BASELINE = "baseline"
 
 def record(name: str, outs: list, seeds: list[int], strategy, conditioned: bool) -> dict:
     """Raw outputs of one entry's batches: enough to score them together with other batches."""
-    found = []
+    found, terms, sources = [], [], []
     for out, seed in zip(outs, seeds):
         for r, text in enumerate(out.texts):
             src = strategy.sources[strategy.source_index(seed + r)]
             found.append(strategy.presence_of(src, text))
-    rec = {"entry": name, "seeds": seeds, "texts": [t for o in outs for t in o.texts], "found": found}
+            terms.append(list(strategy.terms_of(src)))
+            sources.append(src)
+    rec = {"entry": name, "seeds": seeds, "texts": [t for o in outs for t in o.texts], "found": found,
+           "terms": terms, "sources": sources}
     if conditioned:
         ms = [o.report["strategies"]["bert-cond"] for o in outs]
         rec["stage_one_share"] = [m["stage_one_share"] for m in ms]
@@ -55,23 +67,143 @@ def score(recs: list[dict]) -> dict[str, float]:
     return q
 
 
-def aggregate(files: list[str]) -> None:
-    """A markdown table of every entry in the files, over all its saved batches (each seed once)."""
+def rows(recs: list[dict]) -> dict[int, str]:
+    """Seed of each row (a batch's first seed + its row) -> its text: how entries pair up."""
+    return {r["seeds"][0] + j: t for r in recs for j, t in enumerate(r["texts"])}
+
+
+def trigram_nll(by: dict[str, dict[int, str]]) -> dict[str, dict[int, tuple[float, int]]]:
+    """Per entry and row: (summed NLL, words + line ends) under the n-gram fluency model."""
+    from diffaccel.adapters.text.metrics import fluency_model, sentences
+
+    m = fluency_model()
+    out = {}
+    for name, texts in by.items():
+        out[name] = {}
+        for key, text in texts.items():
+            c = [x for sent in sentences([text]) for x in m.costs(sent)]
+            out[name][key] = (sum(c), len(c))
+    return out
+
+
+def judge_nll(judge, by: dict[str, dict[int, str]]) -> dict[str, dict[int, tuple[float, int]]]:
+    """Per entry and row: (summed NLL, tokens) under a judge, every line scored in one batched call."""
+    from diffaccel.adapters.text.judge import judge_lines
+
+    keys = [(name, key) for name, texts in by.items() for key in texts]
+    lines = [judge_lines([by[name][key]]) for name, key in keys]
+    scores = judge.score([line for g in lines for line in g])
+    out: dict[str, dict[int, tuple[float, int]]] = {name: {} for name in by}
+    k = 0
+    for (name, key), g in zip(keys, lines):
+        out[name][key] = (sum(scores.nll[k:k + len(g)]), sum(scores.tokens[k:k + len(g)]))
+        k += len(g)
+    return out
+
+
+def ppl(nll: dict[int, tuple[float, int]], keys=None) -> float:
+    """Perplexity over the rows ``keys`` (default all; a key drawn twice counts twice)."""
+    pairs = [nll[k] for k in (nll if keys is None else keys)]
+    return math.exp(sum(a for a, _ in pairs) / sum(n for _, n in pairs))
+
+
+def ratio_ci(entry: dict[int, tuple[float, int]], base: dict[int, tuple[float, int]], draws: int = 2000,
+             seed: int = 0) -> tuple[float, float]:
+    """95% interval of ppl(entry) / ppl(base) over the rows both have, resampled in pairs."""
+    keys = sorted(entry.keys() & base.keys())
+    rng = random.Random(seed)
+    rs = sorted(ppl(entry, d) / ppl(base, d) for d in ([rng.choice(keys) for _ in keys] for _ in range(draws)))
+    return rs[int(0.025 * draws)], rs[int(0.975 * draws) - 1]
+
+
+def aggregate(files: list[str], judge: str | None = None, terms: bool = False) -> None:
+    """A markdown table of every entry in the files, over all its saved batches (each seed once),
+    each perplexity's ratio to the baseline's with a paired 95% interval; with ``judge``, gen_ppl
+    columns too."""
     by: dict[str, dict[int, dict]] = {}
     for f in files:
         for line in Path(f).read_text().splitlines():
             if line.strip():
                 r = json.loads(line)
                 by.setdefault(r["entry"], {})[r["seeds"][0]] = r  # a batch saved twice counts once
-    base = score(list(by[BASELINE].values()))["perplexity"] if BASELINE in by else None
-    print("| entry | samples | key-term recall | perplexity | ppl / unconditioned | distinct-2 | stage-one share | placement share |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    texts = {name: rows(list(b.values())) for name, b in by.items()}
+    nlls = {"perplexity": trigram_nll(texts)}
+    if judge:
+        from diffaccel.adapters.text.judge import load_judge
+
+        nlls["gen_ppl"] = judge_nll(load_judge(judge), texts)
+    head = "".join(f" {k} | {k} / unconditioned (95% CI) |" for k in nlls)
+    print("| entry | samples | key-term recall |" + head + " distinct-2 | stage-one share | placement share |")
+    print("| --- | ---: | ---: |" + " ---: | ---: |" * len(nlls) + " ---: | ---: | ---: |")
     for name, batches in by.items():
         q = score(list(batches.values()))
-        ratio = f"{q['perplexity'] / base:.3f}" if base else "-"
+        cols = ""
+        for nll in nlls.values():
+            r = "-"
+            if BASELINE in nll:
+                lo, hi = ratio_ci(nll[name], nll[BASELINE])
+                r = f"{ppl(nll[name]) / ppl(nll[BASELINE]):.3f}" + (f" ({lo:.3f} to {hi:.3f})" if name != BASELINE else "")
+            cols += f" {ppl(nll[name]):.1f} | {r} |"
         shares = [f"{100 * q[k]:.1f}%" if k in q else "-" for k in ("stage_one_share", "place_share")]
-        print(f"| {name} | {q['samples']} | {q['key_term_recall']:.3f} | {q['perplexity']:.1f} | {ratio} | "
-              f"{q['distinct_2']:.3f} | {shares[0]} | {shares[1]} |")
+        print(f"| {name} | {q['samples']} | {q['key_term_recall']:.3f} |{cols} {q['distinct_2']:.3f} | {shares[0]} | {shares[1]} |")
+    if terms:
+        print("\n| entry | term words | their mean NLL (nats) | unseen by the n-gram model | other words and line ends | their mean NLL |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: |")
+        rows_of = {name: list(b.values()) for name, b in by.items()}
+        if BASELINE in by:
+            rows_of["the terms in their own source lines"] = rows_of[BASELINE]
+        for name, recs in rows_of.items():
+            c = term_costs(recs, own_lines=name not in by)
+            print(f"| {name} | {c['term_words']} | {c['term_nll']:.2f} | {c['unseen']:.1%} | "
+                  + (f"{c['rest_words']} | {c['rest_nll']:.2f} |" if name in by else "- | - |"))
+        if BASELINE in by:
+            print(f"\nThe baseline's texts with each row's terms added at their own-line cost: "
+                  f"perplexity {own_line_ratio(rows_of[BASELINE]):.3f}x the baseline's.")
+
+
+def split_costs(text: str, terms: list[str]) -> tuple[list[float], list[float], int]:
+    """Under the n-gram fluency model: (NLL of every word of ``text`` inside an occurrence of a
+    term, NLL of its other words and line ends, how many of the terms' words it never saw)."""
+    from diffaccel.adapters.text.metrics import fluency_model, sentences, words
+
+    m = fluency_model()
+    tw = [w for w in (words(t) for t in terms) if w]
+    term_c, rest_c, unseen = [], [], 0
+    for sent in sentences([text]):
+        mark = [False] * len(sent)
+        for t in tw:
+            for a in range(len(sent) - len(t) + 1):
+                if sent[a:a + len(t)] == t:
+                    mark[a:a + len(t)] = [True] * len(t)
+        for i, x in enumerate(m.costs(sent)):  # the last cost is the line's end
+            if i < len(sent) and mark[i]:
+                term_c.append(x)
+                unseen += sent[i] not in m.vocab
+            else:
+                rest_c.append(x)
+    return term_c, rest_c, unseen
+
+
+def term_costs(recs: list[dict], own_lines: bool = False) -> dict[str, float]:
+    """Over the rows of ``recs``: the terms' words (count, mean NLL, share unseen) and the rest
+    (count, mean NLL). ``own_lines``: the terms in their rows' source lines instead of the texts."""
+    tc, rc, un = [], [], 0
+    for r in recs:
+        for text, src, terms in zip(r["texts"], r["sources"], r["terms"]):
+            t, o, u = split_costs(src if own_lines else text, terms)
+            tc, rc, un = tc + t, rc + o, un + u
+    return {"term_words": len(tc), "term_nll": sum(tc) / max(len(tc), 1), "term_sum": sum(tc),
+            "unseen": un / max(len(tc), 1), "rest_words": len(rc), "rest_nll": sum(rc) / max(len(rc), 1)}
+
+
+def own_line_ratio(base_recs: list[dict]) -> float:
+    """Perplexity of the baseline's texts with each row's terms added at what they cost in their
+    own source line (the context people wrote around them), over the baseline's: what a
+    placement that gave every term its natural context would reach if the rest stayed as is."""
+    own, base = term_costs(base_recs, own_lines=True), term_costs(base_recs)
+    n = base["term_words"] + base["rest_words"]
+    total = base["term_sum"] + base["rest_nll"] * base["rest_words"]
+    return math.exp((total + own["term_sum"]) / (n + own["term_words"]) - total / n)
 
 
 def main() -> None:
@@ -86,9 +218,15 @@ def main() -> None:
                     help="only: the baseline alone; skip: the variants alone (one process each, in parallel)")
     ap.add_argument("--save", metavar="FILE", help="append raw outputs to this JSON-lines file (score with --aggregate)")
     ap.add_argument("--aggregate", nargs="+", metavar="FILE", help="instead: score the entries saved in these files")
+    ap.add_argument("--term-cost", action="store_true",
+                    help="with --aggregate: also the n-gram cost of the key terms' words against the rest, and in their own source lines")
+    ap.add_argument("--judge", metavar="NAME_OR_PATH",
+                    help="with --aggregate: also gen_ppl by this judge (bench's --judge: smollm2, a causal LM folder or hub id)")
     args = ap.parse_args()
+    if (args.judge or args.term_cost) and not args.aggregate:
+        ap.error("--judge and --term-cost score saved outputs: use them with --aggregate")
     if args.aggregate:
-        aggregate(args.aggregate)
+        aggregate(args.aggregate, args.judge, args.term_cost)
         return
 
     import attrs

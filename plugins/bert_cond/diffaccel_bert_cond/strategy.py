@@ -363,12 +363,15 @@ class BertCond:
         st.after = st.cont = st.pin_mask = st.forced = st.reserved = st.masked = None
 
     # -- bench ---------------------------------------------------------------------------------
-    def presence_of(self, source: str, text: str) -> list[bool]:
-        """Which of the terms this strategy extracts from ``source`` appear in ``text`` (the
-        extraction is done once per source)."""
+    def terms_of(self, source: str) -> tuple[str, ...]:
+        """The key terms this strategy extracts from ``source`` (extracted once per source)."""
         if source not in self._bench_terms:
             self._bench_terms[source] = self.condition_of(source).terms
-        return presence(self._bench_terms[source], text)
+        return self._bench_terms[source]
+
+    def presence_of(self, source: str, text: str) -> list[bool]:
+        """Which of the terms this strategy extracts from ``source`` appear in ``text``."""
+        return presence(self.terms_of(source), text)
 
     @hookimpl
     def diffaccel_bench_quality(self, outputs: list[Any], seeds: list[int]) -> dict[str, float]:
