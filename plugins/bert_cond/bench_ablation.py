@@ -54,10 +54,12 @@ def record(name: str, outs: list, seeds: list[int], strategy, conditioned: bool)
 
 
 def score(recs: list[dict]) -> dict[str, float]:
-    from diffaccel.adapters.text.metrics import text_quality
+    """Distinct-n, key-term recall and shares of an entry's batches (perplexity: ``trigram_nll``)."""
+    from diffaccel.adapters.text.metrics import distinct_n
     from diffaccel_bert_cond.metrics import recall
 
-    q = {**text_quality([t for r in recs for t in r["texts"]]),
+    texts = [t for r in recs for t in r["texts"]]
+    q = {"distinct_1": distinct_n(texts, 1), "distinct_2": distinct_n(texts, 2),
          "key_term_recall": recall([f for r in recs for f in r["found"]]),
          "samples": sum(len(r["texts"]) for r in recs)}
     for k in ("stage_one_share", "place_share"):
@@ -125,6 +127,9 @@ def aggregate(files: list[str], judge: str | None = None, terms: bool = False) -
         for line in Path(f).read_text().splitlines():
             if line.strip():
                 r = json.loads(line)
+                if terms and "terms" not in r:
+                    raise SystemExit(f"{f}: entry {r['entry']!r} was saved without its rows' terms (before --term-cost "
+                                     "existed); run it again to use --term-cost")
                 by.setdefault(r["entry"], {})[r["seeds"][0]] = r  # a batch saved twice counts once
     texts = {name: rows(list(b.values())) for name, b in by.items()}
     nlls = {"perplexity": trigram_nll(texts)}
@@ -191,7 +196,9 @@ def term_costs(recs: list[dict], own_lines: bool = False) -> dict[str, float]:
     for r in recs:
         for text, src, terms in zip(r["texts"], r["sources"], r["terms"]):
             t, o, u = split_costs(src if own_lines else text, terms)
-            tc, rc, un = tc + t, rc + o, un + u
+            tc.extend(t)
+            rc.extend(o)
+            un += u
     return {"term_words": len(tc), "term_nll": sum(tc) / max(len(tc), 1), "term_sum": sum(tc),
             "unseen": un / max(len(tc), 1), "rest_words": len(rc), "rest_nll": sum(rc) / max(len(rc), 1)}
 
@@ -250,7 +257,7 @@ def main() -> None:
             Path(args.save).parent.mkdir(parents=True, exist_ok=True)
             with open(args.save, "a") as f:
                 f.write(json.dumps(rec) + "\n")
-        q = score([rec])
+        q = {"perplexity": ppl(trigram_nll({name: rows([rec])})[name]), **score([rec])}
         print(name, {k: round(v, 3) for k, v in q.items()}, flush=True)
 
     base = [] if args.baseline == "skip" else [TextAdapter.run(pipe, cfg, s, progress=False) for s in seeds]
