@@ -93,3 +93,13 @@ def test_term_costs_split_terms_from_the_rest():
     n = len(l1) + len(l2)
     want = math.exp((sum(l1) + sum(l2) + own["term_sum"]) / (n + 1) - (sum(l1) + sum(l2)) / n)
     assert abs(m.own_line_ratio([rec_]) - want) < 1e-9
+
+
+def test_term_cost_refuses_files_saved_without_terms(tmp_path):
+    import pytest
+
+    m = module()
+    f = tmp_path / "old.jsonl"
+    f.write_text(json.dumps(rec(m.BASELINE, [0], ["a part"], [[False]])) + "\n")
+    with pytest.raises(SystemExit, match=r"old\.jsonl: entry 'baseline' was saved without its rows' terms"):
+        m.aggregate([str(f)], terms=True)
