@@ -611,3 +611,44 @@ def test_a_ragged_partial_step_on_unchanged_inputs_reproduces_the_full_step(tmp_
     for c, (k, v) in zip(ctx.kv, kv):
         torch.testing.assert_close(c.k, k, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(c.v, v, rtol=1e-5, atol=1e-5)
+
+
+class SometimesTop1(NarrowLastLayer):
+    """Partial steps as NarrowLastLayer's; reads the step output's top-1 on every third step only
+    and checks it against the top-1 of the whole logits; keeps the last unread output."""
+
+    name = "sometimes-top1"
+
+    def __init__(self, pipe):
+        super().__init__(pipe)
+        self.read = []
+        self.kept = None
+
+    @hookimpl
+    def diffaccel_post_step(self, run, output):
+        from diffaccel.adapters.text.logits import most_probable
+
+        if run.step % 3:
+            self.kept = output  # the last unread one
+            return
+        prob, top1 = most_probable(output.logits.float())
+        assert torch.equal(output.top1, top1) and torch.equal(output.top1_prob, prob)
+        self.read.append(run.step)
+
+
+def test_the_top1_is_computed_only_when_read_and_right_after_unread_steps(monkeypatch):
+    import diffaccel.adapters.text.pipeline as pl
+
+    calls = []
+    real = pl.most_probable
+    monkeypatch.setattr(pl, "most_probable", lambda lg: calls.append(lg.shape) or real(lg))
+    pipe = tiny_text_pipeline("masked")
+    spy = SometimesTop1(pipe)
+    out = run_with(pipe, [spy], length=20, steps=10, seed=0)
+    assert spy.read == [0, 3, 6, 9] and len(calls) == 4
+    # after unread steps the cached top-1 is stale: every read recomputes the whole sequence
+    # (a partial refresh would run on the 10 positions the head ran on, and serve stale others)
+    assert all(s[:2] == (1, 20) for s in calls)
+    with pytest.raises(RuntimeError, match="during the post-step call"):
+        spy.kept.top1  # read after its call: the adapter has moved on
+    assert out.report["steps_run"] == 10

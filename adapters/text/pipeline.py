@@ -233,17 +233,20 @@ class TextLayer(Layer):
         return ctx.out[i]
 
 
-@attrs.define
+@attrs.define(kw_only=True)
 class TextStepOutput:
-    """What ``diffaccel_post_step`` receives from the text adapter."""
+    """What ``diffaccel_post_step`` receives from the text adapter. ``top1`` and ``top1_prob``
+    are computed when a strategy first reads them (a softmax over the vocabulary at every
+    position: a few percent of a small model's step, wasted for strategies that never look)."""
 
     tokens: torch.Tensor
     """Current sequence (B, N); masked positions hold the mask id (masked sampler) or the
     current top-1 (continuous samplers)."""
-    top1: torch.Tensor
-    """Most probable token per position (B, N)."""
-    top1_prob: torch.Tensor
-    """Its probability (B, N)."""
+    _top1: torch.Tensor | None = attrs.field(default=None, alias="top1")
+    _top1_prob: torch.Tensor | None = attrs.field(default=None, alias="top1_prob")
+    _top1_of: Any = attrs.field(default=None, alias="top1_of")
+    """Instead of ``top1`` and ``top1_prob``: a callable returning (top1_prob, top1), called
+    at most once, on the first read of either during the post-step call."""
     logits: torch.Tensor
     """Last logits per position (B, N, V); positions not computed this step keep older ones.
     Valid during the call: the adapter updates its cache in place, so clone what you keep. These
@@ -264,6 +267,31 @@ class TextStepOutput:
     topk: TopKLogits | None = None
     """The truncated logits the sampler used, when a strategy returned a ``TopKLogits``;
     ``top1``/``top1_prob`` come from them."""
+
+    @property
+    def top1(self) -> torch.Tensor:
+        """Most probable token per position (B, N). Read it during the call: later, the
+        adapter's state has moved on to the next step."""
+        if self._top1 is None:
+            self._resolve_top1()
+        return self._top1
+
+    @property
+    def top1_prob(self) -> torch.Tensor:
+        """Its probability (B, N)."""
+        if self._top1_prob is None:
+            self._resolve_top1()
+        return self._top1_prob
+
+    def _resolve_top1(self) -> None:
+        if self._top1_of is None:
+            raise RuntimeError("TextStepOutput.top1 was not read during the post-step call; read it there")
+        self._top1_prob, self._top1 = self._top1_of()
+        self._top1_of = None
+
+    def close(self) -> None:
+        """After the post-step call: an unread top-1 can no longer be computed correctly."""
+        self._top1_of = None
 
     def probs(self) -> torch.Tensor:
         """Full probabilities (B, N, V) of what the sampler used, computed on request."""
@@ -542,17 +570,24 @@ class TextDiffusionPipeline:
         if not accel.active or not accel.watches_steps:  # nobody reads it: skip the top-1 over every position
             return
         topk = None
+        # the top-1 over every position, computed only if a strategy reads it (TextStepOutput);
+        # the cached one serves the next partial step only if this step refreshed it
+        prev, ctx.top1 = ctx.top1, None
         if isinstance(logits, TopKLogits):
             topk, logits = logits, ctx.logits
-            top1_prob, top1 = topk.top1()
+            top1_of = topk.top1
         else:
-            top1_prob, top1 = _refresh_computed(ctx, logits, ctx.top1, lambda lg: most_probable(lg.float()))
-        ctx.top1 = (top1_prob.clone(), top1.clone()) if logits is ctx.logits and topk is None else None
+            def top1_of():
+                top1_prob, top1 = _refresh_computed(ctx, logits, prev, lambda lg: most_probable(lg.float()))
+                if logits is ctx.logits:
+                    ctx.top1 = (top1_prob.clone(), top1.clone())
+                return top1_prob, top1
+        out = TextStepOutput(tokens=tokens, top1_of=top1_of, logits=logits, topk=topk, masked=masked, fixed=fixed,
+                             computed=None if ctx.step_sel is None else ctx.step_sel.mask(), latents=latents)
         if tokens is None:  # continuous samplers: the current top-1, computed only on hooked runs
-            tokens = top1
-        accel.post_step(run, TextStepOutput(tokens=tokens, top1=top1, top1_prob=top1_prob, logits=logits,
-                                            computed=None if ctx.step_sel is None else ctx.step_sel.mask(), masked=masked, fixed=fixed, latents=latents,
-                                            topk=topk))
+            out.tokens = out.top1
+        accel.post_step(run, out)
+        out.close()
 
     # -- masked (absorbing) sampler -------------------------------------------------------------
     def _masked(self, ctx, accel, x, fixed, steps, temperature, block_size, gens, bar, prefix_cache=False):

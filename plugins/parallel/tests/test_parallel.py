@@ -384,9 +384,18 @@ def test_diffusion_gemma_is_refused_by_capability(tmp_path, capsys):
     assert len(err) == 1 and "'mask-confidences'" in err[0] and "parallel" in err[0] and str(path) in err[0]
 
 
-def test_the_steps_output_is_built_only_when_a_strategy_reads_it(pipe, monkeypatch):
+class Top1Watch(MaskedWatch):
+    """Also reads the step output's top-1."""
+
+    @hookimpl
+    def diffaccel_post_step(self, run, output):
+        self.seen.append(output.top1[0].clone())
+
+
+def test_the_steps_top1_is_computed_only_when_a_strategy_reads_it(pipe, monkeypatch):
     # parallel answers diffaccel_commit only: the sampler then skips post_step's top-1 over every
-    # position; with a strategy that reads the output it is built as before, same tokens either way
+    # position; a strategy that reads only the masked positions does not pay for it either; one
+    # that reads the top-1 gets it at every step; the same tokens every way
     import diffaccel.adapters.text.pipeline as pl
 
     calls = []
@@ -396,5 +405,8 @@ def test_the_steps_output_is_built_only_when_a_strategy_reads_it(pipe, monkeypat
     assert calls == []
     seen = []
     watched = run_with(pipe, [par(rule="factor", factor=3.0), MaskedWatch(seen)], length=N, steps=N, seed=5)
-    assert len(calls) == len(seen) == watched.report["steps_run"]
-    assert torch.equal(alone.tokens, watched.tokens)
+    assert calls == [] and len(seen) == watched.report["steps_run"]
+    seen_top1 = []
+    read = run_with(pipe, [par(rule="factor", factor=3.0), Top1Watch(seen_top1)], length=N, steps=N, seed=5)
+    assert len(calls) == len(seen_top1) == read.report["steps_run"]
+    assert torch.equal(alone.tokens, watched.tokens) and torch.equal(alone.tokens, read.tokens)
