@@ -33,7 +33,7 @@ PARALLEL = ["configs/text-default.toml", "configs/text-parallel.toml", "configs/
 BENCHES: dict[str, list[str]] = {
     # name: the arguments after 'diffaccel bench' (the report folder is added)
     # batch 1: 8 seeds (a run of the shipped model moves by about 10% from one to the next on this
-    # machine, so two seeds put even the steps-N peers 10-15% off their step ratio)
+    # machine, so two seeds put even the steps-N peers 10% to 60% off their step ratio)
     "text-masked-b1": [*TEXT, "--seeds", "8"],
     "text-masked-b8": [*TEXT, "--seeds", "1", "--batch", "8"],
     "digits-dct": ["configs/digits-dct.toml", "--seeds", "1"],  # 10 images per seed; DeepCache peers in the config

@@ -170,16 +170,16 @@ def split_costs(text: str, terms: list[str]) -> tuple[list[float], list[float], 
     """Under the n-gram fluency model: (NLL of every word of ``text`` inside an occurrence of a
     term, NLL of its other words and line ends, how many of the terms' words it never saw)."""
     from diffaccel.adapters.text.metrics import fluency_model, sentences, words
+    from diffaccel_bert_cond.metrics import starts
 
     m = fluency_model()
-    tw = [w for w in (words(t) for t in terms) if w]
+    tw = [words(t) for t in terms]
     term_c, rest_c, unseen = [], [], 0
     for sent in sentences([text]):
         mark = [False] * len(sent)
         for t in tw:
-            for a in range(len(sent) - len(t) + 1):
-                if sent[a:a + len(t)] == t:
-                    mark[a:a + len(t)] = [True] * len(t)
+            for a in starts(t, sent):  # the runs key-term recall counts as present
+                mark[a:a + len(t)] = [True] * len(t)
         for i, x in enumerate(m.costs(sent)):  # the last cost is the line's end
             if i < len(sent) and mark[i]:
                 term_c.append(x)
@@ -207,9 +207,10 @@ def own_line_ratio(base_recs: list[dict]) -> float:
     """Perplexity of the baseline's texts with each row's terms added at what they cost in their
     own source line (the context people wrote around them), over the baseline's: what a
     placement that gave every term its natural context would reach if the rest stayed as is."""
-    own, base = term_costs(base_recs, own_lines=True), term_costs(base_recs)
-    n = base["term_words"] + base["rest_words"]
-    total = base["term_sum"] + base["rest_nll"] * base["rest_words"]
+    own = term_costs(base_recs, own_lines=True)
+    texts = dict(enumerate(t for r in base_recs for t in r["texts"]))
+    base = trigram_nll({BASELINE: texts})[BASELINE].values()
+    total, n = sum(a for a, _ in base), sum(k for _, k in base)
     return math.exp((total + own["term_sum"]) / (n + own["term_words"]) - total / n)
 
 

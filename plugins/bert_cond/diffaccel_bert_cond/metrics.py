@@ -7,15 +7,20 @@ but not in ``"semester hourses"``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from diffaccel.adapters.text.metrics import words
 
 
+def starts(term_words: Sequence[str], text_words: Sequence[str]) -> Iterator[int]:
+    """Each index of ``text_words`` where ``term_words`` begins as a contiguous run (none for an
+    empty term)."""
+    n = len(term_words)
+    return (i for i in range(len(text_words) - n + 1) if n and list(text_words[i:i + n]) == list(term_words))
+
+
 def present(term: str, text: str) -> bool:
-    tw, xw = words(term), words(text)
-    n = len(tw)
-    return n > 0 and any(xw[i:i + n] == tw for i in range(len(xw) - n + 1))
+    return next(starts(words(term), words(text)), None) is not None
 
 
 def presence(terms: Sequence[str], text: str) -> list[bool]:
