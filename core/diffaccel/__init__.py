@@ -22,7 +22,7 @@ from .config import ModelConfig, RunConfig, load_config, parse_config
 from .errors import ConfigError, ConfigValueError, DiffaccelError, ModelLoadError, NonFiniteError, PluginError, StrategyError
 from .guard import GuardConfig
 from .jobs import generate_job
-from .plugins import Registry, Strategy, hookimpl
+from .plugins import BrokenPlugin, PluginWarning, Registry, Strategy, hookimpl
 from .state import Counters, Layer, RunState, StepPlan
 
 
@@ -36,8 +36,8 @@ def load_pipeline(config):
 
 
 __all__ = [
-    "Accelerator", "ConfigError", "ConfigValueError", "Counters", "DiffaccelError", "GuardConfig", "Layer", "ModelConfig",
-    "ModelLoadError", "NonFiniteError", "PluginError", "Registry", "RunConfig", "RunState", "StepPlan", "Strategy",
+    "Accelerator", "BrokenPlugin", "ConfigError", "ConfigValueError", "Counters", "DiffaccelError", "GuardConfig", "Layer", "ModelConfig",
+    "ModelLoadError", "NonFiniteError", "PluginError", "PluginWarning", "Registry", "RunConfig", "RunState", "StepPlan", "Strategy",
     "StrategyError", "__version__", "apply", "build_strategies", "capabilities", "generate_job", "hookimpl", "load_config",
     "load_pipeline", "parse_config",
 ]

@@ -270,6 +270,8 @@ def _scale_bench(args) -> int:
 
 
 def _plugins(args) -> int:
+    import attrs
+
     from .adapters_registry import describe_adapters
     from .plugins import Registry
 
@@ -277,8 +279,9 @@ def _plugins(args) -> int:
     adapters, rows = describe_adapters(), registry.describe()
     if args.check:
         return _plugins_check(registry, adapters)
+    broken = [attrs.asdict(b) for b in registry.broken.values()]
     if args.json:
-        print(json.dumps({"adapters": adapters, "strategies": rows}, indent=2, default=str))
+        print(json.dumps({"adapters": adapters, "strategies": rows, "broken": broken}, indent=2, default=str))
         return 0
     print("adapters:")
     for a in adapters:
@@ -286,6 +289,10 @@ def _plugins(args) -> int:
         print(f"      capabilities: {', '.join(a['capabilities']) or 'none'}")
         if a["peers"]:
             print(f"      peers (bench): {', '.join(a['peers'])}")
+    if broken:
+        print("broken plugins (left out; every other plugin works):")
+        for b in broken:
+            print(f"  {b['name']}  ({b['distribution']} {b['version']})  {b['reason']}")
     if not rows:
         print("no strategies installed (pip install a plugin, e.g. pip install -e plugins/<name>)")
         return 0
@@ -381,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     args.command_line = "diffaccel " + shlex.join(argv)  # as the report records it
     debug = getattr(args, "debug", False) or os.environ.get("DIFFACCEL_DEBUG", "") not in ("", "0")
+    _warnings_as_lines()
     handlers = {"generate": _generate, "bench": _bench, "plugins": _plugins, "check": _check, "train": _train,
                 "scale-bench": _scale_bench}
     try:
@@ -402,6 +410,23 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         _say("diffaccel: interrupted")
         return 130
+
+
+def _warnings_as_lines() -> None:
+    """diffaccel's own warnings (a plugin left out as broken) as one stderr line each, no source line."""
+    import warnings
+
+    from .plugins import PluginWarning
+
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, PluginWarning):
+            _say(f"diffaccel: warning: {message}")
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
 
 
 def _say(line: str) -> None:

@@ -243,7 +243,7 @@ def parse_config(data: dict[str, Any], source: str = "<config>", registry=None) 
             raise ConfigError(f"{where}: key 'use': expected a string, got {name!r}; installed: {installed}")
         spec = registry.get(name)
         if spec is None:
-            raise ConfigError(f"{where}: unknown strategy '{name}'; installed: {installed}")
+            raise ConfigError(f"{where}: {registry.unknown_strategy(name)}")
         where = f"{source}: [[strategy]] #{i} ({name})"
         gone = missing(spec.requires, adapter_obj.capabilities)
         if gone:
