@@ -23,7 +23,17 @@ from .errors import ConfigError, ConfigValueError, DiffaccelError, ModelLoadErro
 from .guard import GuardConfig
 from .jobs import generate_job
 from .plugins import BrokenPlugin, PluginWarning, Registry, Strategy, hookimpl
+from .search import Tunable
 from .state import Counters, Layer, RunState, StepPlan
+
+
+def tune(config, budget, out, **kwargs):
+    """Tune a config's strategies to a quality budget (``diffaccel.tuning.tune``; the
+    ``diffaccel tune`` command): returns a ``TuneResult`` with the TUNED.toml written, or None
+    there when no point met the budget on the held-out seeds."""
+    from .tuning import tune as _tune
+
+    return _tune(config, budget, out, **kwargs)
 
 
 def load_pipeline(config):
@@ -38,6 +48,6 @@ def load_pipeline(config):
 __all__ = [
     "Accelerator", "BrokenPlugin", "ConfigError", "ConfigValueError", "Counters", "DiffaccelError", "GuardConfig", "Layer", "ModelConfig",
     "ModelLoadError", "NonFiniteError", "PluginError", "PluginWarning", "Registry", "RunConfig", "RunState", "StepPlan", "Strategy",
-    "StrategyError", "__version__", "apply", "build_strategies", "capabilities", "generate_job", "hookimpl", "load_config",
-    "load_pipeline", "parse_config",
+    "StrategyError", "Tunable", "__version__", "apply", "build_strategies", "capabilities", "generate_job", "hookimpl", "load_config",
+    "load_pipeline", "parse_config", "tune",
 ]

@@ -58,7 +58,8 @@ class Tunable:
             return trial.suggest_categorical(name, list(self.choices))
         if self.integer:
             return trial.suggest_int(name, int(self.low), int(self.high), log=self.log)
-        return trial.suggest_float(name, float(self.low), float(self.high), log=self.log)
+        # three significant digits: the value measured is the value a TUNED.toml writes
+        return float(f"{trial.suggest_float(name, float(self.low), float(self.high), log=self.log):.3g}")
 
 
 Space = Mapping[str, Mapping[str, Tunable]]
@@ -108,7 +109,8 @@ def far_over(budgets: Sequence[Budget], m: Measured, slack: float = 2.0) -> bool
 
 def objectives(budgets: Sequence[Budget], m: Measured) -> list[float]:
     """The trial's values: speedup, then each budgeted metric (as measured)."""
-    return [m.speedup, *[float(m.quality.get(b.metric, math.nan)) for b in budgets]]
+    values = [m.speedup, *[float(m.quality.get(b.metric, math.nan)) for b in budgets]]
+    return [max(-1e6, min(1e6, v)) if not math.isnan(v) else v for v in values]  # psnr of an identical run: inf
 
 
 def directions(budgets: Sequence[Budget]) -> list[str]:
@@ -130,7 +132,8 @@ def open_study(out: Path, budgets: Sequence[Budget], seed: int = 0) -> Any:
 def _constrain(trial: Any, budgets: Sequence[Budget], margins: Sequence[float]) -> None:
     """The budgets as optuna constraints (<= 0 is feasible: each budget's margin, negated)."""
     for b, margin in zip(budgets, margins):
-        trial.set_constraint(b.text, -margin if math.isfinite(margin) else 1e9)
+        # an infinite margin: identical to the baseline (psnr inf) is inside, a missing metric outside
+        trial.set_constraint(b.text, -margin if math.isfinite(margin) else (-1e9 if margin > 0 else 1e9))
 
 
 def feasible(trial: Any) -> bool:
