@@ -37,7 +37,7 @@ def tune(config, budget, out, **kwargs):
     """Tune a config's strategies to a quality budget (``diffaccel.tuning.tune``; the
     ``diffaccel tune`` command): returns a ``TuneResult`` with the TUNED.toml written, or None
     there when no point met the budget on the held-out seeds."""
-    from .tuning import tune as _tune
+    from .tuning import tune as _tune  # deferred: tune's imports (the bench, optuna) stay out of `import diffaccel`
 
     return _tune(config, budget, out, **kwargs)
 

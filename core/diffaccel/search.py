@@ -120,7 +120,7 @@ def directions(budgets: Sequence[Budget]) -> list[str]:
 def open_study(out: Path, budgets: Sequence[Budget], seed: int = 0) -> Any:
     """The study in ``out/study.db``, created or resumed. The sampler (TPE, multi-objective, with
     the budgets as constraints) is seeded, so a search is reproducible."""
-    import optuna
+    import optuna  # deferred: importing optuna (and SQLAlchemy) costs ~1 s, which no other command should pay
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     out.mkdir(parents=True, exist_ok=True)
@@ -148,7 +148,7 @@ def run_trials(study: Any, space: Space, budgets: Sequence[Budget], evaluate: Ev
     """Run trials until the study holds ``trials`` finished ones (complete or pruned): a resumed
     study runs only the rest. Returns how many ran now. KeyboardInterrupt propagates after
     optuna marks the running trial failed (the finished ones stay in the study)."""
-    import optuna
+    import optuna  # deferred, as in open_study
 
     done = sum(t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED) for t in study.trials)
     chunk = chunk or max(1, len(seeds) // 4)
@@ -181,7 +181,7 @@ def run_trials(study: Any, space: Space, budgets: Sequence[Budget], evaluate: Ev
 def feasible_front(study: Any) -> list[Any]:
     """The complete trials that met every budget on the tuning seeds and that no other such
     trial beats on every objective, fastest first."""
-    import optuna
+    import optuna  # deferred, as in open_study
 
     ok = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE and feasible(t)]
     signs = [1 if d == optuna.study.StudyDirection.MAXIMIZE else -1 for d in study.directions]

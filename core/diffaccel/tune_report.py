@@ -13,7 +13,7 @@ from .search import feasible, feasible_front
 
 def write_report(folder: Path, study: Any, budgets: Sequence[Budget], figures: dict[str, Any], chosen: str | None,
                  shipped: str) -> Path:
-    import matplotlib
+    import matplotlib  # deferred: a heavy import only the report needs
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

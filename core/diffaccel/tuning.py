@@ -28,13 +28,18 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+from tqdm.auto import tqdm
 
-from .budget import Budget, parse_all
+from .accelerator import apply, build_strategies
+from .adapters_registry import get_adapter
+from .bench import _load_judge, run_bench
+from .budget import parse_all
 from .config import RunConfig, load_config, read_toml
 from .errors import ConfigError, DiffaccelError
-from .plugins import Registry
+from .plugins import Registry, call_own
 from .search import Measured, Space, Tunable, feasible_front, open_study, run_trials
 from .toml_out import dumps
+from .tune_report import write_report
 
 DEFAULT_HELDOUT_SEED = 100_000
 """First held-out seed: far from the seeds configs and benches use, so the ranges stay disjoint."""
@@ -138,8 +143,6 @@ class _Trials:
         self.count = 0
 
     def __call__(self, point: dict[str, dict[str, Any] | None], seeds: Sequence[int]) -> Measured:
-        from .accelerator import apply, build_strategies
-
         self.count += 1
         cfg = with_point(self.config, point, f"tune trial {self.count}")
         strategies = build_strategies(cfg, self.registry, self.info)
@@ -180,8 +183,6 @@ class _Trials:
 
 
 def _own_quality(strategy: Any, outputs: list[Any], seeds: list[int]) -> dict[str, float]:
-    from .plugins import call_own
-
     merged: dict[str, float] = {}
     for q in call_own(strategy, "diffaccel_bench_quality", outputs=outputs, seeds=seeds):
         merged.update(q)
@@ -199,9 +200,6 @@ def tune(config: str | Path, budget: Sequence[str] | str, out: str | Path, *, tr
     ``batch`` (default: the config's batch, or 8 if that is 1). ``report`` (default
     ``OUT.tune/``) keeps the study (``study.db``: rerun to resume), the held-out benches and the
     figures. Raises ``ConfigError`` before loading anything for a bad budget or config."""
-    from .adapters_registry import get_adapter
-    from .bench import _load_judge, run_bench
-
     registry = registry or Registry()
     out = Path(out)
     if out.suffix != ".toml":
@@ -231,8 +229,6 @@ def tune(config: str | Path, budget: Sequence[str] | str, out: str | Path, *, tr
     study = open_study(report, budgets, seed=search_seed)
     bar = None
     if progress:
-        from tqdm.auto import tqdm
-
         done = len([t for t in study.trials if t.state.is_finished()])
         bar = tqdm(total=trials, initial=min(done, trials), desc="tune", unit="trial")
 
@@ -283,8 +279,6 @@ def tune(config: str | Path, budget: Sequence[str] | str, out: str | Path, *, tr
     shipped = Path(config).stem
     (report / "tune.json").write_text(json.dumps({"budgets": [b.text for b in budgets], "points": points, "figures": figures,
                                                   "chosen": chosen, "shipped": shipped}, indent=2, default=str))
-    from .tune_report import write_report
-
     write_report(report, study, budgets, figures, chosen, shipped)
     if chosen is None:
         why = "no trial met the budget on the tuning seeds" if not points else \
