@@ -152,14 +152,18 @@ class ImageOutput:
 
 def run_pipeline(pipe, config, seed: int, progress: bool, extra: Mapping[str, Any], *, adapter: str,
                  labelled: bool) -> ImageOutput:
-    """One generation of ``config``'s batch (row i: prompt i, cycling, and seed ``seed + i``).
+    """One generation of ``config``'s batch (row i: prompt i, cycling, and seed ``seed + i``, or
+    ``extra["seeds"][i]`` when given: ``diffaccel serve`` batches requests with unrelated seeds).
     ``eta`` goes to pipelines whose call takes it; ``labelled``: digits prompts name a class."""
     from .diffusers_hooks import session_of
     from .unet.pipeline import digit_label
 
     m, o = config.model, config.options
     prompts = [o.prompts[i % len(o.prompts)] for i in range(m.batch)] if o.prompts else [""] * m.batch
-    seeds = [seed + i for i in range(m.batch)]
+    extra = dict(extra)
+    seeds = list(extra.pop("seeds", None) or [seed + i for i in range(m.batch)])
+    if len(seeds) != m.batch:
+        raise ValueError(f"seeds: {len(seeds)} given for {m.batch} rows")
     gens = [torch.Generator().manual_seed(s) for s in seeds]
     kwargs: dict[str, Any] = dict(prompt=prompts, num_inference_steps=m.steps or 50, guidance_scale=o.guidance_scale,
                                   generator=gens, output_type="pt")

@@ -501,11 +501,13 @@ class TextDiffusionPipeline:
         prefix_cache: bool = False,
         progress: bool = True,
         logit_noise: float = 0.0,
+        seeds: list[int] | None = None,
     ) -> TextOutput:
         """Generate ``batch`` sequences of ``length`` tokens (prompt included).
 
         Row ``i`` uses seed ``seed + i``, so a row is the same whether generated alone or in a
-        batch. ``logit_noise`` perturbs the logits by that standard deviation (noise-floor runs).
+        batch; ``seeds`` (one per row) gives each row its own seed instead (``diffaccel serve``
+        batches requests with unrelated seeds). ``logit_noise`` perturbs the logits by that standard deviation (noise-floor runs).
         ``prefix_cache`` (masked sampler with ``block_size``): the finished blocks attend among
         themselves only, so their keys and values are computed once per block, exactly.
         """
@@ -526,12 +528,15 @@ class TextDiffusionPipeline:
         prompt_ids = [tok.encode(p) if p else [] for p in prompts]
         if any(len(p) >= length for p in prompt_ids):
             raise ValueError(f"a prompt fills all {length} positions; use a longer length")
-        gens = [torch.Generator().manual_seed(row_seed(seed + r)) for r in range(batch)]
+        if seeds is not None and len(seeds) != batch:
+            raise ValueError(f"seeds: {len(seeds)} given for {batch} rows")
+        seeds = list(seeds) if seeds is not None else [seed + r for r in range(batch)]
+        gens = [torch.Generator().manual_seed(row_seed(s)) for s in seeds]
         self._logit_noise = logit_noise
         self._noise_gen = torch.Generator().manual_seed(10_000_019 + seed)
         accel = self.accelerator or _NoAccelerator()
         run = RunState(adapter="text", num_steps=steps, batch_size=batch, capabilities=run_capabilities(sampler))
-        run.info.update(seeds=[seed + r for r in range(batch)], temperature=temperature, length=length, vocab_size=den.vocab_size, kind=den.kind, sampler=sampler,
+        run.info.update(seeds=seeds, temperature=temperature, length=length, vocab_size=den.vocab_size, kind=den.kind, sampler=sampler,
                         time_conditioned=den.time_conditioned, n_layers=den.n_layers,
                         tokenizer=tok, prompt_lengths=[len(p) for p in prompt_ids], cond_dim=den.cond_dim,
                         truncated_logits=TopKLogits)
