@@ -87,6 +87,18 @@ EXAMPLES = {
           diffaccel fluency configs/text-default.toml --seeds 4
         Prints the n-gram perplexity and distinct-n of the model's samples beside real held-out
         text, random tokens and a unigram sampler (the figures in the README).""",
+    "serve": """
+        examples:
+          diffaccel serve configs/text-default.toml
+          diffaccel serve configs/text-default.toml --preset swd=configs/text-swd.toml --max-batch 16
+          curl -s 127.0.0.1:8000/v1/completions -H 'content-type: application/json' -d '{"prompt": "", "n": 2, "seed": 7}'
+        An OpenAI-compatible server (docs/serve.md): POST /v1/completions (text models),
+        POST /v1/images/generations (image models), GET /v1/models, /health, /metrics. Requests
+        arriving within --batch-window-ms are generated as one batch of at most --max-batch rows,
+        each row with its own seed: a response equals 'diffaccel generate' for the same seed.
+        Past --queue waiting requests: 503 with Retry-After. SIGTERM: queued requests get 503,
+        the running batch finishes. Presets: 'default' (the config's strategies), 'none', and
+        each --preset NAME=CONFIG (same [model]); a request picks one with {"diffaccel": {"preset": NAME}}.""",
     "tune": """
         examples:
           diffaccel tune configs/digits-dct.toml --budget "psnr>=30" --budget "acc>=-0.02" --out digits-tuned.toml
@@ -215,6 +227,19 @@ def _parser() -> argparse.ArgumentParser:
     tu.add_argument("--judge", default="default", metavar="NAME_OR_PATH", help="as bench's --judge (gen_ppl budgets need one)")
     tu.add_argument("--report", metavar="DIR", help="study (study.db: rerun to resume), held-out benches and figures (default OUT.tune/)")
     tu.add_argument("--no-progress", action="store_true")
+
+    se = cmd("serve", "serve a config over HTTP (OpenAI-compatible), batching requests")
+    se.add_argument("config", help="TOML config: the model and its strategies (preset 'default')")
+    se.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    se.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    se.add_argument("--max-batch", type=int, default=8, help="rows generated together at most (default 8; 1: no batching)")
+    se.add_argument("--batch-window-ms", type=float, default=10.0, help="wait this long after a request for others to batch with (default 10)")
+    se.add_argument("--queue", type=int, default=64, help="requests waiting at most; past it 503 + Retry-After (default 64)")
+    se.add_argument("--preset", action="append", metavar="NAME=CONFIG", help="another strategy preset: a config with the same [model]")
+    se.add_argument("--batch-inexact", action="store_true",
+                    help="batch requests together even where a row differs alone and in a batch by float rounding (checked at start)")
+    se.add_argument("--shutdown-timeout", type=float, default=60.0, help="seconds SIGTERM waits for the running batch (default 60)")
+    se.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"], help="uvicorn's log level (default warning)")
 
     f = cmd("fluency", "fluency of a model's samples beside reference texts")
     f.add_argument("config")
@@ -379,6 +404,12 @@ def _check(args) -> int:
     return 0
 
 
+def _serve(args) -> int:
+    from .serve import main as serve  # FastAPI and uvicorn load only for this command
+
+    return serve(args)
+
+
 def _tune(args) -> int:
     from .tuning import tune
 
@@ -434,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     debug = getattr(args, "debug", False) or os.environ.get("DIFFACCEL_DEBUG", "") not in ("", "0")
     _warnings_as_lines()
     handlers = {"generate": _generate, "bench": _bench, "plugins": _plugins, "check": _check, "train": _train, "tune": _tune,
-                "scale-bench": _scale_bench}
+                "scale-bench": _scale_bench, "serve": _serve}
     try:
         if args.command in handlers:
             return handlers[args.command](args)

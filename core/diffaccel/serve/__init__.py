@@ -1,0 +1,115 @@
+"""``diffaccel serve CONFIG``: an OpenAI-compatible HTTP server that batches requests (docs/serve.md).
+
+The model and the config's strategies load once; requests that arrive within ``--batch-window-ms``
+are generated together, up to ``--max-batch`` rows, each row with its own seed and strategy state
+(``engine``), behind a bounded queue (``batcher``), on FastAPI and uvicorn (``app``). Needs the
+``serve`` extra: ``pip install diffaccel[serve]``. The load test is ``python -m
+diffaccel.serve.loadtest``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import sys
+from typing import Any
+
+from ..errors import ConfigError, DiffaccelError
+
+PRESET = re.compile(r"^([A-Za-z0-9_.-]+)=(.+)$")
+
+
+def check_args(args: Any) -> dict[str, str]:
+    """The options, checked before the model loads (one line each); returns the presets."""
+    for option, value, low in (("--max-batch", args.max_batch, 1), ("--queue", args.queue, 1), ("--port", args.port, 0),
+                               ("--batch-window-ms", args.batch_window_ms, 0), ("--shutdown-timeout", args.shutdown_timeout, 0)):
+        if value < low:
+            raise ConfigError(f"{option}: must be {low} or more, got {value}")
+    if args.port > 65535:
+        raise ConfigError(f"--port: must be at most 65535, got {args.port}")
+    presets: dict[str, str] = {}
+    for spec in args.preset or []:
+        m = PRESET.match(spec)
+        if not m:
+            raise ConfigError(f"--preset {spec}: write NAME=CONFIG.toml (NAME: letters, digits, '_', '.', '-')")
+        if m.group(1) in presets:
+            raise ConfigError(f"--preset {spec}: preset '{m.group(1)}' given twice")
+        presets[m.group(1)] = m.group(2)
+    return presets
+
+
+def _missing_extra() -> str | None:
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        return f"diffaccel serve needs FastAPI and uvicorn ({exc.name} is not installed): pip install 'diffaccel[serve]'"
+    return None
+
+
+def main(args: Any) -> int:
+    """The ``serve`` command: load, then serve until SIGTERM or Ctrl-C."""
+    presets = check_args(args)
+    problem = _missing_extra()
+    if problem:
+        raise DiffaccelError(problem)
+    import uvicorn
+
+    from .app import create_app
+    from .engine import Engine
+
+    engine = Engine(args.config, presets, batch_inexact=args.batch_inexact)
+    app = create_app(engine, max_batch=args.max_batch, window_s=args.batch_window_ms / 1000, queue=args.queue)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.log_level == "debug",
+                            timeout_graceful_shutdown=args.shutdown_timeout, lifespan="on")
+    server = _server(config, app)
+    if not _loopback(args.host):
+        _say(f"diffaccel: warning: serving on {args.host}: other machines can reach this server, and it has no authentication")
+    _say(f"diffaccel: serving {engine.model_id} ({engine.kind}; presets: {', '.join(sorted(engine.presets))}) on "
+         f"http://{args.host}:{args.port} (max batch {args.max_batch}, window {args.batch_window_ms:g} ms, queue {args.queue}"
+         f"{'' if engine.cross_batch else '; one request per batch: ' + _why_alone(engine)})")
+    server.run()
+    return 0
+
+
+def _server(config, app):
+    """uvicorn's server, whose SIGTERM / SIGINT also drains the batcher at once: queued requests
+    are refused with 503, the running batch finishes and answers, then uvicorn closes."""
+    import asyncio
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        loop = None
+
+        def handle_exit(self, sig, frame):
+            super().handle_exit(sig, frame)
+            batcher = getattr(app.state, "batcher", None)
+            if batcher is not None and self.loop is not None:  # a signal handler: drain on the loop's thread
+                self.loop.call_soon_threadsafe(batcher.drain)
+
+        async def serve(self, sockets=None):
+            self.loop = asyncio.get_running_loop()
+            await super().serve(sockets)
+
+    return Server(config)
+
+
+def _why_alone(engine) -> str:
+    if not engine.row_seeds:
+        return "the adapter's run takes no per-row seeds"
+    return "a row alone and in a batch differ in float rounding on this model (--batch-inexact batches anyway)"
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _say(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()

@@ -1,0 +1,207 @@
+"""Request batching for ``diffaccel serve``: a bounded queue on the event loop, one worker thread.
+
+Requests wait in ``pending`` (at most ``queue`` of them: past it ``submit`` refuses with 503 and
+``Retry-After``). The batching task takes the oldest request, waits until ``window`` seconds after
+its arrival for more requests of the same ``Work`` (or until ``max_batch`` rows are there), and
+hands their rows to the engine as one batch in the worker thread; while a batch runs, new
+requests queue up, so under load a batch forms as soon as the previous one ends. Requests of other
+``Work`` stay queued, in order, for later batches. A request is never split over batches.
+
+A request whose client went away before its batch starts is dropped from the queue (its rows are
+never computed); once its batch runs, its rows finish with the batch (an adapter run cannot give
+back single rows) and the result is discarded. ``drain`` (SIGTERM) refuses every queued request
+with 503 ``shutting_down`` and lets the running batch finish and answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import attrs
+
+from .engine import Batch, Engine, RequestError, Work, error_of
+from .metrics import Metrics
+
+
+@attrs.define(eq=False)
+class Job:
+    """One request's rows, waiting for (or in) a batch."""
+
+    work: Work
+    prompts: list[str]
+    seeds: list[int]
+    future: asyncio.Future
+    arrived: float = attrs.Factory(time.monotonic)
+    rows_in_batch: int = 0
+    """Rows of the batch it ran in (the response reports it)."""
+
+    @property
+    def rows(self) -> int:
+        return len(self.seeds)
+
+
+class Batcher:
+    def __init__(self, engine: Engine, metrics: Metrics, *, max_batch: int, window_s: float, queue: int):
+        self.engine, self.metrics = engine, metrics
+        self.max_batch, self.window_s, self.queue = max_batch, window_s, queue
+        self.pending: list[Job] = []
+        self.draining = False
+        self.running: list[Job] = []
+        self.last_batch_s = engine.warmup_s
+        self._wake = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diffaccel-serve")
+        self._task: asyncio.Task | None = None
+
+    # -- the event loop's side ------------------------------------------------------------------
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="diffaccel-batcher")
+
+    async def stop(self) -> None:
+        """After the server stopped taking requests: wait for the running batch, end the task."""
+        self.drain()
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        self._executor.shutdown(wait=True)
+
+    def submit(self, work: Work, prompts: list[str], seeds: list[int]) -> Job:
+        if self.draining:
+            raise RequestError(503, "the server is shutting down; retry on another instance", "server_shutting_down",
+                               code="shutting_down")
+        if len(self.pending) >= self.queue:
+            raise RequestError(503, f"the queue is full ({self.queue} requests waiting); retry after the Retry-After seconds",
+                               "server_overloaded", code="queue_full", headers={"Retry-After": str(self.retry_after())})
+        job = Job(work, prompts, seeds, asyncio.get_running_loop().create_future())
+        self.pending.append(job)
+        self.metrics.queue_depth = len(self.pending)
+        self._wake.set()
+        return job
+
+    def retry_after(self) -> int:
+        """Seconds until the queue has likely moved: the batches ahead at the last batch's pace."""
+        ahead = sum(j.rows for j in self.pending) / self.max_batch + 1
+        return max(1, math.ceil(ahead * self.last_batch_s + self.window_s))
+
+    def cancel(self, job: Job) -> None:
+        """The client went away: drop the job's rows if its batch has not started."""
+        if job in self.pending:
+            self.pending.remove(job)
+            self.metrics.queue_depth = len(self.pending)
+            self.metrics.dropped_rows += job.rows
+        if not job.future.done():
+            job.future.cancel()
+
+    def drain(self) -> None:
+        """Refuse every queued request and every new one; the running batch finishes."""
+        self.draining = True
+        for job in self.pending:
+            if not job.future.done():
+                job.future.set_exception(RequestError(
+                    503, "the server is shutting down; this request was not started, retry on another instance",
+                    "server_shutting_down", code="shutting_down"))
+        self.pending.clear()
+        self.metrics.queue_depth = 0
+        self._wake.set()
+
+    # -- batching -------------------------------------------------------------------------------
+    def _take(self) -> list[Job]:
+        """The oldest job and the next jobs of the same work, up to ``max_batch`` rows (one job
+        when requests do not share batches: ``Engine.cross_batch``)."""
+        first = self.pending[0]
+        jobs, rows = [first], first.rows
+        if self.engine.cross_batch:
+            for job in self.pending[1:]:
+                if job.work == first.work and rows + job.rows <= self.max_batch:
+                    jobs.append(job)
+                    rows += job.rows
+        for job in jobs:
+            self.pending.remove(job)
+        self.metrics.queue_depth = len(self.pending)
+        return jobs
+
+    def _rows_ready(self) -> int:
+        first = self.pending[0]
+        return sum(j.rows for j in self.pending if j.work == first.work) if self.engine.cross_batch else self.max_batch
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            while not self.pending:
+                self._wake.clear()
+                await self._wake.wait()
+            deadline = self.pending[0].arrived + self.window_s
+            while self.pending and not self.draining and self._rows_ready() < self.max_batch:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), left)
+                except TimeoutError:
+                    break
+            if not self.pending:  # every waiting client went away (or drain refused them)
+                continue
+            jobs = self._take()
+            await self._run(loop, jobs)
+
+    async def _run(self, loop, jobs: list[Job]) -> None:
+        work = jobs[0].work
+        batch = Batch(work, [p for j in jobs for p in j.prompts], [s for j in jobs for s in j.seeds])
+        self.running = jobs
+        self.metrics.rows_in_flight = len(batch.seeds)
+        t0 = time.perf_counter()
+        try:
+            out = await loop.run_in_executor(self._executor, self.engine.run, batch)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes the batch's error responses
+            out, error = None, exc
+        else:
+            error = None
+        finally:
+            self.last_batch_s = time.perf_counter() - t0
+            self.metrics.rows_in_flight = 0
+            self.running = []
+        if error is not None and isinstance(error, ValueError) and len(jobs) > 1:
+            # the adapter refused an input: find whose by running each request alone, so that one
+            # bad request does not fail the others
+            for job in jobs:
+                await self._run(loop, [job])
+            return
+        report = getattr(out, "report", None) if out is not None else None
+        self.metrics.batch_done(work.preset, len(batch.seeds), (report or {}).get("counters"))
+        at = 0
+        for job in jobs:
+            job.rows_in_batch = len(batch.seeds)
+            if job.future.done():  # its client went away while the batch ran
+                at += job.rows
+                continue
+            if error is not None:
+                job.future.set_exception(error_of(error))
+            else:
+                job.future.set_result(_Rows(out, at, job.rows))
+            at += job.rows
+
+
+@attrs.frozen
+class _Rows:
+    """A job's share of a batch's output: rows ``start .. start+count-1``."""
+
+    output: Any
+    start: int
+    count: int
+
+    def texts(self) -> list[str]:
+        return list(self.output.texts[self.start:self.start + self.count])
+
+    def images(self) -> Any:
+        return self.output.images[self.start:self.start + self.count]
+
+    @property
+    def report(self) -> dict[str, Any]:
+        return self.output.report

@@ -1,0 +1,197 @@
+"""The model side of ``diffaccel serve``: the pipeline and the strategy presets, loaded once, and
+one batch of rows run exactly as ``diffaccel generate`` runs it.
+
+A batch is one adapter ``run`` of several requests' rows. Each row keeps the seed it would have
+alone (request seed ``s`` with ``n`` rows: ``s .. s+n-1``, as ``generate --seed s`` with
+``batch = n``), passed to the adapter as ``seeds=[...]``; strategies keep their state per batch row
+(``diffaccel.state``) and start afresh at every run. So a response is the same whatever it was
+batched with (tests/test_serve.py checks it bitwise).
+
+That needs the model's numbers to be batch-invariant: a row computed the same whatever the batch
+size. Matrix products over many rows are on the CPU (the text models: rows x positions), but not
+every kernel is (the digits UNet's rows differ by ~1e-5 between a batch of 1 and of 2). The
+warm-up checks it: a row alone against the same row second in a batch of two. Where they differ,
+or where the adapter's ``run`` takes no ``seeds`` (its rows share one random stream), each
+request is generated as its own batch (``generate`` with ``batch = n``), unless the server was
+started with ``--batch-inexact`` (rows then differ from ``generate`` by float rounding).
+
+The core knows no adapter by name: it talks to the adapter through ``diffaccel.adapter.Adapter``
+and reads outputs through two structural protocols (``TextRows``, ``ImageRows``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol, runtime_checkable
+
+import attrs
+
+from ..accelerator import apply, build_strategies
+from ..adapters_registry import get_adapter
+from ..config import RunConfig, load_config
+from ..errors import ConfigError, DiffaccelError, NonFiniteError, StrategyError
+from ..plugins import Registry
+
+NO_STRATEGIES = "none"
+"""The preset every server offers: the model with no strategy (the baseline)."""
+DEFAULT_PRESET = "default"
+"""The preset of the served config's own ``[[strategy]]`` tables."""
+
+
+@runtime_checkable
+class TextRows(Protocol):
+    """An output served by ``/v1/completions``: one decoded text per batch row."""
+
+    texts: list[str]
+    report: dict[str, Any]
+
+
+@runtime_checkable
+class ImageRows(Protocol):
+    """An output served by ``/v1/images/generations``: a (rows, C, H, W) tensor in [0, 1]."""
+
+    images: Any
+    report: dict[str, Any]
+
+
+class RequestError(Exception):
+    """A request the server refuses or cannot finish: an OpenAI-style error response."""
+
+    def __init__(self, status: int, message: str, type: str, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+@attrs.frozen
+class Work:
+    """What one request asks for, besides its rows: requests with equal ``Work`` share a batch."""
+
+    kind: str
+    """``text`` or ``image``: the endpoint."""
+    preset: str
+    model: tuple[tuple[str, Any], ...] = ()
+    """``[model]`` keys set by the request (``steps``)."""
+    options: tuple[tuple[str, Any], ...] = ()
+    """Adapter options set by the request (``length``, ``temperature``)."""
+
+
+@attrs.define(eq=False)
+class Batch:
+    """One adapter run: the rows of several requests of equal ``Work``."""
+
+    work: Work
+    prompts: list[str]
+    seeds: list[int]
+
+
+@attrs.frozen
+class Preset:
+    name: str
+    config: RunConfig
+    strategies: list[Any]
+
+
+class Engine:
+    """The loaded model and presets; ``run`` generates one batch. Not thread-safe: the server
+    calls it from one worker thread."""
+
+    def __init__(self, config_path: str, presets: dict[str, str] | None = None, batch_inexact: bool = False):
+        self.registry = Registry()
+        cfg = load_config(config_path, self.registry)
+        configs = {DEFAULT_PRESET: cfg}
+        for name, path in (presets or {}).items():
+            if name in (DEFAULT_PRESET, NO_STRATEGIES):
+                raise ConfigError(f"--preset {name}={path}: '{name}' is taken (the served config's strategies are "
+                                  f"'{DEFAULT_PRESET}', no strategy is '{NO_STRATEGIES}'); choose another name")
+            other = load_config(path, self.registry)
+            if (other.model, other.options) != (cfg.model, cfg.options):
+                raise ConfigError(f"{other.source}: [model] differs from {cfg.source}'s; a preset must serve the same model")
+            configs[name] = other
+        configs[NO_STRATEGIES] = attrs.evolve(cfg, strategies=[])
+        self.config = cfg
+        self.adapter = get_adapter(cfg.model.adapter)
+        self.pipe = self.adapter.load(cfg)
+        self.info = self.adapter.info(self.pipe)
+        self.presets = {name: Preset(name, c, build_strategies(c, self.registry, self.info)) for name, c in configs.items()}
+        self.model_id = cfg.model.checkpoint
+        self.option_names = {f.name for f in attrs.fields(type(cfg.options))} if attrs.has(type(cfg.options)) else set()
+        self.row_seeds = True
+        self.kind, self.image_shape, self.warmup_s, self.batch_invariant = self._warm_up()
+        self.cross_batch = self.row_seeds and (self.batch_invariant or batch_inexact)
+        """Whether requests share batches (else each request is one batch of its own rows)."""
+
+    def _warm_up(self) -> tuple[str, tuple[int, ...] | None, float, bool]:
+        """Before the server opens: pays the first run's one-off costs, and finds what the
+        adapter's outputs are, whether its ``run`` takes per-row ``seeds`` and whether a row is
+        the same alone and in a batch (the module's docstring)."""
+        seed = self.config.model.seed
+        prompt = self.config.options.prompts[0] if getattr(self.config.options, "prompts", None) else ""
+        work = Work("?", NO_STRATEGIES)
+        t0 = time.perf_counter()
+        try:
+            alone = self.run(Batch(work, [prompt], [seed]))
+        except TypeError as exc:  # the adapter's pipeline has no ``seeds`` keyword: one request per batch
+            if "seeds" not in str(exc):
+                raise
+            self.row_seeds = False
+            alone = self.run(Batch(work, [prompt], [seed]))
+        seconds = time.perf_counter() - t0
+        if isinstance(alone, TextRows):
+            kind, shape = "text", None
+        elif isinstance(alone, ImageRows):
+            kind, shape = "image", tuple(alone.images.shape[1:])
+        else:
+            raise DiffaccelError(f"{self.config.source}: the '{self.adapter.name}' adapter's outputs have neither 'texts' nor "
+                                 "'images' (one per row); diffaccel serve cannot answer with them")
+        invariant = False
+        if self.row_seeds:
+            pair = self.run(Batch(work, [prompt, prompt], [seed + 1, seed]))
+            invariant = (alone.texts[0] == pair.texts[1]) if kind == "text" else bool(alone.images[0].equal(pair.images[1]))
+        return kind, shape, seconds, invariant
+
+    def check_keys(self, model: dict[str, Any], options: dict[str, Any]) -> None:
+        """A request's ``[model]`` keys and adapter options through the config's own validators:
+        ``ConfigValueError`` (``key``, ``message``) before the request is queued."""
+        attrs.evolve(self.config.model, **model)
+        if options:
+            attrs.evolve(self.config.options, **options)
+
+    def batch_config(self, batch: Batch) -> RunConfig:
+        """The config of one batch: the preset's, with the request's keys, one prompt per row."""
+        base = self.presets[batch.work.preset].config
+        model = attrs.evolve(base.model, batch=len(batch.seeds), seed=batch.seeds[0], **dict(batch.work.model))
+        options = base.options
+        if "prompts" in self.option_names:
+            options = attrs.evolve(options, prompts=list(batch.prompts))
+        if batch.work.options:
+            options = attrs.evolve(options, **dict(batch.work.options))
+        return attrs.evolve(base, model=model, options=options)
+
+    def run(self, batch: Batch) -> Any:
+        """Generate ``batch``; raises ``StrategyError``, ``NonFiniteError``, ``ValueError`` (the
+        adapter refused a row's input) or whatever the model raised."""
+        preset = self.presets[batch.work.preset]
+        cfg = self.batch_config(batch)
+        extra = {"seeds": list(batch.seeds)} if self.row_seeds else {}
+        with apply(self.pipe, cfg, strategies=preset.strategies, registry=self.registry):  # on_error, [guard]
+            out = self.adapter.run(self.pipe, cfg, batch.seeds[0], progress=False, **extra)
+        if isinstance(out, ImageRows) and not bool(out.images.isfinite().all()):
+            raise NonFiniteError("the generated images hold NaN or inf values", step=-1)
+        return out
+
+
+def error_of(exc: BaseException) -> RequestError:
+    """The error response of a batch that raised."""
+    first = (str(exc).strip().splitlines() or [""])[0]
+    if isinstance(exc, StrategyError):
+        return RequestError(500, first, "strategy_error", code=exc.strategy)
+    if isinstance(exc, NonFiniteError):
+        return RequestError(500, f"non-finite output: {first}", "non_finite_output")
+    if isinstance(exc, ValueError):  # the adapter refused this request's input (e.g. a prompt longer than max_tokens)
+        return RequestError(400, first or type(exc).__name__, "invalid_request_error")
+    return RequestError(500, f"{type(exc).__name__}: {first}", "server_error")

@@ -1,0 +1,279 @@
+"""Load test of ``diffaccel serve``: ``python -m diffaccel.serve.loadtest CONFIG``.
+
+Starts the server twice on 127.0.0.1, with batching (``--max-batch N``) and one request at a
+time (``--max-batch 1``), and drives each with the same requests (one row each, seeds
+``--seed .. --seed+R-1``, the config's prompts cycled) from ``--clients`` concurrent httpx
+clients, alternating which goes first over ``--rounds``. Reports throughput, p50/p95/p99 latency,
+errors by kind, batch sizes and the servers' RSS, and checks:
+
+* no 5xx response (and no transport error) under this nominal load;
+* every response equal to the offline run of its seed: the two servers' responses agree for every
+  request, and ``--offline K`` of them (spread evenly) equal a ``diffaccel generate``-style run in
+  this process (the config's strategies, ``batch = 1``, the request's seed);
+* the batching server's RSS grows by at most ``--rss-limit-mb`` from after its first requests to
+  the end.
+
+The exit code is 0 when every check passes, 1 otherwise. ``--json`` writes the figures,
+``--markdown`` a section for docs/serve.md generated from them. Bounded: a fixed number of
+requests, ``--time-limit`` seconds per pass (requests not done by then count as ``timeout``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .launch import start_server
+from .metrics import parse
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m diffaccel.serve.loadtest", description=__doc__.split("\n\n")[0])
+    p.add_argument("config", help="the served config")
+    p.add_argument("--requests", type=int, default=400, help="requests per pass (default 400)")
+    p.add_argument("--clients", type=int, default=16, help="concurrent clients (default 16)")
+    p.add_argument("--max-batch", type=int, default=16, help="the batching server's --max-batch (default 16)")
+    p.add_argument("--batch-window-ms", type=float, default=10.0, help="the batching server's window (default 10)")
+    p.add_argument("--rounds", type=int, default=1, help="passes per server, alternating which goes first (default 1)")
+    p.add_argument("--seed", type=int, default=1000, help="seed of the first request (default 1000)")
+    p.add_argument("--offline", type=int, default=16, help="responses checked against an offline run here (default 16)")
+    p.add_argument("--time-limit", type=float, default=1800.0, help="seconds per pass at most (default 1800)")
+    p.add_argument("--rss-limit-mb", type=float, default=200.0, help="allowed RSS growth of the batching server (default 200)")
+    p.add_argument("--no-single", action="store_true", help="only the batching server (no one-at-a-time comparison)")
+    p.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of the servers (default: as set here)")
+    p.add_argument("--json", dest="json_path", help="write the figures as JSON")
+    p.add_argument("--markdown", help="write a Markdown section generated from the figures (docs/serve.md)")
+    p.add_argument("--note", default="", help="recorded with the figures (e.g. that the machine was shared)")
+    a = p.parse_args(argv)
+    for name in ("requests", "clients", "max_batch", "rounds"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name.replace('_', '-')}: must be 1 or more")
+    return a
+
+
+def request_bodies(kind: str, prompts: list[str], seed: int, count: int) -> list[dict[str, Any]]:
+    prompts = prompts or [""]
+    return [{"prompt": prompts[i % len(prompts)], "n": 1, "seed": seed + i} for i in range(count)]
+
+
+async def drive(url: str, path: str, bodies: list[dict[str, Any]], clients: int, time_limit: float) -> dict[str, Any]:
+    """Post every body from ``clients`` concurrent clients; per request: status, latency, payload."""
+    import httpx
+
+    results: list[dict[str, Any] | None] = [None] * len(bodies)
+    next_index = iter(range(len(bodies)))
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+
+    async def client(http: httpx.AsyncClient) -> None:
+        for i in next_index:
+            t0 = time.perf_counter()
+            try:
+                r = await http.post(path, json=bodies[i])
+                body = r.json()
+                kind = body["error"]["type"] if r.status_code >= 400 and isinstance(body, dict) and "error" in body else None
+                results[i] = {"status": r.status_code, "seconds": time.perf_counter() - t0, "error": kind,
+                              "payload": _payload(body) if r.status_code == 200 else None,
+                              "batch_rows": body.get("diffaccel", {}).get("batch_rows") if r.status_code == 200 else None}
+            except (httpx.HTTPError, ValueError) as exc:
+                results[i] = {"status": None, "seconds": time.perf_counter() - t0, "error": type(exc).__name__, "payload": None}
+
+    async with httpx.AsyncClient(base_url=url, timeout=time_limit, limits=limits) as http:
+        t0 = time.perf_counter()
+        tasks = [asyncio.ensure_future(client(http)) for _ in range(clients)]
+        done, pending = await asyncio.wait(tasks, timeout=time_limit)
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        wall = time.perf_counter() - t0
+    return {"wall_s": wall, "results": [r or {"status": None, "seconds": None, "error": "timeout", "payload": None} for r in results]}
+
+
+def _payload(body: dict[str, Any]) -> Any:
+    if "choices" in body:
+        return [c["text"] for c in body["choices"]]
+    return [d["b64_json"] for d in body["data"]]
+
+
+def summarize(run: dict[str, Any], rss: tuple[float, float], metrics: dict[str, float]) -> dict[str, Any]:
+    res = run["results"]
+    ok = [r["seconds"] for r in res if r["status"] == 200]
+    errors: dict[str, int] = {}
+    for r in res:
+        if r["status"] != 200:
+            errors[r["error"] or f"http_{r['status']}"] = errors.get(r["error"] or f"http_{r['status']}", 0) + 1
+    q = statistics.quantiles(ok, n=100, method="inclusive") if len(ok) >= 2 else [ok[0]] * 99 if ok else [float("nan")] * 99
+    rows = metrics.get("diffaccel_batch_rows_sum", 0.0)
+    batches = metrics.get("diffaccel_batch_rows_count", 0.0)
+    return {"wall_s": run["wall_s"], "ok": len(ok), "throughput_rps": len(ok) / run["wall_s"],
+            "p50_s": q[49], "p95_s": q[94], "p99_s": q[98], "errors": errors,
+            "status_5xx": sum(1 for r in res if r["status"] is not None and r["status"] >= 500),
+            "mean_batch_rows": rows / batches if batches else None,
+            "rss_mb_after_warmup": rss[0], "rss_mb_end": rss[1], "rss_growth_mb": rss[1] - rss[0]}
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of a process (Linux /proc), in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+def offline_payloads(config: str, kind: str, bodies: list[dict[str, Any]]) -> list[Any]:
+    """What ``diffaccel generate --seed SEED`` gives for each body (batch 1, the config's strategies)."""
+    import attrs
+
+    from ..accelerator import apply, build_strategies
+    from ..adapters_registry import get_adapter
+    from ..config import load_config
+    from ..plugins import Registry
+    from .app import png_bytes
+
+    import base64
+
+    registry = Registry()
+    cfg = load_config(config, registry)
+    adapter = get_adapter(cfg.model.adapter)
+    pipe = adapter.load(cfg)
+    strategies = build_strategies(cfg, registry, adapter.info(pipe))
+    out = []
+    for b in bodies:
+        c = attrs.evolve(cfg, model=attrs.evolve(cfg.model, batch=b["n"], seed=b["seed"]),
+                         options=attrs.evolve(cfg.options, prompts=[b["prompt"]]))
+        with apply(pipe, c, strategies=strategies, registry=registry):
+            o = adapter.run(pipe, c, b["seed"], progress=False)
+        out.append(list(o.texts) if kind == "text" else [base64.b64encode(png_bytes(img)).decode("ascii") for img in o.images])
+    return out
+
+
+def run(a: argparse.Namespace) -> dict[str, Any]:
+    import httpx
+
+    env = {"OMP_NUM_THREADS": str(a.threads)} if a.threads else {}
+    modes = {"batched": ["--max-batch", str(a.max_batch), "--batch-window-ms", str(a.batch_window_ms)]}
+    if not a.no_single:
+        modes["single"] = ["--max-batch", "1", "--batch-window-ms", "0"]
+    servers = {}
+    try:
+        for mode, options in modes.items():  # a queue long enough for every client's request: nominal load
+            servers[mode] = start_server(a.config, *options, "--queue", str(max(64, a.clients * 2)), env=env)
+        first = httpx.get(f"{servers['batched'].url}/v1/models").json()["data"][0]
+        kind = first["diffaccel"]["kind"]
+        path = "/v1/completions" if kind == "text" else "/v1/images/generations"
+        from ..config import load_config
+
+        prompts = list(getattr(load_config(a.config).options, "prompts", []) or [])
+        bodies = request_bodies(kind, prompts, a.seed, a.requests)
+        warm = request_bodies(kind, prompts, a.seed + a.requests, a.clients)
+        rss_start, metrics_start = {}, {}
+        for mode, s in servers.items():  # the first requests of each: one-off costs before RSS is read
+            asyncio.run(drive(s.url, path, warm, a.clients, a.time_limit))
+            rss_start[mode] = rss_mb(s.process.pid)
+            metrics_start[mode] = parse(httpx.get(f"{s.url}/metrics").text)
+        passes: dict[str, list[dict[str, Any]]] = {m: [] for m in servers}
+        order = list(servers)
+        for r in range(a.rounds):
+            for mode in (order if r % 2 == 0 else order[::-1]):
+                passes[mode].append(asyncio.run(drive(servers[mode].url, path, bodies, a.clients, a.time_limit)))
+        report: dict[str, Any] = {"config": a.config, "kind": kind, "requests": a.requests, "clients": a.clients,
+                                  "rounds": a.rounds, "max_batch": a.max_batch, "batch_window_ms": a.batch_window_ms,
+                                  "machine": {"cpus": os.cpu_count(), "omp_threads": a.threads or os.environ.get("OMP_NUM_THREADS"),
+                                              "python": platform.python_version(), "note": a.note}, "modes": {}}
+        for mode, s in servers.items():
+            end = parse(httpx.get(f"{s.url}/metrics").text)
+            metrics = {k: v - metrics_start[mode].get(k, 0.0) for k, v in end.items()}  # the measured passes only
+            last = passes[mode][-1]
+            combined = {"wall_s": sum(p["wall_s"] for p in passes[mode]), "results": [x for p in passes[mode] for x in p["results"]]}
+            report["modes"][mode] = summarize(combined, (rss_start[mode], rss_mb(s.process.pid)), metrics)
+            report["modes"][mode]["payloads"] = [x["payload"] for x in last["results"]]
+    finally:
+        for s in servers.values():
+            s.stop()
+    return finish(a, report, bodies, kind)
+
+
+def finish(a, report: dict[str, Any], bodies: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    modes = report["modes"]
+    batched = modes["batched"]["payloads"]
+    checks: dict[str, Any] = {"no_5xx": all(m["status_5xx"] == 0 and not m["errors"] for m in modes.values())}
+    if "single" in modes:
+        single = modes["single"]["payloads"]
+        checks["batched_equals_single"] = sum(1 for x, y in zip(batched, single) if x is not None and x == y)
+        report["speedup_batched_over_single"] = modes["batched"]["throughput_rps"] / modes["single"]["throughput_rps"]
+    k = min(a.offline, len(bodies))
+    picks = sorted({round(i * (len(bodies) - 1) / max(1, k - 1)) for i in range(k)}) if k else []
+    offline = offline_payloads(a.config, kind, [bodies[i] for i in picks]) if picks else []
+    checks["offline_checked"] = len(picks)
+    checks["offline_equal"] = sum(1 for i, o in zip(picks, offline) if batched[i] == o)
+    checks["rss_growth_ok"] = modes["batched"]["rss_growth_mb"] <= a.rss_limit_mb
+    n = a.requests
+    checks["passed"] = bool(checks["no_5xx"] and checks["offline_equal"] == len(picks) and checks["rss_growth_ok"]
+                            and checks.get("batched_equals_single", n) == n)
+    report["checks"] = checks
+    for m in modes.values():
+        m.pop("payloads")
+    return report
+
+
+def markdown(report: dict[str, Any], command: str) -> str:
+    """The figures as a Markdown section (docs/serve.md is generated from the JSON, never typed)."""
+    m = report["machine"]
+    lines = [f"Command: `{command}`", "",
+             f"{report['requests']} {report['kind']} requests (one row each) from {report['clients']} concurrent clients, "
+             f"{report['rounds']} pass(es) per server; {m['cpus']} CPUs, OMP_NUM_THREADS={m['omp_threads']}"
+             + (f"; {m['note']}" if m["note"] else "") + ".", "",
+             "| server | throughput (req/s) | p50 (s) | p95 (s) | p99 (s) | mean batch rows | errors | RSS growth (MB) |",
+             "|---|---:|---:|---:|---:|---:|---|---:|"]
+    for mode, s in report["modes"].items():
+        name = f"batching (max batch {report['max_batch']}, window {report['batch_window_ms']:g} ms)" if mode == "batched" else "one at a time"
+        rows = f"{s['mean_batch_rows']:.1f}" if s["mean_batch_rows"] else "-"
+        errors = ", ".join(f"{k}: {v}" for k, v in s["errors"].items()) or "none"
+        lines.append(f"| {name} | {s['throughput_rps']:.2f} | {s['p50_s']:.2f} | {s['p95_s']:.2f} | {s['p99_s']:.2f} | {rows} | "
+                     f"{errors} | {s['rss_growth_mb']:.1f} |")
+    c = report["checks"]
+    lines.append("")
+    if "speedup_batched_over_single" in report:
+        lines.append(f"Batching raises throughput {report['speedup_batched_over_single']:.2f}x over one request at a time; "
+                     f"{c['batched_equals_single']} of {report['requests']} responses are the same from both servers.")
+    lines.append(f"{c['offline_equal']} of {c['offline_checked']} responses checked equal the offline run of their seed; "
+                 f"no 5xx: {'yes' if c['no_5xx'] else 'NO'}; all checks {'passed' if c['passed'] else 'FAILED'}.")
+    return "\n".join(lines) + "\n"
+
+
+BEGIN, END = "<!-- loadtest:begin (generated by python -m diffaccel.serve.loadtest --markdown) -->", "<!-- loadtest:end -->"
+
+
+def write_section(path: Path, section: str) -> None:
+    """Replace the text between the load test's markers in ``path`` (kept elsewhere as written)."""
+    text = path.read_text(encoding="utf-8")
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"{path}: no load test markers ({BEGIN} ... {END}) to write the figures between")
+    head, rest = text.split(BEGIN, 1)
+    tail = rest.split(END, 1)[1]
+    path.write_text(f"{head}{BEGIN}\n{section}{END}{tail}", encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    a = _args(argv)
+    report = run(a)
+    text = json.dumps(report, indent=2)
+    if a.json_path:
+        Path(a.json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json_path).write_text(text + "\n", encoding="utf-8")
+    if a.markdown:
+        write_section(Path(a.markdown), markdown(report, "python -m diffaccel.serve.loadtest " + " ".join(argv)))
+    print(text)
+    return 0 if report["checks"]["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

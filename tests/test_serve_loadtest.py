@@ -1,0 +1,61 @@
+"""The load test (``python -m diffaccel.serve.loadtest``): a small real run against the shipped
+text model, and its checks on made-up figures (a lost or mixed row, a 5xx, RSS growth fail it)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+from diffaccel.serve.loadtest import BEGIN, END, finish, markdown, write_section
+
+CONFIG = '[model]\nadapter = "text"\ncheckpoint = "wordnet-masked"\nlength = 32\nsteps = 16\n[[strategy]]\nuse = "swd"\n'
+
+
+def test_a_small_load_run_passes_its_checks(tmp_path):
+    config = tmp_path / "text.toml"
+    config.write_text(CONFIG)
+    doc = tmp_path / "serve.md"
+    doc.write_text(f"# Serving\n\nprose kept\n\n{BEGIN}\nold figures\n{END}\n\nmore prose\n")
+    out = tmp_path / "load.json"
+    cmd = [sys.executable, "-m", "diffaccel.serve.loadtest", str(config), "--requests", "12", "--clients", "4",
+           "--max-batch", "4", "--batch-window-ms", "50", "--offline", "3", "--no-single", "--time-limit", "240",
+           "--json", str(out), "--markdown", str(doc)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
+    report = json.loads(out.read_text())
+    m = report["modes"]["batched"]
+    assert m["ok"] == 12 and m["errors"] == {} and m["status_5xx"] == 0
+    assert m["mean_batch_rows"] > 1  # four clients at once: requests shared batches
+    assert m["p50_s"] <= m["p95_s"] <= m["p99_s"]
+    assert report["checks"] == {"no_5xx": True, "offline_checked": 3, "offline_equal": 3,
+                                "rss_growth_ok": True, "passed": True}
+    text = doc.read_text()
+    assert text.startswith("# Serving\n\nprose kept\n") and text.endswith(f"{END}\n\nmore prose\n")
+    assert "old figures" not in text and "3 of 3 responses checked equal the offline run" in text
+
+
+def _report(payloads_batched, payloads_single, status_5xx=0, growth=5.0):
+    mode = {"wall_s": 1.0, "ok": 3, "throughput_rps": 3.0, "p50_s": 0.1, "p95_s": 0.2, "p99_s": 0.3, "errors": {},
+            "status_5xx": status_5xx, "mean_batch_rows": 2.0, "rss_mb_after_warmup": 500.0, "rss_mb_end": 500.0 + growth,
+            "rss_growth_mb": growth}
+    return {"requests": 3, "clients": 2, "rounds": 1, "kind": "text", "max_batch": 4, "batch_window_ms": 10.0,
+            "machine": {"cpus": 2, "omp_threads": "1", "note": "shared"},
+            "modes": {"batched": {**mode, "payloads": payloads_batched},
+                      "single": {**mode, "throughput_rps": 1.0, "payloads": payloads_single}}}
+
+
+def test_the_checks_fail_on_a_mixed_row_a_5xx_or_memory_growth():
+    a = argparse.Namespace(offline=0, rss_limit_mb=100.0, requests=3)
+    rows = [["x"], ["y"], ["z"]]
+    good = finish(a, _report(rows, list(rows)), [], "text")
+    assert good["checks"]["passed"] and good["checks"]["batched_equals_single"] == 3
+    assert good["speedup_batched_over_single"] == 3.0
+    mixed = finish(a, _report([["x"], ["z"], ["y"]], rows), [], "text")
+    assert not mixed["checks"]["passed"] and mixed["checks"]["batched_equals_single"] == 1
+    assert not finish(a, _report(rows, rows, status_5xx=1), [], "text")["checks"]["passed"]
+    assert not finish(a, _report(rows, rows, growth=150.0), [], "text")["checks"]["passed"]
+    md = markdown(good, "python -m diffaccel.serve.loadtest x.toml")
+    assert "Batching raises throughput 3.00x over one request at a time" in md and "shared" in md
