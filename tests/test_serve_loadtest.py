@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from diffaccel.serve.loadtest import BEGIN, END, finish, markdown, write_section
+from diffaccel.serve.loadtest import finish, markdown, markers
 
 CONFIG = '[model]\nadapter = "text"\ncheckpoint = "wordnet-masked"\nlength = 32\nsteps = 16\n[[strategy]]\nuse = "swd"\n'
 
@@ -18,6 +18,7 @@ def test_a_small_load_run_passes_its_checks(tmp_path):
     config = tmp_path / "text.toml"
     config.write_text(CONFIG)
     doc = tmp_path / "serve.md"
+    BEGIN, END = markers("text")
     doc.write_text(f"# Serving\n\nprose kept\n\n{BEGIN}\nold figures\n{END}\n\nmore prose\n")
     out = tmp_path / "load.json"
     cmd = [sys.executable, "-m", "diffaccel.serve.loadtest", str(config), "--requests", "12", "--clients", "4",

@@ -122,6 +122,7 @@ class Engine:
         self.option_names = {f.name for f in attrs.fields(type(cfg.options))} if attrs.has(type(cfg.options)) else set()
         self.row_seeds = True
         self.kind, self.image_shape, self.warmup_s, self.batch_invariant = self._warm_up()
+        """``warmup_s``: seconds of the last warm-up batch (the first guess of a batch's pace)."""
         self.cross_batch = self.row_seeds and (self.batch_invariant or batch_inexact)
         """Whether requests share batches (else each request is one batch of its own rows)."""
 
@@ -150,7 +151,9 @@ class Engine:
                                  "'images' (one per row); diffaccel serve cannot answer with them")
         invariant = False
         if self.row_seeds:
+            t0 = time.perf_counter()
             pair = self.run(Batch(work, [prompt, prompt], [seed + 1, seed]))
+            seconds = time.perf_counter() - t0  # a batch's pace, without the first run's imports
             invariant = (alone.texts[0] == pair.texts[1]) if kind == "text" else bool(alone.images[0].equal(pair.images[1]))
         return kind, shape, seconds, invariant
 
