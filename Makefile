@@ -2,6 +2,7 @@
 # make test   : same set-up, then every test suite (core and plugins)
 # make test-plugin PLUGIN=topk : one plugin's tests
 # make soak   : 500 generations in one process (memory, determinism); writes docs/reliability.md
+# make layers : import-linter's contracts (layers, no import circles; pyproject.toml), as CI checks them
 # make docs   : regenerate docs/writing-a-plugin.md (tests/test_docs.py checks it is up to date)
 # make benchmarks [NOTE="..."] : rerun the headline benches, regenerate docs/benchmarks.md (a few minutes, one thread)
 PY ?= python3
@@ -10,7 +11,7 @@ BIN := $(VENV)/bin
 PLUGIN_DIRS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml))
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup demo test test-core test-plugin soak docs benchmarks bench-overhead bench-partial fluency train-text train-text-cond clean
+.PHONY: setup demo test test-core layers test-plugin soak docs benchmarks bench-overhead bench-partial fluency train-text train-text-cond clean
 
 $(VENV)/.installed: pyproject.toml $(addsuffix /pyproject.toml,$(PLUGIN_DIRS))
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -45,6 +46,9 @@ test-core: setup
 
 test-plugin: setup
 	$(BIN)/python -m pytest plugins/$(PLUGIN)/tests -q
+
+layers: setup
+	$(BIN)/python tests/layers.py
 
 # the soak (tests/soak.py, also tests/test_soak.py -m slow): its figures go to docs/reliability.md
 soak: setup
