@@ -17,7 +17,7 @@ from diffaccel.adapters.unet.adapter import UNetAdapter
 from diffaccel.adapters.unet.metrics import conditioning_accuracy, psnr, psnr_per_image, ssim
 from diffaccel.adapters.unet.pipeline import DigitsPipeline, char_vocab, digit_label
 from diffaccel.cli import main
-from diffaccel.testing import tiny_digits_pipeline
+from diffaccel.adapters.unet.testing import tiny_digits_pipeline
 
 STEPS = 4
 

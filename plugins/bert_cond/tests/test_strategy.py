@@ -13,7 +13,7 @@ import torch
 import diffaccel
 import diffaccel_bert_cond
 from diffaccel import ConfigError, ConfigValueError, hookimpl
-from diffaccel.testing import CharTokenizer, tiny_text_pipeline
+from diffaccel.adapters.text.testing import CharTokenizer, tiny_text_pipeline
 from diffaccel_bert_cond import BertCond, BertCondConfig, pin_row, spread, term_token_ids, word_continuations
 from diffaccel_bert_cond.strategy import guard_word_ends
 
