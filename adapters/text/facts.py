@@ -14,8 +14,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from diffaccel.errors import ModelLoadError
+from diffaccel.errors import ConfigError, ModelLoadError
 
+from .diffusion_gemma import BLOCK, is_diffusion_gemma
 from .loading import SHIPPED, SYNTHETIC, _refuse_unsupported_decoder, shipped_path
 
 
@@ -56,12 +57,10 @@ def _transformers(cfg: dict[str, Any], where: Any, name_or_path: str) -> dict[st
     return _facts("masked", conf.vocab_size, conf.num_hidden_layers, conf.max_position_embeddings, False, 0)
 
 
-def text_facts(config: Any) -> dict[str, Any]:
+def text_facts(config: Any) -> dict[str, Any] | None:
     """``info`` of the text model ``config`` names, without loading its weights; the
-    ``[model]`` options are checked against them as ``load`` checks them."""
-    from .adapter import TextAdapter
-    from .diffusion_gemma import is_diffusion_gemma
-
+    ``[model]`` options are checked against them as ``load`` checks them. None for a
+    DiffusionGemma checkpoint (its facts need the model)."""
     checkpoint = config.model.checkpoint
     path = Path(checkpoint)
     info: dict[str, Any] | None = None
@@ -90,7 +89,23 @@ def text_facts(config: Any) -> dict[str, Any]:
         cfg = load_hub_config(checkpoint)
         if not is_diffusion_gemma(cfg):
             info = _transformers(cfg, f"{checkpoint}: config.json", checkpoint)
-    if info is None:  # DiffusionGemma: loaded as generate loads it (its own checks included)
-        return TextAdapter.info(TextAdapter.load(config))
-    TextAdapter.check_options(config, info["kind"], info["max_len"], info["time_conditioned"])
+    if info is None:  # DiffusionGemma
+        return None
+    check_options(config, info["kind"], info["max_len"], info["time_conditioned"])
     return info
+
+
+def check_options(config, kind: str, max_len: int, time_conditioned: bool) -> None:
+    """The ``[model]`` options against the model's facts: at load, and in ``facts`` (check)."""
+    opts, where, ckpt = config.options, f"{config.source}: [model]", config.model.checkpoint
+    if opts.sampler == BLOCK:
+        raise ConfigError(f"{where}: key 'sampler': 'block' is DiffusionGemma's sampler, and '{ckpt}' is a {kind} model; allowed: {'masked' if kind == 'masked' else 'ddim, ddpm, hybrid'}")
+    if opts.length > max_len:
+        raise ConfigError(f"{where}: key 'length': {opts.length} exceeds the model's {max_len} positions")
+    if opts.sampler is not None and (opts.sampler == "masked") != (kind == "masked"):
+        allowed = "masked" if kind == "masked" else "ddim, ddpm, hybrid"
+        raise ConfigError(f"{where}: key 'sampler': '{opts.sampler}' does not fit the {kind} model '{ckpt}'; allowed: {allowed}")
+    if opts.prefix_cache and (kind != "masked" or time_conditioned):
+        raise ConfigError(f"{where}: key 'prefix_cache': the {kind} model '{ckpt}' is "
+                          f"{'time-conditioned' if kind == 'masked' else 'not a masked model'}; "
+                          "prefix_cache needs a masked model that is not time-conditioned")
