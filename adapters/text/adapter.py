@@ -15,7 +15,9 @@ from diffaccel.validators import in_range, one_of, positive
 
 from . import measure
 from .diffusion_gemma import BLOCK, BLOCK_CAPABILITIES, DiffusionGemmaPipeline, GemmaLayer
+from .diffusion_gemma_loading import precheck
 from .facts import check_options, text_facts
+from .loading import load_pipeline
 from .pipeline import SAMPLERS, TextDiffusionPipeline, TextLayer, TextOutput, run_capabilities
 
 #: Standard deviation of the logit perturbation whose effect is the agreement noise floor.
@@ -104,9 +106,6 @@ class TextAdapter:
 
     @staticmethod
     def load(config) -> TextDiffusionPipeline:
-        from .diffusion_gemma import precheck
-        from .loading import load_pipeline
-
         opts, where = config.options, f"{config.source}: [model]"
         problem = precheck(config.model.checkpoint, opts.length, opts.sampler, opts.block_size, opts.temperature)
         if problem:  # a DiffusionGemma folder's options, checked before its weights load

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from diffaccel.conditions import load
 
 from .corpus import source_lines
-from .loading import SHIPPED, shipped_path
+from .reference import SHIPPED, shipped_path
 from .model import TextDiffusionLM
 from .tokenizer import TextTokenizer
 from .train import term_mask

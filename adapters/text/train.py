@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from diffaccel.conditions import load as load_conditions
 
 from .corpus import read_wordnet, write_lines
-from .loading import shipped_path
+from .reference import shipped_path
 from .model import TextDiffusionConfig, TextDiffusionLM, mask_rate
 from .tokenizer import TextTokenizer, train_tokenizer
 

@@ -81,7 +81,7 @@ def test_pin_row_places_ids_and_marks_the_position_after_each_term():
 
 
 def test_terms_are_encoded_as_in_running_text():
-    from diffaccel.adapters.text.loading import shipped_path
+    from diffaccel.adapters.text.reference import shipped_path
     from diffaccel.adapters.text.tokenizer import TextTokenizer
 
     tok = TextTokenizer.from_file(shipped_path("wordnet-masked") / "tokenizer.json")
