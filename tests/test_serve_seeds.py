@@ -10,9 +10,10 @@ import pytest
 import torch
 
 import diffaccel
+from diffaccel.adapters.text.testing import tiny_text_pipeline
+from diffaccel.adapters.unet.testing import tiny_digits_pipeline
 from diffaccel.adapters_registry import get_adapter
 from diffaccel.config import parse_config
-from diffaccel.testing import tiny_digits_pipeline, tiny_text_pipeline
 
 SEEDS = [41, 3, 3, 1000]  # unrelated, and one repeated: the repeated rows must be equal too
 

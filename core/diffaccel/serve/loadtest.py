@@ -269,14 +269,15 @@ def write_section(path: Path, name: str, section: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     a = _args(argv)
-    report = run(a)
+    command = "python -m diffaccel.serve.loadtest " + " ".join(argv)
+    report = {"command": command, **run(a)}
     text = json.dumps(report, indent=2)
     if a.json_path:
         Path(a.json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json_path).write_text(text + "\n", encoding="utf-8")
     if a.markdown:
         write_section(Path(a.markdown), a.section or Path(a.config).stem,
-                      markdown(report, "python -m diffaccel.serve.loadtest " + " ".join(argv)))
+                      markdown(report, command))
     print(text)
     return 0 if report["checks"]["passed"] else 1
 
