@@ -149,7 +149,12 @@ class Batcher:
             if not self.pending:  # every waiting client went away (or drain refused them)
                 continue
             jobs = self._take()
-            await self._run(loop, jobs)
+            try:
+                await self._run(loop, jobs)
+            except Exception as exc:  # noqa: BLE001 - a fault here must not stop the batching: its requests get a 500
+                for job in jobs:
+                    if not job.future.done():
+                        job.future.set_exception(error_of(exc))
 
     async def _run(self, loop, jobs: list[Job]) -> None:
         work = jobs[0].work
