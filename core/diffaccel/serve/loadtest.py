@@ -25,6 +25,7 @@ import asyncio
 import json
 import os
 import platform
+import shlex
 import statistics
 import sys
 import time
@@ -269,7 +270,7 @@ def write_section(path: Path, name: str, section: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     a = _args(argv)
-    command = "python -m diffaccel.serve.loadtest " + " ".join(argv)
+    command = "python -m diffaccel.serve.loadtest " + shlex.join(argv)
     report = {"command": command, **run(a)}
     text = json.dumps(report, indent=2)
     if a.json_path:
