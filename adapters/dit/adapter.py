@@ -19,21 +19,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import attrs
 import torch
 
 from ..diffusers_pipelines import PipelineSource, load_for_config, load_pipeline, run_pipeline
-from ..unet.adapter import UNetAdapter, UNetOptions, UNetOutput
+from ..unet.adapter import UNetAdapter, UNetOutput
 from . import hooks, peers
+from .options import DiTOptions, DiTSpec  # noqa: F401 - DiTOptions importable from here as before
 from .synthetic import SYNTHETIC
 
 ASSETS = Path(__file__).parent / "assets"
 SHIPPED = {"dit-digits": "dit-digits"}
-
-
-@attrs.frozen(kw_only=True)
-class DiTOptions(UNetOptions):
-    """Keys of ``[model]`` that only the DiT adapter reads (the UNet adapter's, same meaning)."""
 
 
 def _text_dit_pipeline() -> type:
@@ -85,8 +80,8 @@ class DiTAdapter:
     ``.transformer`` has a ``transformer_blocks`` stack."""
 
     name = "dit"
-    output_suffix = ".png"
-    Options = DiTOptions
+    output_suffix = DiTSpec.output_suffix
+    Options = DiTSpec.Options
     capabilities = hooks.CAPABILITIES
     PEERS = peers.PEERS
     layer_types = (hooks.DiTBlock,)

@@ -13,6 +13,7 @@ from diffaccel.capabilities import MASK_CONFIDENCES, PINNED_TOKENS, TOKEN_LOGITS
 from diffaccel.errors import ConfigError, ConfigValueError, DiffaccelError
 from diffaccel.validators import in_range, one_of, positive
 
+from . import commands
 from .diffusion_gemma import BLOCK, BLOCK_CAPABILITIES, DiffusionGemmaPipeline, GemmaLayer
 from .pipeline import SAMPLERS, TextDiffusionPipeline, TextLayer, TextOutput, run_capabilities
 
@@ -72,6 +73,7 @@ class TextAdapter:
     Options = TextOptions
     capabilities = frozenset({TOKEN_POSITIONS, MASK_CONFIDENCES, TOKEN_LOGITS, PINNED_TOKENS})
     """``mask-confidences`` only on runs of the masked sampler (``run.capabilities`` says)."""
+    diffaccel_register_commands = staticmethod(commands.diffaccel_register_commands)  # diffaccel train text
     PEERS: dict[str, type] = {"steps": StepsPeer}
     layer_types = (TextLayer, GemmaLayer)
 

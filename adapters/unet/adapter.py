@@ -21,56 +21,20 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import attrs
 import torch
 
 from diffaccel.errors import DiffaccelError, ModelLoadError
-from diffaccel.validators import in_range, non_negative, one_of, positive
 
 from ..checkpoints import quiet_loading
 from ..diffusers_pipelines import (  # noqa: F401 - check_pipeline: importable from here as before
     ImageOutput, PipelineSource, check_pipeline, load_for_config, load_pipeline, run_pipeline)
 from ..diffusers_pipelines import first_line as _first_line
-from . import hooks
+from . import commands, hooks
+from .options import SCHEDULERS, DeepCachePeer, UNetOptions, UNetSpec  # noqa: F401 - importable from here as before
 from .synthetic import SYNTHETIC
 
 ASSETS = Path(__file__).parent / "assets"
 SHIPPED = {"digits": "digits", "default": "digits"}
-SCHEDULERS = ("ddim", "checkpoint")
-
-
-@attrs.frozen(kw_only=True)
-class UNetOptions:
-    """Keys of ``[model]`` that only the UNet adapter reads."""
-
-    size: int | None = attrs.field(default=None, validator=positive)
-    """Image height and width in pixels (default: the model's own, e.g. 32 for digits, 64 for synthetic-sd-medium)."""
-    guidance_scale: float = attrs.field(default=7.5, validator=in_range(0.0, None))
-    """Classifier-free guidance scale; 1 or less turns guidance off (one branch per step)."""
-    prompts: list[str] = attrs.Factory(list)
-    """Prompt per batch row (repeated if shorter than the batch); empty: the empty prompt."""
-    negative_prompt: str | None = None
-    """Prompt of the unconditional branch (Stable Diffusion pipelines only; default: empty)."""
-    scheduler: str = attrs.field(default="ddim", validator=one_of(SCHEDULERS))
-    """ddim (DDIM, eta 0, from the checkpoint's noise schedule) or checkpoint (the scheduler it ships)."""
-    eta: float = attrs.field(default=0.0, validator=in_range(0.0, 1.0))
-    """DDIM eta: 0 is deterministic DDIM, 1 is DDPM-like noise."""
-    grid_columns: int = attrs.field(default=8, validator=positive)
-    """Images per row in the PNG grid that ``generate --out`` writes."""
-    grid_scale: int = attrs.field(default=1, validator=in_range(1, 16))
-    """Nearest-neighbour enlargement of each image in the written grid (1: native size)."""
-
-
-@attrs.frozen(kw_only=True)
-class DeepCachePeer:
-    """Keys of ``[[peer]] use = "deepcache"``: DeepCache 0.1.1 (``pip install diffaccel[deepcache]``)."""
-
-    cache_interval: int = attrs.field(default=3, validator=positive)
-    """Run the full UNet every this many steps; in between, only the shallow branch runs."""
-    cache_branch_id: int = attrs.field(default=0, validator=non_negative)
-    """The skip branch whose deeper features are cached: 3 x down block + layer (0: the shallowest)."""
-    name: str | None = None
-    """Entry name in bench (default: deepcache-i<interval>, with -b<branch> when the branch is not 0)."""
 
 
 UNetOutput = ImageOutput  # what ``run`` returns (shared with the DiT adapter)
@@ -121,11 +85,12 @@ class UNetAdapter:
     ``.unet`` is a ``UNet2DConditionModel``."""
 
     name = "unet"
-    Options = UNetOptions
+    Options = UNetSpec.Options
     capabilities = hooks.CAPABILITIES
+    diffaccel_register_commands = staticmethod(commands.diffaccel_register_commands)  # diffaccel train digits
     PEERS = {"deepcache": DeepCachePeer}
     layer_types = (hooks.UNetBlock,)
-    output_suffix = ".png"
+    output_suffix = UNetSpec.output_suffix
     """``generate`` writes one PNG grid: ``--out`` must end in .png (default ``<config name>.png``)."""
 
     @staticmethod

@@ -195,3 +195,22 @@ def diffaccel_bench_quality(outputs: list[Any], seeds: list[int]) -> dict[str, f
 def diffaccel_bench_plot(reports: list[dict[str, Any]], path: Any) -> None:
     """Per strategy, ``diffaccel bench --plots DIR`` only: draw a figure from the entry's run
     reports (``RunState.report()`` per seed) into ``path`` (a PNG path). Returns nothing."""
+
+
+# ---- the command line ---------------------------------------------------------------------
+
+@hookspec
+def diffaccel_register_commands(commands: Any) -> None:
+    """Called by the ``diffaccel`` command line, once per process, when the command it was given
+    is not a core one (or for ``diffaccel --help`` and ``diffaccel train``), on every plugin
+    module of the ``diffaccel`` group and on every adapter (group ``diffaccel.adapters``) that has
+    the attribute: add subcommands with ``commands.add(name, help=..., run=..., arguments=...,
+    examples=..., group=None)`` (a ``diffaccel.commands.Commands``). ``group="train"`` makes it
+    ``diffaccel train NAME`` (how adapters offer training). A plugin's command imports only the
+    core (``diffaccel``), never an adapter or another plugin.
+
+    Returns nothing. Merge rule: every registration is called on its own, plugins in
+    registration order, then adapters by name; each name is taken once (core commands first),
+    and a registration that raises or takes a taken name is left out whole, reported as one
+    warning line naming the plugin or adapter, while every other command still works.
+    """
