@@ -26,6 +26,8 @@ EXAMPLES = {
           diffaccel bench configs/text-default.toml configs/text-time-anchor.toml --seeds 6 --batch 8
           diffaccel bench configs/digits-dct.toml --seeds 2 --report report/digits
           diffaccel bench configs/dit-digits-time-anchor.toml configs/dit-digits-dct.toml --quality-only --seeds 10
+          diffaccel bench configs/text-swd.toml --grid tau=0.005,0.01,0.02 --seeds 4
+          diffaccel bench configs/digits-dct.toml --grid threshold=0.01,0.02 --grid band=2,4 --quality-only --seeds 10
         All configs must share one [model] table. The baseline is that model with no strategy;
         every entry runs on the same seeds, interleaved. Speedup = baseline wall time / entry
         wall time. Quality columns compare each entry with the baseline of the same seed.
@@ -35,7 +37,13 @@ EXAMPLES = {
         (opens offline): the table, speedup against quality, the images or samples of each entry
         beside the baseline's, the strategies' plots, the command, versions and machine.
         --quality-only runs each entry once per seed with no warm-up and no clock: quality over
-        more seeds than a timed bench affords, on a busy machine too (speedup shows "-").""",
+        more seeds than a timed bench affords, on a busy machine too (speedup shows "-").
+        --grid KEY=V1,V2 runs each config's strategy once per value (several --grid: every
+        combination), as entries named config[KEY=V]; each point is validated as a config file
+        with that value would be, before the model loads. STRATEGY.KEY picks the strategy
+        when several have KEY. Values are TOML: 0.05, 3, true, "text".
+        With 2 seeds or more every ratio has a 95% bootstrap interval [lo, hi], resampling
+        seeds paired with the baseline's (JSON: speedup_ci, quality_ci).""",
     "overhead": """
         examples:
           diffaccel overhead configs/text-default.toml
@@ -146,6 +154,8 @@ def _parser(extra: list | None = None) -> argparse.ArgumentParser:
                    help="language model scoring text samples (gen_ppl): smollm2 (default), none, a causal LM folder or hub id, a .gguf file")
     b.add_argument("--quality-only", action="store_true",
                    help="no timing, no warm-up: each entry once per seed, quality only (more seeds; no quiet machine needed)")
+    b.add_argument("--grid", action="append", default=[], metavar="[STRATEGY.]KEY=V1,V2",
+                   help="run each config's strategy at each value (repeat for a product grid); entries named by their values")
     b.add_argument("--no-progress", action="store_true")
     b.add_argument("--prompts", metavar="FILE", help="one item per line instead of --seeds; shared by the processes of 'accelerate launch'")
 
@@ -265,11 +275,13 @@ def _bench(args) -> int:
     if args.prompts is not None:
         from .prompt_bench import main_bench
 
-        for option, given in (("--report", args.report_dir), ("--plots", args.plot_dir), ("--quality-only", args.quality_only or None)):
+        for option, given in (("--report", args.report_dir), ("--plots", args.plot_dir), ("--quality-only", args.quality_only or None),
+                              ("--grid", args.grid or None)):
             if given is not None:
                 raise ConfigError(f"{option}: not available with --prompts (the sharded bench writes --json only)")
         return main_bench(args)
     from .bench import format_table, run_bench
+    from .grid import parse_grid
 
     if args.quality_only and args.report_dir:
         raise ConfigError("--report: not available with --quality-only (a report plots speedup against quality)")
@@ -278,7 +290,7 @@ def _bench(args) -> int:
     result = run_bench(args.configs, seeds=args.seeds, repeats=args.repeats, json_path=args.json_path,
                        noise_floor=not args.no_noise_floor, progress=not args.no_progress, plot_dir=plot_dir,
                        batch=args.batch, seed=args.seed, judge=args.judge, keep_outputs=outputs,
-                       timed=not args.quality_only)
+                       timed=not args.quality_only, grid=parse_grid(args.grid))
     print(format_table(result))
     if args.json_path:
         print(f"wrote {args.json_path}")

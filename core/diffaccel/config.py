@@ -92,6 +92,8 @@ class RunConfig:
     """``[[peer]]`` tables in file order; only ``bench`` runs them."""
     guard: GuardConfig = GuardConfig()
     """The ``[guard]`` table: non-finite check and quality guard (``diffaccel.guard``)."""
+    name: str | None = None
+    """Its ``bench`` entry name when not the file's stem (``bench --grid``: the stem and the values)."""
 
     def without_strategies(self) -> "RunConfig":
         return attrs.evolve(self, strategies=())

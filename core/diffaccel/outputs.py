@@ -102,7 +102,10 @@ def precheck(args) -> None:
 
     command = args.command
     if command == "bench":
+        from .grid import parse_grid
+
         check_bench_args(args)
+        parse_grid(args.grid)
     for name in ("repeats", "threads", "batch", "steps", "processes", "seeds"):
         if command != "bench":
             at_least_one(getattr(args, name, None), f"--{name}")
