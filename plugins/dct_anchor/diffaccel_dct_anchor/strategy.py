@@ -245,6 +245,16 @@ class DCTAnchor:
                 st.x0_low = st.memo = None
 
     @hookimpl
+    def diffaccel_bench_quality(self, outputs: list[Any], seeds: list[int]) -> dict[str, float]:
+        """``deep_steps``: steps per run (mean over runs and guidance branches) whose first anchor
+        block was not served from the cache: how often the deep path was computed. Only on the
+        entries that ran this strategy (the baseline computes it at every step)."""
+        counts = [sum(d != REUSED for d in next(iter(rec.values()))["decisions"])
+                  for out in outputs for rec in out.report.get("strategies", {}).get(self.name, {}).get("branches", {}).values()
+                  if rec]
+        return {"deep_steps": sum(counts) / len(counts)} if counts else {}
+
+    @hookimpl
     def diffaccel_bench_plot(self, reports: list[dict[str, Any]], path) -> None:
         """Called by ``diffaccel bench --plots DIR``: the decisions and changes over the steps."""
         from .plot import plot_decisions
