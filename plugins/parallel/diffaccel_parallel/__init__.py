@@ -28,3 +28,11 @@ def diffaccel_register(register):
 
 __all__ = ["RULES", "SCALES", "Parallel", "ParallelConfig", "__version__", "choose", "diffaccel_register", "entropies",
            "scaled_confidence", "spaced"]
+
+
+@hookimpl
+def diffaccel_register_commands(commands):
+    """``diffaccel parallel-sweep`` (``sweep.py``; it imports only the core)."""
+    from . import sweep  # the bench machinery, only when the command line asks for commands
+
+    sweep.register(commands)

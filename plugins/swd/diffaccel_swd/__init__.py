@@ -24,3 +24,11 @@ def diffaccel_register(register):
 
 
 __all__ = ["SWD", "SWDConfig", "SWDState", "__version__", "diffaccel_register", "radius_at", "update_stability", "widen"]
+
+
+@hookimpl
+def diffaccel_register_commands(commands):
+    """``diffaccel swd-sweep`` (``sweep.py``; it imports only the core)."""
+    from . import sweep  # the bench machinery, only when the command line asks for commands
+
+    sweep.register(commands)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -392,9 +391,7 @@ def test_bench_plot_writes_a_png(masked_pipe, tmp_path):
 
 
 def test_sweep_varies_one_key_at_a_time():
-    spec = importlib.util.spec_from_file_location("swd_sweep", Path(__file__).resolve().parents[1] / "sweep.py")
-    sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sweep)
+    from diffaccel_swd import sweep
     combos = sweep.combinations([0.01, 0.5], [2, 4], [0, 1, 2], vary_one=True)
     assert combos == [(0.01, 2, 0), (0.5, 2, 0), (0.01, 4, 0), (0.01, 2, 1), (0.01, 2, 2)]
     assert len(sweep.combinations([0.01, 0.5], [2, 4], [0, 1, 2], vary_one=False)) == 12
@@ -440,3 +437,12 @@ def test_masked_default_max_age_recomputes_old_logits_and_zero_turns_it_off(mask
     unlimited = run_with(masked_pipe, [swd(max_age=0)], length=32, steps=32, seed=0).report["strategies"]["swd"]
     assert aged["max_age"] == 8 and unlimited["max_age"] == 0
     assert aged["mean_computed"] > unlimited["mean_computed"]
+
+
+def test_the_sweep_is_a_registered_command(monkeypatch, capsys):
+    from diffaccel.cli import main
+
+    monkeypatch.setenv("DIFFACCEL_PLUGINS", "swd")
+    with pytest.raises(SystemExit) as exc:
+        main(["swd-sweep", "configs/text-default.toml", "--seeds", "x"])
+    assert exc.value.code == 2 and "--seeds: invalid int value" in capsys.readouterr().err
