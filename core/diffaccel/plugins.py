@@ -45,6 +45,9 @@ class Strategy:
     alternatives, e.g. ``((TOKEN_POSITIONS, BLOCK_STACK),)``: either will do. Never adapter names."""
     description: str = ""
     """One line for ``diffaccel plugins``."""
+    reports: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    """Quality keys its ``diffaccel_bench_quality`` adds to a bench (``diffaccel tune``'s budgets
+    may name them, e.g. ``key_term_recall>=0.95``)."""
     plugin: str = ""
     """Entry-point name of the plugin that registered it (set by the registry)."""
 

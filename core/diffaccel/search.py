@@ -58,7 +58,8 @@ class Tunable:
             return trial.suggest_categorical(name, list(self.choices))
         if self.integer:
             return trial.suggest_int(name, int(self.low), int(self.high), log=self.log)
-        return trial.suggest_float(name, float(self.low), float(self.high), log=self.log)
+        # three significant digits: the value measured is the value a TUNED.toml writes
+        return float(f"{trial.suggest_float(name, float(self.low), float(self.high), log=self.log):.3g}")
 
 
 Space = Mapping[str, Mapping[str, Tunable]]
@@ -108,7 +109,8 @@ def far_over(budgets: Sequence[Budget], m: Measured, slack: float = 2.0) -> bool
 
 def objectives(budgets: Sequence[Budget], m: Measured) -> list[float]:
     """The trial's values: speedup, then each budgeted metric (as measured)."""
-    return [m.speedup, *[float(m.quality.get(b.metric, math.nan)) for b in budgets]]
+    values = [m.speedup, *[float(m.quality.get(b.metric, math.nan)) for b in budgets]]
+    return [max(-1e6, min(1e6, v)) if not math.isnan(v) else v for v in values]  # psnr of an identical run: inf
 
 
 def directions(budgets: Sequence[Budget]) -> list[str]:
@@ -118,7 +120,7 @@ def directions(budgets: Sequence[Budget]) -> list[str]:
 def open_study(out: Path, budgets: Sequence[Budget], seed: int = 0) -> Any:
     """The study in ``out/study.db``, created or resumed. The sampler (TPE, multi-objective, with
     the budgets as constraints) is seeded, so a search is reproducible."""
-    import optuna
+    import optuna  # deferred: importing optuna (and SQLAlchemy) costs ~1 s, which no other command should pay
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     out.mkdir(parents=True, exist_ok=True)
@@ -130,7 +132,8 @@ def open_study(out: Path, budgets: Sequence[Budget], seed: int = 0) -> Any:
 def _constrain(trial: Any, budgets: Sequence[Budget], margins: Sequence[float]) -> None:
     """The budgets as optuna constraints (<= 0 is feasible: each budget's margin, negated)."""
     for b, margin in zip(budgets, margins):
-        trial.set_constraint(b.text, -margin if math.isfinite(margin) else 1e9)
+        # an infinite margin: identical to the baseline (psnr inf) is inside, a missing metric outside
+        trial.set_constraint(b.text, -margin if math.isfinite(margin) else (-1e9 if margin > 0 else 1e9))
 
 
 def feasible(trial: Any) -> bool:
@@ -145,7 +148,7 @@ def run_trials(study: Any, space: Space, budgets: Sequence[Budget], evaluate: Ev
     """Run trials until the study holds ``trials`` finished ones (complete or pruned): a resumed
     study runs only the rest. Returns how many ran now. KeyboardInterrupt propagates after
     optuna marks the running trial failed (the finished ones stay in the study)."""
-    import optuna
+    import optuna  # deferred, as in open_study
 
     done = sum(t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED) for t in study.trials)
     chunk = chunk or max(1, len(seeds) // 4)
@@ -178,7 +181,7 @@ def run_trials(study: Any, space: Space, budgets: Sequence[Budget], evaluate: Ev
 def feasible_front(study: Any) -> list[Any]:
     """The complete trials that met every budget on the tuning seeds and that no other such
     trial beats on every objective, fastest first."""
-    import optuna
+    import optuna  # deferred, as in open_study
 
     ok = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE and feasible(t)]
     signs = [1 if d == optuna.study.StudyDirection.MAXIMIZE else -1 for d in study.directions]
