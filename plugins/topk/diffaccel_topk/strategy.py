@@ -202,3 +202,11 @@ class TopK:
     def diffaccel_run_end(self, run) -> None:
         st = run.state(self)
         st.values = st.indices = None
+
+    @hookimpl
+    def diffaccel_bench_quality(self, outputs: list[Any], seeds: list[int]) -> dict[str, float]:
+        """``self_similarity`` of an entry's texts over all its seeds (1: all alike), on this
+        strategy's entry and on the baseline's, beside the bench's distinct-n: what a top-k draw
+        buys in variety (argmax decoding repeats itself across seeds)."""
+        texts = [t for out in outputs for t in getattr(out, "texts", None) or []]
+        return {"self_similarity": self_similarity(texts)} if len(texts) > 1 else {}
