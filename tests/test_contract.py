@@ -117,6 +117,11 @@ def _registry(log):
             log.append("diffaccel_tunables")
             return [Tunable(key="level", low=1, high=3, integer=True)] if strategy == "probe" else None
 
+        @hookimpl
+        def diffaccel_register_commands(self, commands):
+            log.append("diffaccel_register_commands")
+            commands.add("probe-command", help="a command of the probe plugin", run=lambda args: 0)
+
     reg = Registry(load_entrypoints=False)
     reg.register_plugin(Plugin(), name="probe-plugin")
     return reg
@@ -146,6 +151,11 @@ def test_every_hook_is_exercised_through_the_core(tmp_path):
     from diffaccel.tuning import tunable_space
 
     assert tunable_space(diffaccel.load_config(cfg, reg), reg) == {"probe": {"level": Tunable(key="level", low=1, high=3, integer=True)}}
+
+    from diffaccel.commands import collect
+
+    found, problems = collect(("bench",), registry=reg)
+    assert [c.name for c in found if c.source.startswith("plugin 'probe-plugin'")] == ["probe-command"]
 
     pipe = tiny_digits_pipeline()
     with diffaccel.apply(pipe, strategies=[Probe(log=log)]):

@@ -73,8 +73,9 @@ class Commands:
                                   group=group, source=self.source))
 
 
-def collect(core: tuple[str, ...]) -> tuple[list[Command], list[str]]:
-    """Every plugin's and adapter's commands, and one line per registration that failed.
+def collect(core: tuple[str, ...], registry: Any = None) -> tuple[list[Command], list[str]]:
+    """Every plugin's and adapter's commands, and one line per registration that failed
+    (``registry``: the plugins, default ``Registry()``, those the entry points name).
 
     Each registration runs on its own: one that raises (or takes a name already taken) is left
     out whole, nothing it added is kept, and the others still register."""
@@ -98,7 +99,7 @@ def collect(core: tuple[str, ...]) -> tuple[list[Command], list[str]]:
         taken.update((c.group, c.name) for c in commands.added)
         found.extend(commands.added)
 
-    registry = Registry()
+    registry = registry if registry is not None else Registry()
     for impl in registry.pm.hook.diffaccel_register_commands.get_hookimpls():  # registration order
         dist, version = registry.distribution(impl.plugin_name)
         register(f"plugin '{impl.plugin_name}' ({dist} {version})", impl.function)
