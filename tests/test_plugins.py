@@ -62,7 +62,7 @@ py-modules = ["diffaccel_echo_test"]
 USE = '''
 import sys
 import diffaccel
-from diffaccel.testing import tiny_text_pipeline
+from diffaccel.adapters.text.testing import tiny_text_pipeline
 cfg = diffaccel.parse_config({"model": {"adapter": "text"}, "strategy": [{"use": "echo", "every": 3}]})
 pipe = tiny_text_pipeline()
 with diffaccel.apply(pipe, cfg):

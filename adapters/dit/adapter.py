@@ -16,51 +16,15 @@ Peers (``[[peer]]``): diffusers' own cache hooks (``peers.py``).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..diffusers_pipelines import PipelineSource, load_for_config, load_pipeline, run_pipeline
+from ..diffusers_pipelines import load_for_config, run_pipeline
 from ..unet.adapter import UNetAdapter, UNetOutput
 from . import hooks, peers
+from .loading import SOURCE, load_checkpoint  # noqa: F401 - load_checkpoint: importable from here as before
 from .options import DiTOptions, DiTSpec  # noqa: F401 - DiTOptions importable from here as before
-from .synthetic import SYNTHETIC
-
-ASSETS = Path(__file__).parent / "assets"
-SHIPPED = {"dit-digits": "dit-digits"}
-
-
-def _text_dit_pipeline() -> type:
-    from .pipeline import TextDiTPipeline
-
-    return TextDiTPipeline
-
-
-def _from_pretrained(name: str, **kwargs):
-    from diffusers import DiffusionPipeline
-
-    return DiffusionPipeline.from_pretrained(name, **kwargs)
-
-
-def _build(name: str):
-    from .synthetic import build
-
-    return build(name)
-
-
-SOURCE = PipelineSource(
-    assets=ASSETS, shipped=SHIPPED, retrain="'python -m diffaccel.adapters.dit.digits train --out DIR' and copy DIR there",
-    synthetic=SYNTHETIC, build=_build, own_class=_text_dit_pipeline, fallback=_from_pretrained)
-"""What ``load_checkpoint`` reads: the digits DiT, the synthetic DiTs, a ``TextDiTPipeline``
-folder, else any diffusers pipeline (``DiffusionPipeline``)."""
-
-
-def load_checkpoint(checkpoint: str, allow_pickle: bool = False):
-    """A pipeline for a ``checkpoint`` string (see the module docstring). The same checkpoint
-    checks as the UNet adapter's: safetensors only unless ``allow_pickle``, damaged files, missing
-    tensors and NaN/inf weights are one ``ModelLoadError`` (``diffaccel.adapters.checkpoints``)."""
-    return load_pipeline(SOURCE, checkpoint, allow_pickle)
 
 
 def is_digits(pipe) -> bool:

@@ -40,6 +40,7 @@ def _arguments(t: argparse.ArgumentParser) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
+    # deferred: the training code is imported by 'diffaccel train' only, not by every use of the adapter
     import torch
 
     from .train import TrainConfig, train

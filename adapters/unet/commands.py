@@ -27,6 +27,7 @@ def _arguments(t: argparse.ArgumentParser) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
+    # deferred: the training code is imported by 'diffaccel train' only, not by every use of the adapter
     import torch
 
     from .digits import TrainDigitsConfig, train_digits
