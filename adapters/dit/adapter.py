@@ -20,6 +20,7 @@ from typing import Any
 
 import attrs
 import torch
+from diffusers import DiffusionPipeline
 
 from ..diffusers_pipelines import load_for_config, run_pipeline
 from ..unet.adapter import UNetAdapter, UNetOptions, UNetOutput
@@ -56,10 +57,6 @@ class DiTAdapter:
 
     @staticmethod
     def accepts(pipe: Any) -> bool:
-        try:
-            from diffusers import DiffusionPipeline
-        except ImportError:  # pragma: no cover
-            return False
         t = getattr(pipe, "transformer", None)
         return isinstance(pipe, DiffusionPipeline) and isinstance(getattr(t, "transformer_blocks", None), torch.nn.ModuleList)
 

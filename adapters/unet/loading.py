@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from diffusers import StableDiffusionPipeline
-
 from ..diffusers_pipelines import PipelineSource, load_pipeline
 from .pipeline import DigitsPipeline
 from .synthetic import SYNTHETIC, build
@@ -19,6 +17,8 @@ SHIPPED = {"digits": "digits", "default": "digits"}
 
 
 def _from_pretrained(name: str, **kwargs):
+    from diffusers import StableDiffusionPipeline  # a second or more to import (CLIP, VAE): only a hub or SD folder needs it
+
     return StableDiffusionPipeline.from_pretrained(name, safety_checker=None, requires_safety_checker=False, **kwargs)
 
 
