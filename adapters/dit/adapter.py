@@ -96,6 +96,7 @@ class DiTAdapter:
     reference_run = UNetAdapter.reference_run
     write = UNetAdapter.write
     quality = UNetAdapter.quality
+    quality_keys = UNetAdapter.quality_keys
 
     # -- peers: diffusers' cache hooks ------------------------------------------------------------
     @staticmethod

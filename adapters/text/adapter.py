@@ -186,6 +186,12 @@ class TextAdapter:
         return judge.judge_lines([t for o in outputs for t in o.texts])
 
     @staticmethod
+    def quality_keys(config) -> list[str]:
+        """What ``quality`` reports (``ReportsQuality``): the trigram perplexity, distinct-n and
+        token agreement with the baseline."""
+        return ["perplexity", "distinct_1", "distinct_2", "agreement"]
+
+    @staticmethod
     def quality(baseline: list[TextOutput], outputs: list[TextOutput], references: list[TextOutput] | None = None) -> dict[str, float]:
         """Quality of ``outputs`` against the unaccelerated ``baseline`` of the same seeds."""
         texts = [t for o in outputs for t in o.texts]

@@ -214,6 +214,12 @@ class UNetAdapter:
         return {"image": path.name}
 
     @staticmethod
+    def quality_keys(config) -> list[str]:
+        """What ``quality`` reports (``ReportsQuality``): PSNR and SSIM against the baseline, and
+        for the shipped digits models the conditioning accuracy."""
+        return ["psnr", "psnr_min", "ssim", *(["cond_acc"] if config.model.checkpoint in ("digits", "dit-digits") else [])]
+
+    @staticmethod
     def quality(baseline: list[UNetOutput], outputs: list[UNetOutput], references: list[UNetOutput] | None = None) -> dict[str, float]:
         """Mean per-image PSNR (dB) and SSIM against the unaccelerated ``baseline`` of the same seeds;
         for digits, the conditioning accuracy of ``outputs``."""

@@ -17,7 +17,9 @@ SHIPPED = {"digits": "digits", "default": "digits"}
 
 
 def _from_pretrained(name: str, **kwargs):
-    from diffusers import StableDiffusionPipeline  # a second or more to import (CLIP, VAE): only a hub or SD folder needs it
+    # deferred: importing StableDiffusionPipeline takes a second or more and imports transformers'
+    # image processors, which print a torchvision warning on every command that merely lists or checks adapters
+    from diffusers import StableDiffusionPipeline
 
     return StableDiffusionPipeline.from_pretrained(name, safety_checker=None, requires_safety_checker=False, **kwargs)
 
