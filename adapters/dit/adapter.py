@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from diffusers import DiffusionPipeline
 
 from ..diffusers_pipelines import load_for_config, run_pipeline
 from ..unet.adapter import UNetAdapter, UNetOutput
@@ -52,10 +53,6 @@ class DiTAdapter:
 
     @staticmethod
     def accepts(pipe: Any) -> bool:
-        try:
-            from diffusers import DiffusionPipeline
-        except ImportError:  # pragma: no cover
-            return False
         t = getattr(pipe, "transformer", None)
         return isinstance(pipe, DiffusionPipeline) and isinstance(getattr(t, "transformer_blocks", None), torch.nn.ModuleList)
 

@@ -17,11 +17,15 @@ DeepCache 0.1.1's ``DeepCacheSDHelper`` applied to the same pipeline.
 from __future__ import annotations
 
 import json
+import os
+import types
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
+from diffusers import DiffusionPipeline, UNet2DConditionModel
+from PIL import Image
 
 from diffaccel.errors import DiffaccelError, ModelLoadError
 
@@ -34,7 +38,7 @@ from . import commands, hooks
 from .loading import ASSETS, SHIPPED, SOURCE, load_checkpoint  # noqa: F401 - ASSETS, load_checkpoint: importable from here as before
 from .metrics import psnr_per_image, ssim_per_image
 from .options import SCHEDULERS, DeepCachePeer, UNetOptions, UNetSpec  # noqa: F401 - importable from here as before
-from .synthetic import SYNTHETIC
+from .synthetic import SYNTHETIC, build
 
 
 UNetOutput = ImageOutput  # what ``run`` returns (shared with the DiT adapter)
@@ -63,10 +67,6 @@ class UNetAdapter:
 
     @staticmethod
     def accepts(pipe: Any) -> bool:
-        try:
-            from diffusers import DiffusionPipeline, UNet2DConditionModel
-        except ImportError:  # pragma: no cover
-            return False
         return isinstance(pipe, DiffusionPipeline) and isinstance(getattr(pipe, "unet", None), UNet2DConditionModel)
 
     @staticmethod
@@ -100,13 +100,9 @@ class UNetAdapter:
         pipeline folder's UNet is built from its unet/config.json, a synthetic model from its
         spec, on the meta device (no memory, no weights read). A hub id loads as ``generate``
         loads it (its own refusals included: offline and not cached, the same line)."""
-        import types
-
         checkpoint = config.model.checkpoint
         folder = ASSETS / SHIPPED[checkpoint] if checkpoint in SHIPPED else Path(checkpoint).expanduser()
         if checkpoint in SYNTHETIC:  # built from its spec on the meta device: shapes only
-            from .synthetic import build
-
             with quiet_loading(), torch.device("meta"):
                 return UNetAdapter.info(build(checkpoint))
         if not folder.is_dir():
@@ -118,8 +114,6 @@ class UNetAdapter:
             raise ModelLoadError(f"{checkpoint}: not a diffusers pipeline folder (no model_index.json)")
         try:
             cls_name = json.loads(index.read_text()).get("_class_name")
-            from diffusers import UNet2DConditionModel
-
             with quiet_loading(), torch.device("meta"):
                 unet = UNet2DConditionModel.from_config(UNet2DConditionModel.load_config(str(folder), subfolder="unet"))
         except (OSError, ValueError, TypeError, KeyError) as exc:
@@ -148,8 +142,6 @@ class UNetAdapter:
     @staticmethod
     def write(outputs: list[UNetOutput], out: str | None) -> str:
         """Write every image of ``outputs`` into one PNG grid (via ``out.partial``, then renamed)."""
-        from PIL import Image
-
         if out is None:
             raise DiffaccelError("the unet adapter writes a PNG grid: pass --out FILE.png")
         images = torch.cat([o.images for o in outputs])
@@ -176,10 +168,6 @@ class UNetAdapter:
     def write_item(output: UNetOutput, out_dir: Path, stem: str) -> dict[str, Any]:
         """``generate --prompts``: one item's image as ``out_dir/stem.png`` at its native size (via a
         temporary name, then renamed); its fields of results.jsonl."""
-        import os
-
-        from PIL import Image
-
         img = output.images[0]
         arr = (img.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
         pic = Image.fromarray(arr[..., 0] if img.shape[0] == 1 else arr[..., :3])
@@ -226,7 +214,7 @@ class UNetAdapter:
         if not isinstance(peer, DeepCachePeer):
             raise DiffaccelError(f"unet adapter: unknown peer {type(peer).__name__}")
         try:
-            from DeepCache import DeepCacheSDHelper
+            from DeepCache import DeepCacheSDHelper  # optional: the deepcache extra
         except ImportError:
             raise DiffaccelError("[[peer]] use = \"deepcache\" needs DeepCache: pip install 'diffaccel[deepcache]' "
                                  "(or pip install --no-deps deepcache==0.1.1)") from None

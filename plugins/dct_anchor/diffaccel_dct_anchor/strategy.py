@@ -29,12 +29,13 @@ import attrs
 import torch
 
 from diffaccel import hookimpl
-from diffaccel.capabilities import BLOCK_STACK, IMAGE_STEPS, SPATIAL_FEATURES
+from diffaccel.capabilities import BLOCK_STACK, IMAGE_STEPS, SPATIAL_FEATURES, describe, missing
 from diffaccel.errors import DiffaccelError
 from diffaccel.extrapolate import extrapolated, keep
 
 from .config import DCTAnchorConfig, check_against_model, last_up
 from .dct import CRITERIA, CRITERION_POWER, low_band
+from .plot import plot_decisions
 
 # one character per step and block in the decision trace
 WARMUP, COMPUTED, REUSED, REFRESH, FINAL, NOT_ASKED = "W", "C", "R", "M", "F", "-"
@@ -151,8 +152,6 @@ class DCTAnchor:
     # -- hooks ---------------------------------------------------------------------------------------
     @hookimpl
     def diffaccel_run_start(self, run) -> None:
-        from diffaccel.capabilities import describe, missing
-
         lacking = missing(NEEDS, run.capabilities)
         if lacking:
             raise DiffaccelError(f"dct-anchor: key 'use': this model lacks capability {describe(lacking[0])}")
@@ -257,8 +256,6 @@ class DCTAnchor:
     @hookimpl
     def diffaccel_bench_plot(self, reports: list[dict[str, Any]], path) -> None:
         """Called by ``diffaccel bench --plots DIR``: the decisions and changes over the steps."""
-        from .plot import plot_decisions
-
         plot_decisions(reports, path, self.name, self.config.threshold)
 
     # -- helpers -------------------------------------------------------------------------------------

@@ -31,6 +31,8 @@ from diffaccel.errors import ConfigError
 from diffaccel.state import StepPlan
 from diffaccel.validators import in_range, one_of
 
+from .plot import stability_curve
+
 #: Defaults chosen per sampler on the shipped models (see the README's sweeps). In the masked
 #: sampler the masked positions that remain are, by construction, the unconfident ones (the
 #: confident ones are committed first), so a high ``tau`` would only ever mark committed
@@ -266,8 +268,6 @@ class SWD:
 
     @hookimpl
     def diffaccel_bench_plot(self, reports: list[dict[str, Any]], path) -> None:
-        from .plot import stability_curve
-
         stability_curve(reports, path)
 
 

@@ -24,6 +24,7 @@ from diffaccel.errors import ConfigValueError, DiffaccelError
 from .blocks import BlockPolicy, BlockStackState
 from .config import TimeAnchorConfig, load_clusters
 from .gate import Gate
+from .plot import plot_anchored
 from .state import AnchorState, rel_change
 from .tokens import TokenPolicy, TokenState
 
@@ -120,8 +121,6 @@ class TimeAnchor:
 
     @hookimpl
     def diffaccel_bench_plot(self, reports: list[dict[str, Any]], path) -> None:
-        from .plot import plot_anchored
-
         plot_anchored(reports, self.name, path)
 
 
