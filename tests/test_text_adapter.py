@@ -148,7 +148,8 @@ def test_positions_are_ragged_and_pad_only_for_attention():
 
 def test_partial_step_matches_full_on_computed_positions():
     """Positions computed in a partial step see the same keys/values as in a full step."""
-    from diffaccel.adapters.text.pipeline import _NoAccelerator, _RunContext
+    from diffaccel.adapters.text.pipeline import _RunContext
+    from diffaccel.sequence import NullAccelerator as _NoAccelerator
     from diffaccel.state import RunState
 
     pipe = tiny_text_pipeline("masked")
@@ -178,7 +179,8 @@ def test_partial_step_matches_full_on_computed_positions():
 @pytest.mark.parametrize("batch", [1, 3])
 def test_partial_step_is_exact_for_a_single_layer(batch):
     """Rows may compute different positions: each row's keys and values land in its own cache row."""
-    from diffaccel.adapters.text.pipeline import _NoAccelerator, _RunContext
+    from diffaccel.adapters.text.pipeline import _RunContext
+    from diffaccel.sequence import NullAccelerator as _NoAccelerator
     from diffaccel.state import RunState
 
     pipe = tiny_text_pipeline("masked", n_layers=1)
@@ -286,7 +288,8 @@ def _tiny_bert(tmp_path, family="bert"):
 @pytest.mark.parametrize("family", ["bert", "roberta"])
 def test_bert_family_layerwise_forward_matches_transformers(tmp_path, family):
     from diffaccel.adapters.text.loading import load_pipeline
-    from diffaccel.adapters.text.pipeline import _NoAccelerator, _RunContext
+    from diffaccel.adapters.text.pipeline import _RunContext
+    from diffaccel.sequence import NullAccelerator as _NoAccelerator
     from diffaccel.state import RunState
 
     path, model = _tiny_bert(tmp_path, family)
@@ -588,7 +591,8 @@ def test_a_ragged_partial_step_on_unchanged_inputs_reproduces_the_full_step(tmp_
     position must come out as in the full step (its keys, values, rotary position, modulation
     and attention row all land where they belong)."""
     from diffaccel.adapters.text.loading import load_pipeline
-    from diffaccel.adapters.text.pipeline import _NoAccelerator, _RunContext
+    from diffaccel.adapters.text.pipeline import _RunContext
+    from diffaccel.sequence import NullAccelerator as _NoAccelerator
     from diffaccel.state import RunState
 
     pipe = tiny_text_pipeline("masked", time_conditioned=True) if family == "reference" else load_pipeline(str(_tiny_bert(tmp_path, family)[0]))

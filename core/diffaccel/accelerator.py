@@ -11,6 +11,7 @@ only when something was raised (``diffaccel.guard``).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+import warnings
 from contextlib import contextmanager
 from typing import Any
 
@@ -46,6 +47,11 @@ def _through_pluggy(caller: Any, order: Sequence[str]) -> Callable:
     """A hook some strategy wraps (``wrapper=True``): one chain entry calling pluggy, which
     returns a list (or, for ``firstresult`` hooks, the first result); faults are still blamed."""
     return lambda *args: caller(**dict(zip(order, args)))
+
+
+def _renamed(old: str, new: str) -> None:
+    warnings.warn(f"Accelerator.{old} is deprecated; use Accelerator.{new} (or diffaccel.sequence.RunSequence)",
+                  DeprecationWarning, stacklevel=3)
 
 
 class Accelerator:
@@ -209,7 +215,7 @@ class Accelerator:
         return results
 
     # -- the run lifecycle, called by adapters --
-    def start_run(self, run: RunState) -> None:
+    def run_start(self, run: RunState) -> None:
         if self._disabled or self._bypass:  # disabled for the last run only: a new run starts with all
             self._disabled.clear()
             self._bypass = False
@@ -263,9 +269,19 @@ class Accelerator:
                 raise
             self.finalize(run, final)  # again, without the strategy just disabled
 
-    def end_run(self, run: RunState) -> None:
+    def run_end(self, run: RunState) -> None:
         self._bypass = False
         self._dispatch("diffaccel_run_end", run, (run,))
+
+    def start_run(self, run: RunState) -> None:
+        """Deprecated: ``run_start`` (the hook's name); kept for one minor release."""
+        _renamed("start_run", "run_start")
+        self.run_start(run)
+
+    def end_run(self, run: RunState) -> None:
+        """Deprecated: ``run_end`` (the hook's name); kept for one minor release."""
+        _renamed("end_run", "run_end")
+        self.run_end(run)
 
     # -- non-finite outputs and the quality guard, called by adapters at each step --
     def output_ok(self, run: RunState, output: Any) -> bool:
@@ -308,7 +324,7 @@ class Accelerator:
             return
         rel.guard_trips += 1
         if self.guard.action == "reset":
-            run._states.clear()  # noqa: SLF001 - the core owns strategy state
+            run.clear_states()
             rel.guard_resets += 1
         else:
             for s in list(self.strategies):

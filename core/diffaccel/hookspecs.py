@@ -138,19 +138,24 @@ def diffaccel_denoiser_output(run: "RunState", output: Any) -> Any:
 
 @hookspec
 def diffaccel_commit(run: "RunState", proposal: Any) -> Any:
-    """Called by the masked sampler at each step, after the draws: which positions to commit
-    beyond the schedule.
+    """Called by every text sampler at each step, after its draws: which positions to commit
+    beyond the schedule (asked only when some strategy implements it).
 
-    ``proposal`` (text: a ``CommitProposal``) holds the step's ``candidates`` (B, N) bool (masked
-    positions of each row's current semi-autoregressive block), the drawn ``tokens`` and their
-    ``confidence`` (B, N), the logits the sampler drew from, and ``scheduled`` (B, N) bool: what
-    the sampler commits on its own (each row's most confident, as many as its step schedule
-    says). Return a (B, N) bool mask of positions to commit, or None.
+    ``proposal`` (text: a ``CommitProposal``) holds the step's ``candidates`` (B, N) bool, the
+    drawn ``tokens`` and their ``confidence`` (B, N), the logits the sampler drew from, and
+    ``scheduled`` (B, N) bool: what the sampler commits on its own. Masked sampler: candidates
+    are the masked positions of each row's current semi-autoregressive block, scheduled each
+    row's most confident (as many as its step schedule says). Continuous samplers and
+    DiffusionGemma's block sampler: candidates are the positions not yet committed (in the active
+    canvas, rows still denoising), tokens their top-1, and scheduled is empty. Return a (B, N)
+    bool mask of positions to commit, or None.
 
     Merge rule: the sampler commits the union (OR) of ``scheduled`` and every strategy's answer,
     within the candidates. A strategy can add commits, never withhold the schedule's, so a run
-    never takes more steps than configured; a row whose block is committed moves to its next
-    block at once, and a row with nothing left masked is no longer computed.
+    never takes more steps than configured. Masked: a row whose block is committed moves to its
+    next block at once, and a row with nothing left masked is no longer computed. Continuous: a
+    committed position is a known token from then on (its latent follows the forward process of
+    that token, like the prompt's). Block sampler: it keeps its token for the rest of the block.
     """
 
 
@@ -161,7 +166,14 @@ def diffaccel_post_step(run: "RunState", output: Any) -> None:
     ``token-positions``: a step output with current ``tokens``, per-position ``top1`` and
     ``top1_prob``, ``logits``, ``computed`` (and ``masked`` with ``mask-confidences``,
     ``latents`` for continuous samplers). ``spatial-features``: ``latents``, ``noise_pred`` and
-    ``pred_original``. Returns nothing; strategies update their state and may set ``run.stop``.
+    ``pred_original``. Returns nothing; strategies update their state and may set ``run.stop``:
+    the core's step sequence (``diffaccel.sequence``) then ends the run after this step on every
+    adapter. Text samplers finalise with what they have (masked positions left are filled by
+    finalize); DiffusionGemma's block sampler ends the active block (the model's own early exit)
+    and goes on with the next; UNet and DiT finalise at once from the scheduler's clean estimate
+    of this step (``pred_original``, else its latents), ``run_end`` runs, and the pipeline's
+    remaining steps compute nothing. Strategies that read no step output never make an adapter
+    build one (the text top-1 is computed on first read).
     """
 
 

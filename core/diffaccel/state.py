@@ -124,9 +124,10 @@ class RunState:
     info: dict[str, Any] = attrs.Factory(dict)
     """Adapter facts strategies may read: ``length``, ``vocab_size``, ``time_conditioned``, ..."""
     stop: bool = False
-    """Set by a strategy (in ``post_step``) to end the generation after the current step: the
-    adapter skips the remaining steps and finalises with what it has (``steps_run`` in the report
-    says where it stopped). Text adapter only; the UNet adapter ignores it."""
+    """Set by a strategy (in ``post_step``) to end the generation after the current step, on every
+    adapter: the remaining steps are not computed and the run finalises with what it has
+    (``steps_run`` in the report says where it stopped; ``diffaccel_post_step`` says what each
+    adapter finalises from)."""
     pinned: Any = None
     """Set by a strategy in ``run_start``: tokens to hold fixed, a long tensor (B, N), -1 where
     free. The text adapter writes them into the sequence right after ``run_start``; they are
@@ -162,6 +163,26 @@ class RunState:
             st = make(self)
             self._states[key] = st
         return st
+
+    def states(self, strategy: Any = None) -> dict[str, Any]:
+        """The per-run states created so far, by guidance branch: those of ``strategy`` (an
+        instance or its name), or of every strategy when None (then keyed ``(name, branch)``).
+        A strategy releasing its tensors at ``run_end`` walks its own branches here."""
+        if strategy is None:
+            return dict(self._states)
+        name = strategy if isinstance(strategy, str) else strategy.name
+        return {branch: st for (n, branch), st in self._states.items() if n == name}
+
+    def clear_states(self) -> None:
+        """Drop every strategy's state (the quality guard's reset: caches start afresh)."""
+        self._states.clear()
+
+    def rename_branch(self, old: str, new: str) -> None:
+        """Move every state of guidance branch ``old`` to ``new`` (an adapter that learns mid-run
+        that its guidance branches run separately)."""
+        for (name, branch) in list(self._states):
+            if branch == old:
+                self._states[(name, new)] = self._states.pop((name, branch))
 
     def report(self) -> dict[str, Any]:
         """A plain-data summary: counters and per-strategy metrics."""

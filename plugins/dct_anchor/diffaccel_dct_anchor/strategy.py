@@ -237,12 +237,11 @@ class DCTAnchor:
 
     @hookimpl
     def diffaccel_run_end(self, run) -> None:
-        for key, st in list(run._states.items()):  # noqa: SLF001 - drop our tensors in every branch
-            if key[0] == self.name:
-                for bs in st.blocks.values():
-                    bs.inputs = bs.low = bs.tail_h = bs.out_low = bs.rate = bs.x0_ref = None
-                    bs.kept = []
-                st.x0_low = st.memo = None
+        for st in run.states(self).values():  # drop our tensors in every branch
+            for bs in st.blocks.values():
+                bs.inputs = bs.low = bs.tail_h = bs.out_low = bs.rate = bs.x0_ref = None
+                bs.kept = []
+            st.x0_low = st.memo = None
 
     @hookimpl
     def diffaccel_bench_plot(self, reports: list[dict[str, Any]], path) -> None:
