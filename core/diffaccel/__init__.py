@@ -19,11 +19,13 @@ __version__ = "0.1.0"
 from . import capabilities
 from .accelerator import Accelerator, apply, build_strategies
 from .config import ModelConfig, RunConfig, load_config, parse_config
-from .errors import ConfigError, ConfigValueError, DiffaccelError, ModelLoadError, NonFiniteError, PluginError, StrategyError
+from .errors import (ConfigError, ConfigValueError, DiffaccelError, ModelError, ModelLoadError, NonFiniteError, PluginError,
+                     StrategyError)
 from .guard import GuardConfig
 from .jobs import generate_job
 from .plugins import Registry, Strategy, hookimpl
-from .state import Counters, Layer, RunState, StepPlan
+from .sequence import NullAccelerator, RunSequence, StepModel
+from .state import Counters, Layer, RunInfo, RunState, StepPlan
 
 
 def load_pipeline(config):
@@ -37,7 +39,7 @@ def load_pipeline(config):
 
 __all__ = [
     "Accelerator", "ConfigError", "ConfigValueError", "Counters", "DiffaccelError", "GuardConfig", "Layer", "ModelConfig",
-    "ModelLoadError", "NonFiniteError", "PluginError", "Registry", "RunConfig", "RunState", "StepPlan", "Strategy",
+    "ModelError", "ModelLoadError", "NonFiniteError", "PluginError", "NullAccelerator", "Registry", "RunConfig", "RunInfo", "RunSequence", "RunState", "StepModel", "StepPlan", "Strategy",
     "StrategyError", "__version__", "apply", "build_strategies", "capabilities", "generate_job", "hookimpl", "load_config",
     "load_pipeline", "parse_config",
 ]

@@ -27,7 +27,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .state import Layer, RunState, StepPlan
+from .errors import ModelError
+from .state import MODEL_FAULT, Layer, RunState, StepPlan
 
 
 class NullAccelerator:
@@ -166,16 +167,28 @@ class RunSequence:
         if raw is not None:
             run.counters.steps_reused += 1
         else:
-            raw = model.compute()
+            raw = self._compute(model)
             guarded = accel.guard_due(run)
             if not accel.output_ok(run, model.fresh(raw)) or guarded:
                 accelerated = model.tensor(raw).clone() if guarded else None
                 with accel.bypassed(run):
-                    raw = model.compute()
+                    raw = self._compute(model)
                     accel.output_ok(run, model.tensor(raw))  # raises if the full step is non-finite too
                 if accelerated is not None:
                     accel.guard_compare(run, accelerated, model.tensor(raw))
         return model.result(raw, accel.denoiser_output(run, model.output(raw)))
+
+    def _compute(self, model: StepModel) -> Any:
+        """``model.compute()``; what a layer's own computation raised is the model's fault, one
+        line naming the checkpoint and the step (``ModelError``), whoever called ``compute``."""
+        try:
+            return model.compute()
+        except Exception as exc:
+            layer = getattr(exc, MODEL_FAULT, None)
+            if layer is None or isinstance(exc, ModelError):
+                raise
+            run = self.run
+            raise ModelError(run.info.checkpoint, run.adapter, run.step, layer, exc) from exc
 
     def skipped(self, layer: Layer) -> None:
         """Count a layer the step's plan skipped (``StepPlan.skip``), served without a hook call."""
