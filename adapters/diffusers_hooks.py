@@ -251,15 +251,15 @@ class DenoiserSession:
         run = RunState(adapter=self.adapter, num_steps=len(timesteps) if timesteps is not None else 0, batch_size=batch,
                        capabilities=self.capabilities)
         dcfg = self.denoiser.config
-        run.info.update(
-            layers=[layer.name for layer in self.layers], n_layers=len(self.layers), time_conditioned=True,
+        run.info.set(
+            checkpoint=getattr(self.denoiser.config, "_name_or_path", None) or None, layers=[layer.name for layer in self.layers], n_layers=len(self.layers), time_conditioned=True,
             depths=[layer.depth for layer in self.layers], kinds=[layer.kind for layer in self.layers],
             modules=[m.name for m in self.modules],
             sample_size=dcfg.sample_size, in_channels=dcfg.in_channels, guidance=bool(cfg),
             cfg_mode="unbatched" if self.unbatched else ("batched" if cfg else "none"),
             timesteps=[float(t) for t in timesteps] if timesteps is not None else [],
         )
-        run.info.update(self.next_info)
+        run.info.set(**self.next_info)
         self.next_info = {}
         self.run = run
         self.seq = RunSequence(self.accel, run)
@@ -294,7 +294,7 @@ class DenoiserSession:
         if k == 1:
             if not self.unbatched:  # a second denoiser call in one step: guidance is not batched
                 self.unbatched = self.unbatched_hint = True
-                self.run.info["cfg_mode"] = "unbatched"
+                self.run.info.cfg_mode = "unbatched"
                 self.run.batch_size = rows
                 self._rename_branch("main", "uncond")
             return "cond"
@@ -317,7 +317,7 @@ class DenoiserSession:
                 if run.step >= 0 and self.unbatched and self.calls == 1:
                     # the hint said unbatched but the last step had one call: no guidance this run
                     self.unbatched = False
-                    run.info["cfg_mode"] = "none"
+                    run.info.cfg_mode = "none"
                     run.batch_size = rows
                     self._rename_branch("uncond", "main")
                 run.step += 1

@@ -32,7 +32,7 @@ def test_hybrid_is_ddim_ddpm_ddim():
 
         @hookimpl
         def diffaccel_post_step(self, run, output):
-            seen.setdefault(run.info["sampler"], []).append(output.logits.clone())
+            seen.setdefault(run.info.sampler, []).append(output.logits.clone())
 
     pipe = tiny_text_pipeline("continuous")
     for sampler in ("ddim", "ddpm", "hybrid"):
@@ -314,7 +314,7 @@ def test_bert_pipeline_generates_with_hooks_and_partial_positions(tmp_path):
         @hookimpl
         def diffaccel_pre_step(self, run):
             if run.step:
-                m = torch.zeros(run.batch_size, run.info["length"], dtype=torch.bool)
+                m = torch.zeros(run.batch_size, run.info.length, dtype=torch.bool)
                 m[:, 1::2] = True
                 return StepPlan(positions=m)
 
@@ -545,7 +545,7 @@ class NarrowLastLayer:
 
     @hookimpl
     def diffaccel_layer_output(self, run, layer, hidden):
-        if layer.index < run.info["n_layers"] - 1 or run.step == 0:
+        if layer.index < run.info.n_layers - 1 or run.step == 0:
             return layer.compute(hidden)
         self.last = layer
         mask = torch.zeros(hidden.shape[:2], dtype=torch.bool)

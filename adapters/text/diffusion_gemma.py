@@ -345,7 +345,7 @@ class DiffusionGemmaPipeline:
         adaptive = model._prepare_diffusion_stopping_criteria(gc)
 
         run = RunState(adapter="text", num_steps=n_blocks * steps, batch_size=B, capabilities=BLOCK_CAPABILITIES)
-        run.info.update(seeds=[seed] * B, temperature=temperature, length=C, vocab_size=self.vocab_size, kind=BLOCK,
+        run.info.set(checkpoint=self.name, seeds=[seed] * B, temperature=temperature, length=C, vocab_size=self.vocab_size, kind=BLOCK,
                         sampler=BLOCK, time_conditioned=False, n_layers=self.n_layers, tokenizer=self.tokenizer,
                         prompt_lengths=[0] * B, cond_dim=0, canvas_length=C, blocks=n_blocks, pins=False,
                         layers=[f"decoder.{i}" for i in range(self.n_layers)], truncated_logits=TopKLogits)

@@ -544,7 +544,7 @@ class TextDiffusionPipeline:
         self._logit_noise = logit_noise
         self._noise_gen = torch.Generator().manual_seed(10_000_019 + seed)
         run = RunState(adapter="text", num_steps=steps, batch_size=batch, capabilities=run_capabilities(sampler))
-        run.info.update(seeds=[seed + r for r in range(batch)], temperature=temperature, length=length, vocab_size=den.vocab_size, kind=den.kind, sampler=sampler,
+        run.info.set(checkpoint=self.name, seeds=[seed + r for r in range(batch)], temperature=temperature, length=length, vocab_size=den.vocab_size, kind=den.kind, sampler=sampler,
                         time_conditioned=den.time_conditioned, n_layers=den.n_layers,
                         tokenizer=tok, prompt_lengths=[len(p) for p in prompt_ids], cond_dim=den.cond_dim,
                         truncated_logits=TopKLogits)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .adapter import WritesFiles
 from .errors import ConfigError
 
 
@@ -71,7 +72,7 @@ def generate_out(adapter, config, out: str | None) -> str | None:
     """Where ``generate`` writes, checked: ``out``, or for adapters that write files of one kind
     (``output_suffix``, e.g. the unet adapter's ``.png``) ``<config name><suffix>`` in the current
     folder when ``out`` is None. None: the adapter's own default (text: stdout)."""
-    suffix = getattr(adapter, "output_suffix", None)
+    suffix = adapter.output_suffix if isinstance(adapter, WritesFiles) else None
     why = f" (the {adapter.name} adapter writes {suffix[1:].upper()} files)" if suffix else ""
     if out is None:
         if suffix is None:

@@ -156,7 +156,7 @@ class DCTAnchor:
         lacking = missing(NEEDS, run.capabilities)
         if lacking:
             raise DiffaccelError(f"dct-anchor: key 'use': this model lacks capability {describe(lacking[0])}")
-        self.diffaccel_setup(run.info)  # instances given to apply(strategies=...) never went through build_strategies
+        self.diffaccel_setup(run.info.as_dict())  # instances given to apply(strategies=...) never went through build_strategies
         run.metrics[self.name] = {"branches": {}}
 
     @hookimpl

@@ -160,7 +160,7 @@ class ToyPipeline:
         accel = self.accelerator or Accelerator([], "toy")
         run = self.run = RunState(adapter="toy", num_steps=steps, batch_size=batch,
                                   capabilities=ToyAdapter.capabilities)
-        run.info.update(layers=[b.name for b in self.blocks], depths=[b.depth for b in self.blocks],
+        run.info.set(layers=[b.name for b in self.blocks], depths=[b.depth for b in self.blocks],
                         kinds=[b.kind for b in self.blocks], n_layers=len(self.blocks), seeds=[seed + r for r in range(batch)])
         for b in self.blocks:
             b.cached_output = None
