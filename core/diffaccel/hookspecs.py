@@ -17,6 +17,7 @@ Who calls what:
   ``diffaccel_post_step``; then ``diffaccel_finalize`` and ``diffaccel_run_end``.
   ``diffaccel_new_state`` runs the first time a strategy calls ``run.state(self)`` in a branch.
 * ``diffaccel bench``: ``diffaccel_bench_quality`` and ``diffaccel_bench_plot`` after the runs.
+* ``diffaccel tune``: ``diffaccel_tunables`` on the plugin of each strategy of the config.
 
 Each hook's merge rule is declared once, here, with ``@contract(...)`` (``RULES``: first result,
 collected list, pipe, union, each with wrappers, per strategy), and the core's dispatcher is
@@ -105,12 +106,13 @@ RULES: dict[str, Rule] = {}
 """Hook name -> its ``Rule``, in the order a run calls them."""
 
 
-def contract(merge: str, *, hot: bool = False) -> Callable[[Callable], Callable]:
-    """Declare a hook: its merge rule becomes data (``RULES``) and pluggy's hookspec."""
+def contract(merge: str, *, hot: bool = False, firstresult: bool = False) -> Callable[[Callable], Callable]:
+    """Declare a hook: its merge rule becomes data (``RULES``) and pluggy's hookspec (``firstresult``:
+    a per-module hook whose plugin manager call returns the first answer)."""
 
     def mark(fn: Callable) -> Callable:
         RULES[fn.__name__] = Rule(fn.__name__, tuple(inspect.signature(fn).parameters), merge, hot)
-        return hookspec(firstresult=merge in (FIRST, OWN))(fn)
+        return hookspec(firstresult=firstresult or merge in (FIRST, OWN))(fn)
 
     return mark
 
@@ -323,3 +325,15 @@ def diffaccel_bench_quality(outputs: list[Any], seeds: list[int]) -> dict[str, f
 def diffaccel_bench_plot(reports: list[dict[str, Any]], path: Any) -> None:
     """Per strategy, ``diffaccel bench --plots DIR`` only: draw a figure from the entry's run
     reports (``RunState.report()`` per seed) into ``path`` (a PNG path). Returns nothing."""
+
+
+@contract(MODULE, firstresult=True)
+def diffaccel_tunables(strategy: str) -> "list[Tunable] | None":
+    """Per plugin (on the plugin module, like ``diffaccel_register``), ``diffaccel tune`` only:
+    the parameters of strategy ``strategy`` (a name this plugin registered) that ``tune`` may set,
+    as ``diffaccel.Tunable`` objects (a config key and its range: ``low``/``high`` with ``log``
+    and ``integer``, or ``choices``). Called once per strategy of the config being tuned, on the
+    plugin that registered it. Return None (or an empty list) when ``tune`` should leave the
+    strategy's settings as written; it may still switch the strategy off. Every value must be one
+    the strategy's config class accepts. Merge: the registering plugin's answer only.
+    """
