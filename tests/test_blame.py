@@ -10,7 +10,8 @@ import torch
 import diffaccel
 from diffaccel import ModelError, StrategyError, hookimpl
 from diffaccel.accelerator import Accelerator
-from diffaccel.testing import tiny_digits_pipeline, tiny_text_pipeline
+from diffaccel.adapters.text.testing import tiny_text_pipeline
+from diffaccel.adapters.unet.testing import tiny_digits_pipeline
 
 
 class Partial:

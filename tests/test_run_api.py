@@ -12,7 +12,7 @@ from diffaccel import Accelerator, RunInfo, RunState, hookimpl, hookspecs
 from diffaccel.adapter import JudgesSamples, MeasuresFluency, TimesPartialSteps, WritesFiles
 from diffaccel.adapters_registry import get_adapter
 from diffaccel.sequence import RunSequence
-from diffaccel.testing import tiny_text_pipeline
+from diffaccel.adapters.text.testing import tiny_text_pipeline
 
 
 def test_run_info_is_typed_and_the_dict_form_warns_naming_the_attribute():

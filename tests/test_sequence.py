@@ -15,7 +15,8 @@ from diffaccel.accelerator import Accelerator
 from diffaccel.adapters.text.pipeline import TextStepOutput
 from diffaccel.sequence import NULL, NullAccelerator, RunSequence, StepModel
 from diffaccel.state import RunState
-from diffaccel.testing import tiny_digits_pipeline, tiny_text_pipeline
+from diffaccel.adapters.text.testing import tiny_text_pipeline
+from diffaccel.adapters.unet.testing import tiny_digits_pipeline
 
 HERE = Path(__file__).resolve().parent
 
