@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from .adapters_registry import adapter_for
+from .adapters_registry import adapter_for, get_adapter
 from .builtin import DefaultBehaviour
 from .capabilities import describe, missing
 from .config import RunConfig, load_config, parse_config
@@ -411,12 +411,16 @@ def apply(pipe: Any, config: Any = None, *, strategies: Sequence[Any] | None = N
     table apply to them). Leaving the block removes every hook, also after an exception: the
     pipeline then behaves bitwise as if it never had strategies.
     """
-    adapter = adapter_for(pipe)
     if config is not None and strategies is not None and any(isinstance(s, Mapping) for s in strategies):
         raise ConfigError("diffaccel.apply: give a config or strategy tables, not both")
     cfg = None
     if config is not None:
         cfg = config if isinstance(config, RunConfig) else load_config(config, registry=registry)
+    # the adapter the config names, when it drives the pipeline: probing every installed adapter
+    # would import each one (the diffusers ones import diffusers and transformers' image processors)
+    named = get_adapter(cfg.model.adapter) if cfg is not None else None
+    adapter = named if named is not None and named.accepts(pipe) else adapter_for(pipe)
+    if cfg is not None:
         if cfg.model.adapter != adapter.name:
             raise ConfigError(f"{cfg.source}: [model] key 'adapter': '{cfg.model.adapter}' but the pipeline needs '{adapter.name}'")
     if strategies is not None and any(isinstance(s, Mapping) for s in strategies):
