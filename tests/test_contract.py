@@ -179,7 +179,7 @@ def test_the_plugin_guide_is_generated_from_the_hookspecs():
         assert f"#### `{name}(" in text
 
 
-def test_contract_problems_name_misspelled_unmarked_and_legacy_methods():
+def test_contract_problems_name_misspelled_unmarked_and_misplaced_wrappers():
     class Sloppy:
         name = "sloppy"
 
@@ -190,13 +190,14 @@ def test_contract_problems_name_misspelled_unmarked_and_legacy_methods():
         def diffaccel_post_step(self, run, output):  # not marked: never called
             pass
 
-        def setup(self, info):  # the old name: never called
-            pass
+        @hookimpl(wrapper=True)
+        def diffaccel_layer_output(self, run, layer, hidden):  # first result: no wrappers
+            return (yield)
 
     problems = contract_problems(Sloppy())
     assert any("diffaccel_pre_stp" in p for p in problems)
     assert any("'diffaccel_post_step' is not marked" in p for p in problems)
-    assert any("'setup' is never called: it is the hook 'diffaccel_setup' now" in p for p in problems)
+    assert any("'diffaccel_layer_output' is marked as a wrapper" in p for p in problems)
     assert contract_problems(Probe()) == []
     with pytest.raises(PluginError, match="strategy 'sloppy'"):
         diffaccel.Accelerator([Sloppy()])

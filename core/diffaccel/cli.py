@@ -8,7 +8,7 @@ import shlex
 import sys
 import textwrap
 
-from .errors import ConfigError, DiffaccelError, NonFiniteError, StrategyError
+from .errors import ConfigError, DiffaccelError, ModelError, NonFiniteError, StrategyError
 
 EXAMPLES = {
     "generate": """
@@ -453,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         from . import tools
 
         return getattr(tools, args.command)(args)
-    except (StrategyError, NonFiniteError) as exc:  # a plugin's fault or broken numbers: exit 1
+    except (StrategyError, NonFiniteError, ModelError) as exc:  # a plugin's fault or broken numbers: exit 1
         if debug:
             import traceback
 

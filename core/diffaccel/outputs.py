@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .adapter import WritesFiles
 from .errors import ConfigError
 
 
@@ -72,7 +73,7 @@ def generate_out(adapter, config, out: str | None) -> str | None:
     (``output_suffix``, e.g. the unet adapter's ``.png``) ``<config name><suffix>`` in the current
     folder when ``out`` is None. None: the adapter's own default (text: stdout). ``adapter`` may be
     the adapter's light spec (``adapters_registry.adapter_spec``), before the adapter is imported."""
-    suffix = getattr(adapter, "output_suffix", None)
+    suffix = adapter.output_suffix if isinstance(adapter, WritesFiles) else None
     why = f" (the {adapter.name} adapter writes {suffix[1:].upper()} files)" if suffix else ""
     if out is None:
         if suffix is None:

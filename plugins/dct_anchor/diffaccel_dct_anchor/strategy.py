@@ -155,7 +155,7 @@ class DCTAnchor:
         lacking = missing(NEEDS, run.capabilities)
         if lacking:
             raise DiffaccelError(f"dct-anchor: key 'use': this model lacks capability {describe(lacking[0])}")
-        self.diffaccel_setup(run.info)  # instances given to apply(strategies=...) never went through build_strategies
+        self.diffaccel_setup(run.info.as_dict())  # instances given to apply(strategies=...) never went through build_strategies
         run.metrics[self.name] = {"branches": {}}
 
     @hookimpl
@@ -236,12 +236,11 @@ class DCTAnchor:
 
     @hookimpl
     def diffaccel_run_end(self, run) -> None:
-        for key, st in list(run._states.items()):  # noqa: SLF001 - drop our tensors in every branch
-            if key[0] == self.name:
-                for bs in st.blocks.values():
-                    bs.inputs = bs.low = bs.tail_h = bs.out_low = bs.rate = bs.x0_ref = None
-                    bs.kept = []
-                st.x0_low = st.memo = None
+        for st in run.states(self).values():  # drop our tensors in every branch
+            for bs in st.blocks.values():
+                bs.inputs = bs.low = bs.tail_h = bs.out_low = bs.rate = bs.x0_ref = None
+                bs.kept = []
+            st.x0_low = st.memo = None
 
     @hookimpl
     def diffaccel_bench_quality(self, outputs: list[Any], seeds: list[int]) -> dict[str, float]:

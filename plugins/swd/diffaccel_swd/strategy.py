@@ -160,7 +160,7 @@ class SWD:
 
     @hookimpl
     def diffaccel_new_state(self, run) -> SWDState:
-        return SWDState(**self.resolved(run.info.get("sampler", "masked")))
+        return SWDState(**self.resolved(run.info.sampler or "masked"))
 
     @hookimpl
     def diffaccel_run_start(self, run) -> None:
@@ -224,7 +224,7 @@ class SWD:
         if masked_sampler and not c.widen_committed:
             nxt = (nxt & output.masked) | ~stable  # the widening reaches masked neighbours only
         st.next = nxt
-        st.reuse = bool(c.exact_skip and input_changed is not None and not run.info.get("time_conditioned", True)
+        st.reuse = bool(c.exact_skip and input_changed is not None and run.info.time_conditioned is False
                            and not input_changed.any() and not (top1_changed & computed).any())
         st.computed.append(float(computed.float().mean()))
         st.stable.append(float(stable.float().mean()))
@@ -251,7 +251,7 @@ class SWD:
         steps = len(st.computed)
         run.metrics[self.name] = {
             "tau": st.tau, "K": st.K, "R": st.R, "R_end": st.R_end, "max_age": st.max_age,
-            "sampler": run.info.get("sampler"),
+            "sampler": run.info.sampler,
             "computed_per_step": st.computed,
             "stable_per_step": st.stable,
             "mean_computed": sum(st.computed) / steps if steps else 1.0,

@@ -105,7 +105,7 @@ def test_first_step_full_then_fewer_positions(masked_pipe):
 def test_first_step_plan_covers_every_position():
     s = swd()
     run = RunState(adapter="text", capabilities=TEXT, num_steps=4, batch_size=1)
-    run.info.update(sampler="masked", time_conditioned=False)
+    run.info.set(sampler="masked", time_conditioned=False)
     run.step = 0
     s.diffaccel_run_start(run)
     plan = s.diffaccel_pre_step(run)
@@ -124,7 +124,7 @@ def _step_output(top1, prob, tokens=None, masked=None, fixed=None, computed=None
 
 def _continuous_run(num_steps=10, batch=2):
     run = RunState(adapter="text", capabilities=TEXT, num_steps=num_steps, batch_size=batch)
-    run.info.update(sampler="ddim", time_conditioned=True)
+    run.info.set(sampler="ddim", time_conditioned=True)
     return run
 
 
@@ -168,7 +168,7 @@ def test_fixed_prompt_positions_are_not_recomputed(masked_pipe):
 def test_committed_positions_are_recomputed_at_the_next_step():
     s = swd(tau=0.01, K=1, R=0, early_stop=False)
     run = RunState(adapter="text", capabilities=TEXT, num_steps=4, batch_size=1)
-    run.info.update(sampler="masked", time_conditioned=False)
+    run.info.set(sampler="masked", time_conditioned=False)
     s.diffaccel_run_start(run)
     M = 2  # mask id
     steps = [[M, M, M, M], [5, M, M, M], [5, M, 6, M]]
@@ -186,7 +186,7 @@ def _window_after_a_flip(R: int, widen_committed: bool) -> list[int]:
     position 2 (masked) flips its top-1 at the last of three steps."""
     s = swd(tau=0.01, K=2, R=R, early_stop=False, widen_committed=widen_committed)
     run = RunState(adapter="text", capabilities=TEXT, num_steps=4, batch_size=1)
-    run.info.update(sampler="masked", time_conditioned=False)
+    run.info.set(sampler="masked", time_conditioned=False)
     s.diffaccel_run_start(run)
     M = 2  # mask id
     for step, top2 in enumerate([7, 7, 8]):

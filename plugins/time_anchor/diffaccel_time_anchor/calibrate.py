@@ -69,7 +69,7 @@ class Recorder:
             st = run.state(self, factory=lambda _r: None)
             run.branch = saved
             if st is not None and st.rates:
-                names = layer_names(run.info)
+                names = layer_names(run.info.as_dict())
                 L = len(names)
                 steps = sorted(st.rates[0])
                 # rates: (L, steps, states); step 0 has no predecessor
