@@ -30,6 +30,7 @@ import attrs
 from tqdm.auto import tqdm
 
 from .accelerator import apply, build_strategies
+from .adapter import JudgesSamples, PeersRunOtherConfigs
 from .adapters_registry import get_adapter
 from .config import RunConfig, load_config
 from .errors import ConfigError, DiffaccelError
@@ -107,7 +108,7 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
     peers = _peer_entries(configs, adapter, {name for name, _ in entries})
     entries += [(name, []) for name in peers]
     # a peer may run another config than the baseline's (the text adapter's ``steps`` peer)
-    peer_run = getattr(adapter, "peer_run_config", None)
+    peer_run = adapter.peer_run_config if isinstance(adapter, PeersRunOtherConfigs) else None
     peer_configs = {name: peer_run(base, p.config) for name, p in peers.items()} if peer_run else {}
     seed_list = [base.model.seed + k * base.model.batch for k in range(seeds)]
 
@@ -222,7 +223,7 @@ def _quality_intervals(result: dict[str, Any], adapter: Any, outputs: dict[str, 
 def _load_judge(adapter: Any, spec: str | None) -> tuple[Any, dict[str, Any]]:
     """(judge or None, what the result's "judge" key starts with). A judge named explicitly that
     does not load is the adapter's one-line error (``ModelLoadError``); the default one is a note."""
-    if spec in (None, "none") or not hasattr(adapter, "load_judge"):
+    if spec in (None, "none") or not isinstance(adapter, JudgesSamples):
         return None, {}
     t0 = time.perf_counter()
     try:
