@@ -47,10 +47,7 @@ def _load(model):
     return adapter, adapter.load(cfg), cfg
 
 
-_NO_STOP_YET = pytest.mark.xfail(strict=True, reason="run.stop on the diffusers adapters lands with the core's step sequence")
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=_NO_STOP_YET) if n in ("unet-digits", "dit-digits") else n for n in MODELS])
+@pytest.mark.parametrize("name", list(MODELS))
 def test_shipped_adapter_conforms(name, tiny_llama):
     model = dict(MODELS[name], checkpoint=MODELS[name]["checkpoint"] or tiny_llama)
     adapter, pipe, cfg = _load(model)

@@ -17,8 +17,8 @@ SHIPPED = {"digits": "digits", "default": "digits"}
 
 
 def _from_pretrained(name: str, **kwargs):
-    # deferred: importing StableDiffusionPipeline imports transformers' image processors, which
-    # print a torchvision warning on every command that merely lists or checks adapters
+    # deferred: importing StableDiffusionPipeline takes a second or more and imports transformers'
+    # image processors, which print a torchvision warning on every command that merely lists or checks adapters
     from diffusers import StableDiffusionPipeline
 
     return StableDiffusionPipeline.from_pretrained(name, safety_checker=None, requires_safety_checker=False, **kwargs)

@@ -143,6 +143,15 @@ class ReportsQuality(Protocol):
         ``gen_ppl``, which the bench adds)."""
 
 
+@runtime_checkable
+class PeersRunOtherConfigs(Protocol):
+    """Optional: a ``[[peer]]`` entry that runs another config than the baseline's (the text
+    adapter's ``steps`` peer: the same model with fewer steps)."""
+
+    def peer_run_config(self, config: Any, peer: Any) -> Any:
+        """The ``RunConfig`` a peer entry runs (``peer``: an instance of a ``PEERS`` class)."""
+
+
 def missing_members(adapter: Any) -> list[str]:
     """Members of ``Adapter`` that ``adapter`` lacks (an empty list: it conforms)."""
     return [n for n in MEMBERS if not hasattr(adapter, n)]

@@ -27,6 +27,7 @@ def run_prompt_bench(paths: list[str], prompts: str, *, noise_floor: bool = True
     from tqdm.auto import tqdm
 
     from .accelerator import apply, build_strategies
+    from .adapter import PeersRunOtherConfigs
     from .adapters_registry import get_adapter
     from .bench import _judge_quality, _load_judge, _peer_entries, _strategy_quality, entry_name, load_bench_configs, with_seed
     from .jobs import check_job_config, on_own_device, process_state, item_config, load_problem, raise_if_any, read_items
@@ -65,7 +66,7 @@ def run_prompt_bench(paths: list[str], prompts: str, *, noise_floor: bool = True
         problem = load_problem(exc, base.model.checkpoint)
     raise_if_any(state, problem)
     entries += [(name, []) for name in peers]
-    peer_run = getattr(adapter, "peer_run_config", None)
+    peer_run = adapter.peer_run_config if isinstance(adapter, PeersRunOtherConfigs) else None
 
     def run_config(name: str, item) -> Any:
         cfg = item_config(base, item)

@@ -31,6 +31,7 @@ import attrs
 from tqdm.auto import tqdm
 
 from .accelerator import apply, build_strategies
+from .adapter import JudgesSamples, ReportsQuality
 from .adapters_registry import get_adapter
 from .bench import _load_judge, run_bench
 from .budget import parse_all
@@ -88,8 +89,8 @@ def tunable_space(config: RunConfig, registry: Registry) -> Space:
 def reported_metrics(adapter: Any, config: RunConfig, registry: Registry, judge: str | None) -> list[str]:
     """The quality keys a bench of ``config`` reports: the adapter's (``quality_keys``), gen_ppl
     when a judge runs, and what the config's strategies add (``Strategy.reports``)."""
-    keys = list(adapter.quality_keys(config)) if hasattr(adapter, "quality_keys") else []
-    if judge not in (None, "none") and hasattr(adapter, "load_judge"):
+    keys = list(adapter.quality_keys(config)) if isinstance(adapter, ReportsQuality) else []
+    if judge not in (None, "none") and isinstance(adapter, JudgesSamples):
         keys.append("gen_ppl")
     for entry in config.strategies:
         spec = registry.get(entry.name)

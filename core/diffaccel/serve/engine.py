@@ -29,7 +29,7 @@ import attrs
 from ..accelerator import apply, build_strategies
 from ..adapters_registry import get_adapter
 from ..config import RunConfig, load_config
-from ..errors import ConfigError, DiffaccelError, NonFiniteError, StrategyError
+from ..errors import ConfigError, DiffaccelError, ModelError, NonFiniteError, StrategyError
 from ..plugins import Registry
 
 NO_STRATEGIES = "none"
@@ -195,6 +195,8 @@ def error_of(exc: BaseException) -> RequestError:
         return RequestError(500, first, "strategy_error", code=exc.strategy)
     if isinstance(exc, NonFiniteError):
         return RequestError(500, f"non-finite output: {first}", "non_finite_output")
+    if isinstance(exc, ModelError):  # the model's own computation raised (an out-of-memory in a layer, say)
+        return RequestError(500, first, "model_error")
     if isinstance(exc, ValueError):  # the adapter refused this request's input (e.g. a prompt longer than max_tokens)
         return RequestError(400, first or type(exc).__name__, "invalid_request_error")
     return RequestError(500, f"{type(exc).__name__}: {first}", "server_error")
