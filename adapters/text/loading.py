@@ -6,6 +6,8 @@
   tokenizer.json);
 * ``synthetic-llada-small``: a LLaDA-shaped speed model built from a seed (``synthetic.py``);
 * a local folder or hub id of a LLaMA/Qwen2-class masked DLM (LLaDA, Dream; ``llama.py``);
+* a local folder holding a low-rank delta on a LLaMA base (``smollm2_dlm.py``: SmolLM2-135M
+  adapted into a masked DLM);
 * a local folder or hub id of a transformers BERT-family masked LM, loaded with
   ``AutoModelForMaskedLM.from_pretrained``. Offline, a hub id that is not cached is one clear
   ``ModelLoadError``;
@@ -27,6 +29,7 @@ from .denoisers import BertDenoiser, ReferenceDenoiser
 from .llama import FAMILIES as FAMILY_NAMES
 from .llama import is_decoder_config, load_decoder
 from .model import TextDiffusionLM
+from .smollm2_dlm import is_delta_config, load_dlm
 from .tokenizer import TextTokenizer
 
 ASSETS = Path(__file__).parent / "assets"
@@ -62,6 +65,8 @@ def load_pipeline(checkpoint: str, allow_pickle: bool = False):
             raise ModelLoadError(f"{path / 'config.json'}: not valid JSON ({exc})") from None
         if is_diffusion_gemma(cfg):
             return load_diffusion_gemma(checkpoint, local=True, allow_pickle=allow_pickle)
+        if is_delta_config(cfg):  # a low-rank delta on a LLaMA base (smollm2-dlm)
+            return load_dlm(path)
         if "kind" in cfg:  # diffaccel's own reference model (TextDiffusionLM.save)
             return load_reference(path, name=path.name, allow_pickle=allow_pickle)
         if is_decoder_config(cfg):
