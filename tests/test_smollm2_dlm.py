@@ -293,3 +293,14 @@ def test_verdict_follows_the_issue_bounds(monkeypatch):
     repeated = run(lambda n, s: ["the", "person", "the", "person"][:n])  # fools the judge, not distinct-2
     assert not repeated["pass"] and not repeated["criteria"]["distinct2_full_over_real"][2]
     assert repeated["criteria"]["gen_ppl_full_over_real"][2]
+
+
+def test_block_diffusion_and_prefix_cache_on_a_delta(delta):
+    """The LLaMA-class options apply to a delta-loaded model: semi-autoregressive blocks with the
+    prefix cache fill every position (the cache's exactness is tested in test_llama_denoiser)."""
+    pipe = load_pipeline(str(delta))
+    kw = dict(length=12, steps=8, seed=3, block_size=4, progress=False)
+    cached = pipe([dlm.START_TOKEN] * 2, prefix_cache=True, **kw)
+    assert (cached.tokens[:, 0] == 0).all() and not (cached.tokens == 1).any()
+    plain = pipe([dlm.START_TOKEN] * 2, **kw)
+    assert plain.tokens.shape == cached.tokens.shape
