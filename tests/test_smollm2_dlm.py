@@ -281,6 +281,7 @@ def test_verdict_follows_the_issue_bounds(monkeypatch):
 
     real = [(f"r{i} s{i} t{i} u{i}", 4) for i in range(8)]
     monkeypatch.setattr(dlm_eval, "heldout_targets", lambda encode, n, offset: real[:n])
+    monkeypatch.setattr(dlm_eval, "confidence", lambda pipe, targets, seed: {"median_top1_prob": 0.5, "top1_accuracy": 0.5})
     tok = type("T", (), {"encode": staticmethod(lambda s: s.split())})
 
     def run(words):
@@ -304,3 +305,38 @@ def test_block_diffusion_and_prefix_cache_on_a_delta(delta):
     assert (cached.tokens[:, 0] == 0).all() and not (cached.tokens == 1).any()
     plain = pipe([dlm.START_TOKEN] * 2, **kw)
     assert plain.tokens.shape == cached.tokens.shape
+
+
+def test_confidence_reads_the_shifted_head():
+    """A denoiser whose hidden state at p names the token at p + 1 is sure and right everywhere
+    once the shift is applied; read unshifted it would be right almost nowhere."""
+    from types import SimpleNamespace
+
+    from diffaccel.adapters.text import dlm_eval
+
+    lines = [("3 4 5 6 7 8", 6), ("9 8 7 6 5 4 3 2", 8)]
+    truth = {}
+
+    class Den:
+        mask_id, n_layers, logit_shift = 1, 0, 1
+
+        def embed(self, x):
+            return x
+
+        def logits(self, h):
+            ids = truth[h.shape[1]]
+            nxt = torch.cat([ids[:, 1:], ids[:, -1:]], 1)
+            return torch.nn.functional.one_hot(nxt, 10).float() * 20
+
+    class Tok:
+        def encode(self, text):
+            ids = [0] if text == dlm.START_TOKEN else [int(w) for w in text.split()]
+            if text != dlm.START_TOKEN:
+                truth[len(ids) + 1] = torch.tensor([[0, *ids]])
+            return ids
+
+    pipe = SimpleNamespace(denoiser=Den(), tokenizer=Tok())
+    c = dlm_eval.confidence(pipe, lines, seed=0)
+    assert c["top1_accuracy"] == 1.0 and c["median_top1_prob"] > 0.99
+    pipe.denoiser.logit_shift = 0
+    assert dlm_eval.confidence(pipe, lines, seed=0)["top1_accuracy"] < 0.2

@@ -78,6 +78,38 @@ def quality(judge, texts: list[str]) -> dict[str, float]:
             "empty": sum(1 for t in texts if not t.strip()) / len(texts)}
 
 
+def confidence(pipe, targets: list[tuple[str, int]], seed: int, rate: float = 0.5) -> dict[str, float]:
+    """Median top-1 probability, and top-1 accuracy, at the masked positions of the real lines
+    with each token masked with chance ``rate`` (one full step of the denoiser, the head's shift
+    applied): how sure the model is where the sampler has to choose."""
+    import torch
+
+    from .model import KVCache
+
+    den, tok = pipe.denoiser, pipe.tokenizer
+    start = tok.encode(dlm.START_TOKEN)
+    gen = torch.Generator().manual_seed(seed)
+    probs, hits = [], []
+    with torch.no_grad():
+        for text, _ in targets:
+            ids = torch.tensor([start + tok.encode(text)])
+            masked = torch.rand(ids.shape, generator=gen) < rate
+            masked[0, 0] = False
+            if not masked.any():
+                masked[0, -1] = True
+            h = den.embed(torch.where(masked, torch.full_like(ids, den.mask_id), ids))
+            for i in range(den.n_layers):
+                h = den.block(i, h, None, KVCache())
+            logits = den.logits(h)
+            if den.logit_shift:
+                logits = torch.cat([logits[:, :1], logits[:, :-1]], 1)
+            p = logits[masked].float().softmax(-1)
+            top = p.max(-1)
+            probs += top.values.tolist()
+            hits += (top.indices == ids[masked]).tolist()
+    return {"median_top1_prob": float(torch.tensor(probs).median()), "top1_accuracy": sum(hits) / len(hits)}
+
+
 def evaluate(pipe, judge, samples: int = 64, seed: int = 1000, offset: int = 0, temperature: float = 1.0) -> dict:
     targets = heldout_targets(pipe.tokenizer.encode, samples, offset)
     lengths = [k for _, k in targets]
@@ -88,6 +120,7 @@ def evaluate(pipe, judge, samples: int = 64, seed: int = 1000, offset: int = 0, 
     t2 = time.time()
     res = {"samples": samples, "seed": seed, "temperature": temperature, "mean_tokens": sum(lengths) / len(lengths),
            "real": quality(judge, [t for t, _ in targets]), "full": quality(judge, full), "half": quality(judge, half),
+           "confidence": confidence(pipe, targets, seed),
            "seconds_full": t1 - t0, "seconds_half": t2 - t1, "examples_full": full[:12], "examples_half": half[:6]}
     r, f, h = res["real"], res["full"], res["half"]
     res["criteria"] = {
@@ -110,6 +143,9 @@ def report(res: dict) -> str:
     for name, (value, bound, ok) in res["criteria"].items():
         rel = "<=" if "gen_ppl" in name else ">="
         out.append(f"{name:<28}{value:>7.3f}  (bound {rel} {bound})  {'pass' if ok else 'FAIL'}")
+    c = res["confidence"]
+    out.append(f"real lines, half their tokens masked: median top-1 probability {c['median_top1_prob']:.3f}, "
+               f"top-1 accuracy {c['top1_accuracy']:.3f}")
     out.append(f"go/no-go: {'GO' if res['pass'] else 'NO-GO'}  (sampling {res['seconds_full']:.0f} s full, {res['seconds_half']:.0f} s half)")
     out.append("samples (full steps):")
     out += [f"  {t!r}" for t in res["examples_full"]]
