@@ -2,6 +2,7 @@
 # make test   : same set-up, then every test suite (core and plugins)
 # make test-plugin PLUGIN=topk : one plugin's tests
 # make soak   : 500 generations in one process (memory, determinism); writes docs/reliability.md
+# make layers : import-linter's contracts (layers, no import circles; pyproject.toml), as CI checks them
 # make docs   : regenerate docs/writing-a-plugin.md (tests/test_docs.py checks it is up to date)
 # make benchmarks [NOTE="..."] : rerun the headline benches, regenerate docs/benchmarks.md (a few minutes, one thread)
 PY ?= python3
@@ -10,7 +11,7 @@ BIN := $(VENV)/bin
 PLUGIN_DIRS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml))
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup demo test test-core test-plugin soak docs benchmarks bench-overhead bench-partial fluency train-text train-text-cond clean
+.PHONY: setup demo test test-core layers test-plugin soak docs benchmarks bench-overhead bench-partial fluency train-text train-text-cond clean
 
 $(VENV)/.installed: pyproject.toml $(addsuffix /pyproject.toml,$(PLUGIN_DIRS))
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -46,6 +47,9 @@ test-core: setup
 test-plugin: setup
 	$(BIN)/python -m pytest plugins/$(PLUGIN)/tests -q
 
+layers: setup
+	$(BIN)/python tests/layers.py
+
 # the soak (tests/soak.py, also tests/test_soak.py -m slow): its figures go to docs/reliability.md
 soak: setup
 	OMP_NUM_THREADS=1 $(BIN)/python tests/soak.py --generations 500 --docs docs/reliability.md
@@ -76,10 +80,12 @@ train-text: setup
 
 # the conditional masked model for bert-cond: MiniLM conditions of training glosses computed once
 # (outside git), then wordnet-masked's condition path trained on them (see docs/models.md)
+# (the text adapter writes its training lines to a file, which bert-cond's encoder reads: neither imports the other)
 train-text-cond: setup
-	$(BIN)/python -m diffaccel_bert_cond.conditions --out runs/conditions/shard0.safetensors --lines 2240
-	$(BIN)/python -m diffaccel_bert_cond.conditions --out runs/conditions/shard1.safetensors --lines 2304 --offset 20000
-	$(BIN)/python -m diffaccel_bert_cond.conditions --out runs/conditions/shard2.safetensors --lines 2304 --offset 40000
+	$(BIN)/python -m diffaccel.adapters.text.corpus --split train --out runs/conditions/train-lines.txt
+	$(BIN)/python -m diffaccel_bert_cond.conditions --lines-from runs/conditions/train-lines.txt --out runs/conditions/shard0.safetensors --lines 2240
+	$(BIN)/python -m diffaccel_bert_cond.conditions --lines-from runs/conditions/train-lines.txt --out runs/conditions/shard1.safetensors --lines 2304 --offset 20000
+	$(BIN)/python -m diffaccel_bert_cond.conditions --lines-from runs/conditions/train-lines.txt --out runs/conditions/shard2.safetensors --lines 2304 --offset 40000
 	$(BIN)/python -m diffaccel_bert_cond.conditions --out runs/conditions/wordnet-cond.safetensors --merge runs/conditions/shard*.safetensors
 	$(BIN)/diffaccel train text --out runs/text-masked-cond --init wordnet-masked --conditions runs/conditions/wordnet-cond.safetensors \
 		--cond-only --cond-line-weight 4 --cond-term-weight 8 --cond-term-mask 0.5 --steps 800 --max-minutes 30 --batch 16 --lr 3e-3 --threads 1

@@ -24,6 +24,8 @@ from diffaccel.errors import ConfigError, ModelLoadError
 from diffaccel.state import RunState
 
 from .checkpoints import check_component_files, check_module_finite, precheck_folder, quiet_loading
+from .diffusers_hooks import session_of
+from .digits import digit_label
 
 
 def first_line(exc: BaseException) -> str:
@@ -44,7 +46,7 @@ class PipelineSource:
     synthetic: Collection[str]
     """Names of the synthetic (seeded random weights) models ``build`` makes."""
     build: Callable[[str], Any]
-    own_class: Callable[[], type]
+    own_class: type
     """The adapter's own pipeline class (imported on first use)."""
     fallback: Callable[..., Any]
     """``fallback(folder_or_hub_id, **kwargs)``: loads any other pipeline (``from_pretrained``)."""
@@ -75,7 +77,7 @@ def _load(source: PipelineSource, checkpoint: str, allow_pickle: bool):
         if not (path / "model_index.json").is_file():
             raise ModelLoadError(f"shipped model '{checkpoint}' is missing at {path}; reinstall diffaccel or retrain it "
                                  f"with {source.retrain}")
-        return source.own_class().from_pretrained(str(path))
+        return source.own_class.from_pretrained(str(path))
     if checkpoint in source.synthetic:
         return source.build(checkpoint)
     path = Path(checkpoint).expanduser()
@@ -90,7 +92,7 @@ def _load(source: PipelineSource, checkpoint: str, allow_pickle: bool):
         safe = precheck_folder(path, allow_pickle, recursive=True)
         use = {"use_safetensors": True} if safe and not allow_pickle else {}
         try:
-            own = source.own_class()
+            own = source.own_class
             if cls_name == own.__name__:
                 return own.from_pretrained(str(path), **use)
             return source.fallback(str(path), **use)
@@ -127,7 +129,7 @@ def load_for_config(config, source: PipelineSource, *, accepts: Callable[[Any], 
         if opts.size % factor:
             raise ConfigError(f"{where}: key 'size': {opts.size} is not a multiple of {factor}, {factor_is}; "
                               f"try {-(-opts.size // factor) * factor}")
-    if opts.negative_prompt is not None and type(pipe) is source.own_class():
+    if opts.negative_prompt is not None and type(pipe) is source.own_class:
         raise ConfigError(f"{where}: key 'negative_prompt': {negative_refused}")
     try:
         pipe = pipe.to(m.device)
@@ -154,9 +156,6 @@ def run_pipeline(pipe, config, seed: int, progress: bool, extra: Mapping[str, An
                  labelled: bool) -> ImageOutput:
     """One generation of ``config``'s batch (row i: prompt i, cycling, and seed ``seed + i``).
     ``eta`` goes to pipelines whose call takes it; ``labelled``: digits prompts name a class."""
-    from .diffusers_hooks import session_of
-    from .unet.pipeline import digit_label
-
     m, o = config.model, config.options
     prompts = [o.prompts[i % len(o.prompts)] for i in range(m.batch)] if o.prompts else [""] * m.batch
     seeds = [seed + i for i in range(m.batch)]

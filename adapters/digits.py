@@ -8,7 +8,8 @@ conditioning accuracy, the training loop and the ``eval`` command. Only the deno
   64); the empty prompt is the null condition of classifier-free guidance.
 * Classifier: an RBF support-vector machine on 8x8 images, fitted on ``load_digits()`` after the
   same 8 -> 32 -> 8 round trip that generated images take (32x32 average-pooled by 4), so that it
-  sees the same kind of input. Used for the conditioning accuracy.
+  sees the same kind of input. Used for the conditioning accuracy (``class_accuracy`` of the
+  classes that the prompts ask for, ``digit_label``).
 * Training (``train_loop``): epsilon prediction on the 1000-step cosine schedule, ``p_uncond`` of
   the rows with the empty prompt, AdamW with a warm-up and a cosine decay over the time budget;
   an EMA of the weights is what is saved (safetensors), with ``train.json`` and ``curves.png``.
@@ -18,9 +19,10 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -69,6 +71,26 @@ def classify(images: torch.Tensor) -> list[int]:
     return [int(p) for p in classifier().predict(to_8x8(images))]
 
 
+_DIGIT = re.compile(r"^\s*(?:digit\s+)?([0-9])\s*$", re.IGNORECASE)
+
+
+def digit_label(prompt: str) -> int | None:
+    """The class a digits prompt asks for (``"digit 7"`` or ``"7"``), else None."""
+    m = _DIGIT.match(prompt or "")
+    return int(m.group(1)) if m else None
+
+
+def class_accuracy(predicted: Sequence[int], labels: Sequence[int | None], classes: int = 10) -> dict[str, float]:
+    """``{"overall": acc, "0": acc of class 0, ...}`` over the images with a label (None skipped)."""
+    pairs = [(int(p), int(y)) for p, y in zip(predicted, labels) if y is not None]
+    out: dict[str, float] = {"overall": sum(p == y for p, y in pairs) / len(pairs) if pairs else float("nan")}
+    for c in range(classes):
+        sel = [p == y for p, y in pairs if y == c]
+        if sel:
+            out[str(c)] = sum(sel) / len(sel)
+    return out
+
+
 def prompt_table(tok, max_len: int) -> torch.Tensor:
     """Token ids: rows 0-9 "digit N", rows 10-19 "N", row 20 the empty prompt."""
     prompts = [f"digit {i}" for i in range(10)] + [str(i) for i in range(10)] + [""]
@@ -80,8 +102,6 @@ def conditioning_accuracy(pipe, per_class: int = 20, steps: int = 50, guidance: 
                           chunk: int = 50) -> dict[str, float]:
     """Generate ``per_class`` images of each digit (prompt "digit N", seeds seed, seed+1, ...) and
     return the classifier's accuracy per class and overall."""
-    from .unet.metrics import conditioning_accuracy as acc
-
     prompts = [f"digit {c}" for c in range(10) for _ in range(per_class)]
     labels = [c for c in range(10) for _ in range(per_class)]
     preds: list[int] = []
@@ -91,7 +111,7 @@ def conditioning_accuracy(pipe, per_class: int = 20, steps: int = 50, guidance: 
         images = pipe(prompts[i:i + chunk], num_inference_steps=steps, guidance_scale=guidance, generator=gens,
                       output_type="pt").images
         preds += classify(images)
-    return acc(preds, labels)
+    return class_accuracy(preds, labels)
 
 
 # ---- training ----------------------------------------------------------------------------------

@@ -72,7 +72,7 @@ def _gemma(path: Path) -> Path:
 
 
 def _unet(path: Path) -> Path:
-    from diffaccel.testing import tiny_digits_pipeline
+    from diffaccel.adapters.unet.testing import tiny_digits_pipeline
 
     tiny_digits_pipeline().save_pretrained(path)
     return path

@@ -8,7 +8,8 @@ import torch
 from diffaccel import ConfigError, hookimpl, parse_config
 from diffaccel.adapters.text.adapter import StepsPeer, TextAdapter
 from diffaccel.config import PeerEntry
-from diffaccel.testing import run_with, tiny_text_pipeline
+from diffaccel.adapters.text.testing import tiny_text_pipeline
+from diffaccel.testing import run_with
 
 N = 32
 

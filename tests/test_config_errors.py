@@ -131,3 +131,19 @@ def test_shipped_configs_validate():
     root = Path(__file__).resolve().parents[1] / "configs"
     for path in sorted(root.glob("*.toml")):
         load_config(path)
+
+
+@attrs.frozen(kw_only=True)
+class _AttrsValidated:
+    mode: str = attrs.field(default="a", validator=attrs.validators.in_(("a", "b")))
+    flag: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+
+
+def test_attrs_validators_in_options_are_one_line_naming_the_key():
+    """An adapter's or strategy's options validated with attrs' own validators (in_ raises a
+    ValueError whose str() is a raw tuple) still give one line naming the key and what is allowed."""
+    from diffaccel.config import structure
+
+    with pytest.raises(ConfigError) as err:
+        structure(_AttrsValidated, {"mode": "c"}, "f.toml: [model]")
+    assert str(err.value) == "f.toml: [model]: key 'mode': must be one of 'a', 'b', got 'c'"

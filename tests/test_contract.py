@@ -12,7 +12,7 @@ import attrs
 import pytest
 
 import diffaccel
-from diffaccel import PluginError, Registry, Strategy, hookimpl, hookspecs
+from diffaccel import PluginError, Registry, Strategy, Tunable, hookimpl, hookspecs
 from diffaccel.plugins import contract_problems
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,7 +24,8 @@ HOOKS = sorted(n for n, f in inspect.getmembers(hookspecs, inspect.isfunction) i
 
 @attrs.frozen(kw_only=True)
 class ProbeConfig:
-    pass
+    level: int = 1
+    """A parameter for tune (diffaccel_tunables)."""
 
 
 @attrs.define
@@ -111,6 +112,11 @@ def _registry(log):
             log.append("diffaccel_register")
             register(Strategy(name="probe", config=ProbeConfig, factory=lambda c: Probe(c, log)))
 
+        @hookimpl
+        def diffaccel_tunables(self, strategy):
+            log.append("diffaccel_tunables")
+            return [Tunable(key="level", low=1, high=3, integer=True)] if strategy == "probe" else None
+
     reg = Registry(load_entrypoints=False)
     reg.register_plugin(Plugin(), name="probe-plugin")
     return reg
@@ -120,7 +126,7 @@ def test_every_hook_is_exercised_through_the_core(tmp_path):
     """register, setup, the run hooks and the bench hooks through run_bench on the shipped text
     model; hooked_modules through an adapter declaring inner-modules."""
     from diffaccel.bench import run_bench
-    from diffaccel.testing import tiny_digits_pipeline
+    from diffaccel.adapters.unet.testing import tiny_digits_pipeline
 
     log: list[str] = []
     reg = _registry(log)
@@ -137,6 +143,9 @@ def test_every_hook_is_exercised_through_the_core(tmp_path):
     run = log[log.index("diffaccel_run_start"):log.index("diffaccel_run_end") + 1]
     assert run[0] == "diffaccel_run_start" and run[1] == "diffaccel_pre_step" and run[-2:] == ["diffaccel_finalize", "diffaccel_run_end"]
     assert run.count("diffaccel_new_state") == 1 and run.count("diffaccel_pre_step") == 2
+    from diffaccel.tuning import tunable_space
+
+    assert tunable_space(diffaccel.load_config(cfg, reg), reg) == {"probe": {"level": Tunable(key="level", low=1, high=3, integer=True)}}
 
     pipe = tiny_digits_pipeline()
     with diffaccel.apply(pipe, strategies=[Probe(log=log)]):

@@ -5,7 +5,8 @@ import types
 from pathlib import Path
 
 from diffaccel import Registry, parse_config
-from diffaccel.testing import run_with, tiny_text_pipeline
+from diffaccel.adapters.text.testing import tiny_text_pipeline
+from diffaccel.testing import run_with
 
 GUIDE = Path(__file__).resolve().parents[1] / "docs" / "writing-a-plugin.md"
 

@@ -22,7 +22,8 @@ from diffaccel import StrategyError
 from diffaccel.config import parse_config
 from diffaccel.errors import ConfigError, NonFiniteError
 from diffaccel.plugins import Registry
-from diffaccel.testing import tiny_digits_pipeline, tiny_text_pipeline
+from diffaccel.adapters.text.testing import tiny_text_pipeline
+from diffaccel.adapters.unet.testing import tiny_digits_pipeline
 
 BOOM = Path(__file__).resolve().parent / "boom_plugin"
 HOOKS = ("pre_step", "layer_output", "post_step", "finalize")

@@ -7,7 +7,8 @@ import torch
 
 import diffaccel
 from diffaccel import Accelerator, RunState, StepPlan, hookimpl, hookspecs
-from diffaccel.testing import run_with, tiny_text_pipeline
+from diffaccel.adapters.text.testing import tiny_text_pipeline
+from diffaccel.testing import run_with
 
 HOOKS = [n for n, f in inspect.getmembers(hookspecs, inspect.isfunction) if n.startswith("diffaccel_")]
 

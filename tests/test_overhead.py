@@ -12,7 +12,8 @@ from diffaccel.accelerator import Accelerator
 from diffaccel.adapters_registry import get_adapter
 from diffaccel.config import parse_config
 from diffaccel.guard import GuardConfig
-from diffaccel.testing import tiny_digits_pipeline, tiny_text_pipeline
+from diffaccel.adapters.text.testing import tiny_text_pipeline
+from diffaccel.adapters.unet.testing import tiny_digits_pipeline
 from diffaccel.tools import PassThrough
 
 MODELS = {"text": '[model]\nadapter = "text"\nsteps = 6\nlength = 16\n',

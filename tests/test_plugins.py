@@ -62,7 +62,7 @@ py-modules = ["diffaccel_echo_test"]
 USE = '''
 import sys
 import diffaccel
-from diffaccel.testing import tiny_text_pipeline
+from diffaccel.adapters.text.testing import tiny_text_pipeline
 cfg = diffaccel.parse_config({"model": {"adapter": "text"}, "strategy": [{"use": "echo", "every": 3}]})
 pipe = tiny_text_pipeline()
 with diffaccel.apply(pipe, cfg):
@@ -129,15 +129,88 @@ def test_bad_plugin_value_is_a_config_error(site, tmp_path):
     assert proc.stderr.strip() == f"diffaccel: error: {cfg}: [[strategy]] #1 (echo): key 'every': must be positive, got 0"
 
 
-def test_broken_plugin_is_one_line(tmp_path):
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "pyproject.toml").write_text(PYPROJECT.replace("diffaccel-echo-test", "diffaccel-broken-test"))
-    (src / "diffaccel_echo_test.py").write_text("raise RuntimeError('plugin import exploded')\n")
-    target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                    "--target", str(target), str(src)], check=True, capture_output=True)
-    proc = _run(target, "plugins")
+BAD_REGISTER = """
+import diffaccel
+
+@diffaccel.hookimpl
+def diffaccel_register(register):
+    raise RuntimeError("registration exploded")
+"""
+
+
+@pytest.fixture(scope="module")
+def broken_site(tmp_path_factory):
+    """A working plugin (the echo strategy registered as 'fine') beside two broken ones:
+    'echo' raises on import, 'regbad' raises in diffaccel_register."""
+    target = tmp_path_factory.mktemp("broken-site")
+    dists = {
+        "diffaccel-broken-test": ("echo", "raise RuntimeError('plugin import exploded')\n"),
+        "diffaccel-regbad-test": ("regbad", BAD_REGISTER),
+        "diffaccel-fine-test": ("fine", PLUGIN_PY.replace('name="echo"', 'name="fine"')),
+    }
+    for dist, (ep, code) in dists.items():
+        src = tmp_path_factory.mktemp(ep)
+        module = f"diffaccel_{ep}_test"
+        (src / "pyproject.toml").write_text(PYPROJECT.replace("diffaccel-echo-test", dist)
+                                            .replace('echo = "diffaccel_echo_test"', f'{ep} = "{module}"')
+                                            .replace('"diffaccel_echo_test"]', f'"{module}"]'))
+        (src / f"{module}.py").write_text(code)
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                        "--target", str(target), str(src)], check=True, capture_output=True)
+    return target
+
+
+def test_broken_plugins_are_left_out_with_one_warning_line_each(broken_site):
+    proc = _run(broken_site, "plugins", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert sorted(proc.stderr.splitlines()) == [
+        "diffaccel: warning: plugin 'echo' (distribution diffaccel-broken-test 9.8.7) was left out: failed to load: "
+        "RuntimeError: plugin import exploded; block it with DIFFACCEL_BLOCK_PLUGINS=echo",
+        "diffaccel: warning: plugin 'regbad' (distribution diffaccel-regbad-test 9.8.7) was left out: diffaccel_register "
+        "failed: RuntimeError: registration exploded; block it with DIFFACCEL_BLOCK_PLUGINS=regbad",
+    ]
+    listing = json.loads(proc.stdout)
+    assert {b["name"]: b["distribution"] for b in listing["broken"]} == {"echo": "diffaccel-broken-test",
+                                                                         "regbad": "diffaccel-regbad-test"}
+    names = {r["name"] for r in listing["strategies"]}
+    assert "fine" in names and "swd" in names and "echo" not in names
+    text = _run(broken_site, "plugins").stdout
+    assert "broken plugins" in text and "regbad  (diffaccel-regbad-test 9.8.7)" in text
+
+
+def test_commands_that_do_not_use_a_broken_plugin_work(broken_site, tmp_path):
+    ok = tmp_path / "ok.toml"
+    ok.write_text('[model]\nadapter = "text"\n[[strategy]]\nuse = "fine"\n')
+    proc = _run(broken_site, "check", str(ok))
+    assert proc.returncode == 0, proc.stderr
+    uses = tmp_path / "uses.toml"
+    uses.write_text('[model]\nadapter = "text"\n[[strategy]]\nuse = "echo"\n')
+    proc = _run(broken_site, "check", str(uses))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.count("\n") == 1
-    assert "plugin 'echo' (distribution diffaccel-broken-test) failed to load: RuntimeError: plugin import exploded" in proc.stderr
+    error = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert error == [f"diffaccel: error: {uses}: [[strategy]] #1: strategy 'echo': its plugin 'echo' (distribution "
+                     "diffaccel-broken-test 9.8.7) was left out: failed to load: RuntimeError: plugin import exploded"]
+
+
+def test_a_broken_plugin_is_warned_about_once_per_process(broken_site):
+    code = ("import warnings, diffaccel\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    regs = [diffaccel.Registry() for _ in range(3)]\n"
+            "print(len([x for x in w if issubclass(x.category, diffaccel.PluginWarning)]), sorted(regs[2].broken))\n")
+    proc = _run(broken_site, code=code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split(maxsplit=1) == ["2", "['echo', 'regbad']\n"]
+
+
+def test_a_plugin_registered_by_hand_that_fails_raises():
+    import diffaccel
+
+    class Bad:
+        @diffaccel.hookimpl
+        def diffaccel_register(self, register):
+            raise RuntimeError("nope")
+
+    with pytest.raises(diffaccel.PluginError, match="plugin 'bad': diffaccel_register failed: RuntimeError: nope"):
+        diffaccel.Registry(load_entrypoints=False).register_plugin(Bad(), "bad")

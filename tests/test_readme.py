@@ -13,7 +13,7 @@ import torch
 
 import diffaccel
 from diffaccel import ConfigError, load_config
-from diffaccel.testing import tiny_text_pipeline
+from diffaccel.adapters.text.testing import tiny_text_pipeline
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

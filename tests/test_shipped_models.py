@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from diffaccel.adapters.text.loading import ASSETS, load_pipeline
+from diffaccel.adapters.text.loading import load_pipeline
+from diffaccel.adapters.text.reference import ASSETS
 from diffaccel.cli import main
 
 

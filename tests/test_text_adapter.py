@@ -12,7 +12,8 @@ from diffaccel.adapters.text.model import (SCHEDULES, TextDiffusionConfig, TextD
 from diffaccel.adapters.text.positions import Positions
 from diffaccel.cli import main
 from diffaccel.errors import ConfigError, ModelLoadError
-from diffaccel.testing import run_with, tiny_text_pipeline
+from diffaccel.adapters.text.testing import tiny_text_pipeline
+from diffaccel.testing import run_with
 
 
 @pytest.mark.parametrize("sampler", ["ddim", "ddpm", "hybrid"])

@@ -9,7 +9,8 @@ import torch
 from diffaccel import StepPlan, hookimpl
 from diffaccel.adapters.text import logits as draws
 from diffaccel.adapters.text.logits import CdfCache, TopKLogits, draw
-from diffaccel.testing import run_with, tiny_text_pipeline
+from diffaccel.adapters.text.testing import tiny_text_pipeline
+from diffaccel.testing import run_with
 
 
 def test_draw_follows_the_softmax_and_never_draws_banned_tokens():

@@ -14,10 +14,11 @@ import diffaccel
 from diffaccel import ConfigError, DiffaccelError, ModelLoadError, StepPlan, hookimpl, load_config
 from diffaccel.adapters.unet import hooks
 from diffaccel.adapters.unet.adapter import UNetAdapter
-from diffaccel.adapters.unet.metrics import conditioning_accuracy, psnr, psnr_per_image, ssim
-from diffaccel.adapters.unet.pipeline import DigitsPipeline, char_vocab, digit_label
+from diffaccel.adapters.digits import class_accuracy, digit_label
+from diffaccel.adapters.unet.metrics import psnr, psnr_per_image, ssim
+from diffaccel.adapters.unet.pipeline import DigitsPipeline, char_vocab
 from diffaccel.cli import main
-from diffaccel.testing import tiny_digits_pipeline
+from diffaccel.adapters.unet.testing import tiny_digits_pipeline
 
 STEPS = 4
 
@@ -525,7 +526,7 @@ def test_quality_reports_psnr_ssim_and_conditioning_accuracy(digits):
 
 
 def test_conditioning_accuracy_per_class():
-    acc = conditioning_accuracy([1, 2, 3, 3], [1, 2, 3, 4])
+    acc = class_accuracy([1, 2, 3, 3], [1, 2, 3, 4])
     assert acc["overall"] == 0.75 and acc["3"] == 1.0 and acc["4"] == 0.0 and "5" not in acc
     assert [digit_label(p) for p in ("digit 7", "7", " Digit 0 ", "a cat", "")] == [7, 7, 0, None, None]
 

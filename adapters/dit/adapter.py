@@ -16,56 +16,19 @@ Peers (``[[peer]]``): diffusers' own cache hooks (``peers.py``).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import attrs
 import torch
 
-from ..diffusers_pipelines import PipelineSource, load_for_config, load_pipeline, run_pipeline
+from ..diffusers_pipelines import load_for_config, run_pipeline
 from ..unet.adapter import UNetAdapter, UNetOptions, UNetOutput
 from . import hooks, peers
-from .synthetic import SYNTHETIC
-
-ASSETS = Path(__file__).parent / "assets"
-SHIPPED = {"dit-digits": "dit-digits"}
-
+from .loading import SOURCE, load_checkpoint  # noqa: F401 - load_checkpoint: importable from here as before
 
 @attrs.frozen(kw_only=True)
 class DiTOptions(UNetOptions):
     """Keys of ``[model]`` that only the DiT adapter reads (the UNet adapter's, same meaning)."""
-
-
-def _text_dit_pipeline() -> type:
-    from .pipeline import TextDiTPipeline
-
-    return TextDiTPipeline
-
-
-def _from_pretrained(name: str, **kwargs):
-    from diffusers import DiffusionPipeline
-
-    return DiffusionPipeline.from_pretrained(name, **kwargs)
-
-
-def _build(name: str):
-    from .synthetic import build
-
-    return build(name)
-
-
-SOURCE = PipelineSource(
-    assets=ASSETS, shipped=SHIPPED, retrain="'python -m diffaccel.adapters.dit.digits train --out DIR' and copy DIR there",
-    synthetic=SYNTHETIC, build=_build, own_class=_text_dit_pipeline, fallback=_from_pretrained)
-"""What ``load_checkpoint`` reads: the digits DiT, the synthetic DiTs, a ``TextDiTPipeline``
-folder, else any diffusers pipeline (``DiffusionPipeline``)."""
-
-
-def load_checkpoint(checkpoint: str, allow_pickle: bool = False):
-    """A pipeline for a ``checkpoint`` string (see the module docstring). The same checkpoint
-    checks as the UNet adapter's: safetensors only unless ``allow_pickle``, damaged files, missing
-    tensors and NaN/inf weights are one ``ModelLoadError`` (``diffaccel.adapters.checkpoints``)."""
-    return load_pipeline(SOURCE, checkpoint, allow_pickle)
 
 
 def is_digits(pipe) -> bool:
@@ -136,6 +99,7 @@ class DiTAdapter:
     reference_run = UNetAdapter.reference_run
     write = UNetAdapter.write
     quality = UNetAdapter.quality
+    quality_keys = UNetAdapter.quality_keys
 
     # -- peers: diffusers' cache hooks ------------------------------------------------------------
     @staticmethod

@@ -28,8 +28,15 @@ from pathlib import Path
 
 import attrs
 import torch
+from diffusers import DDIMScheduler, PixArtTransformer2DModel
+from transformers import CLIPTextConfig, CLIPTextModel
 
 from ..digits import SCHEDULER_CONFIG, TEXT_CONFIG, add_eval_arguments, run_eval, train_loop
+from ..unet.loading import load_checkpoint as load_unet
+from ..unet.pipeline import char_tokenizer, char_vocab
+from .loading import load_checkpoint
+from .nets.pooled_pixart import PooledTextPixArtTransformer2DModel
+from .pipeline import TextDiTPipeline
 from ..digits import conditioning_accuracy  # noqa: F401 - importable from here as before
 
 DIT_CONFIG = dict(
@@ -46,15 +53,7 @@ budget on a shared 2-core machine can train (at nice 15, one thread)."""
 def new_pipeline(seed: int = 0, pooled_text: bool = True, **overrides):
     """Random weights; ``pooled_text``: the ``PooledTextPixArtTransformer2DModel`` (the prompt also
     in the adaLN timestep embedding, ``nets/pooled_pixart.py``), else stock PixArt."""
-    from diffusers import DDIMScheduler, PixArtTransformer2DModel
-    from transformers import CLIPTextConfig, CLIPTextModel
-
-    from ..unet.pipeline import char_tokenizer, char_vocab
-    from .pipeline import TextDiTPipeline
-
     torch.manual_seed(seed)
-    from .nets.pooled_pixart import PooledTextPixArtTransformer2DModel
-
     model = PooledTextPixArtTransformer2DModel if pooled_text else PixArtTransformer2DModel
     transformer = model(**{**DIT_CONFIG, **overrides})
     text = CLIPTextModel(CLIPTextConfig(vocab_size=len(char_vocab()), **TEXT_CONFIG))
@@ -115,14 +114,10 @@ def adaln_zero(transformer) -> None:
 
 def train(cfg: TrainDiTConfig) -> Path:
     """Train the digits DiT (``diffaccel.adapters.digits.train_loop``) from random weights."""
-    from .pipeline import TextDiTPipeline
-
     pipe = new_pipeline(cfg.seed, pooled_text=cfg.pooled_text)
     if cfg.adaln_zero:
         adaln_zero(pipe.transformer)
     if cfg.text_from:
-        from ..unet.adapter import load_checkpoint as load_unet
-
         pipe.text_encoder.load_state_dict(load_unet(cfg.text_from).text_encoder.state_dict())
     if cfg.freeze_text:
         pipe.text_encoder.requires_grad_(False)
@@ -166,8 +161,6 @@ def main(argv: list[str] | None = None) -> int:
                              adaln_zero=not args.no_adaln_zero, text_from=None if args.text_from == "none" else args.text_from,
                              freeze_text=args.freeze_text))
         return 0
-    from .adapter import load_checkpoint
-
     return run_eval(args, load_checkpoint)
 
 

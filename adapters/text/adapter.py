@@ -13,7 +13,11 @@ from diffaccel.capabilities import MASK_CONFIDENCES, PINNED_TOKENS, TOKEN_LOGITS
 from diffaccel.errors import ConfigError, ConfigValueError, DiffaccelError
 from diffaccel.validators import in_range, one_of, positive
 
+from . import measure
 from .diffusion_gemma import BLOCK, BLOCK_CAPABILITIES, DiffusionGemmaPipeline, GemmaLayer
+from .diffusion_gemma_loading import precheck
+from .facts import check_options, text_facts
+from .loading import load_pipeline
 from .pipeline import SAMPLERS, TextDiffusionPipeline, TextLayer, TextOutput, run_capabilities
 
 #: Standard deviation of the logit perturbation whose effect is the agreement noise floor.
@@ -102,9 +106,6 @@ class TextAdapter:
 
     @staticmethod
     def load(config) -> TextDiffusionPipeline:
-        from .diffusion_gemma import precheck
-        from .loading import load_pipeline
-
         opts, where = config.options, f"{config.source}: [model]"
         problem = precheck(config.model.checkpoint, opts.length, opts.sampler, opts.block_size, opts.temperature)
         if problem:  # a DiffusionGemma folder's options, checked before its weights load
@@ -117,31 +118,16 @@ class TextAdapter:
                                   "cache; prefix_cache is the masked sampler's option")
             TextAdapter._check_block(pipe, config, where)
             return pipe
-        TextAdapter.check_options(config, pipe.kind, pipe.denoiser.max_len, pipe.denoiser.time_conditioned)
+        check_options(config, pipe.kind, pipe.denoiser.max_len, pipe.denoiser.time_conditioned)
         return pipe
 
     @staticmethod
-    def check_options(config, kind: str, max_len: int, time_conditioned: bool) -> None:
-        """The ``[model]`` options against the model's facts: at load, and in ``facts`` (check)."""
-        opts, where, ckpt = config.options, f"{config.source}: [model]", config.model.checkpoint
-        if opts.sampler == BLOCK:
-            raise ConfigError(f"{where}: key 'sampler': 'block' is DiffusionGemma's sampler, and '{ckpt}' is a {kind} model; allowed: {'masked' if kind == 'masked' else 'ddim, ddpm, hybrid'}")
-        if opts.length > max_len:
-            raise ConfigError(f"{where}: key 'length': {opts.length} exceeds the model's {max_len} positions")
-        if opts.sampler is not None and (opts.sampler == "masked") != (kind == "masked"):
-            allowed = "masked" if kind == "masked" else "ddim, ddpm, hybrid"
-            raise ConfigError(f"{where}: key 'sampler': '{opts.sampler}' does not fit the {kind} model '{ckpt}'; allowed: {allowed}")
-        if opts.prefix_cache and (kind != "masked" or time_conditioned):
-            raise ConfigError(f"{where}: key 'prefix_cache': the {kind} model '{ckpt}' is "
-                              f"{'time-conditioned' if kind == 'masked' else 'not a masked model'}; "
-                              "prefix_cache needs a masked model that is not time-conditioned")
-
-    @staticmethod
     def facts(config) -> dict[str, Any]:
-        """``info`` of the model ``config`` names, from its config files, without its weights."""
-        from .facts import text_facts
-
-        return text_facts(config)
+        """``info`` of the model ``config`` names, from its config files, without its weights; a
+        DiffusionGemma checkpoint (facts from its generation config and canvas) is loaded as
+        ``generate`` loads it, its own checks included."""
+        info = text_facts(config)
+        return info if info is not None else TextAdapter.info(TextAdapter.load(config))
 
     @staticmethod
     def _check_block(pipe: DiffusionGemmaPipeline, config, where: str) -> None:
@@ -204,6 +190,12 @@ class TextAdapter:
         return judge_lines([t for o in outputs for t in o.texts])
 
     @staticmethod
+    def quality_keys(config) -> list[str]:
+        """What ``quality`` reports (``ReportsQuality``): the trigram perplexity, distinct-n and
+        token agreement with the baseline."""
+        return ["perplexity", "distinct_1", "distinct_2", "agreement"]
+
+    @staticmethod
     def quality(baseline: list[TextOutput], outputs: list[TextOutput], references: list[TextOutput] | None = None) -> dict[str, float]:
         """Quality of ``outputs`` against the unaccelerated ``baseline`` of the same seeds."""
         from .metrics import agreement, text_quality
@@ -246,15 +238,11 @@ class TextAdapter:
     # -- what `diffaccel partial` and `diffaccel fluency` need (optional protocols) ---------------------
     @staticmethod
     def time_partial_steps(pipe, config, fractions, repeats):
-        from .measure import time_partial_steps
-
         if isinstance(pipe, DiffusionGemmaPipeline):
             raise ConfigError(f"{config.source}: [model] key 'checkpoint': partial steps are timed on the reference and BERT-family models, not on DiffusionGemma '{config.model.checkpoint}'")
 
-        return time_partial_steps(pipe, config, fractions, repeats)
+        return measure.time_partial_steps(pipe, config, fractions, repeats)
 
     @staticmethod
     def fluency_rows(pipe, config, seeds, judge=None):
-        from .measure import fluency_rows
-
-        return fluency_rows(pipe, config, seeds, judge=judge)
+        return measure.fluency_rows(pipe, config, seeds, TextAdapter.run, judge=judge)

@@ -9,12 +9,15 @@ WordNet 3.0 is under the Princeton WordNet licence (BSD-like, attribution kept).
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import hashlib
 import re
 from pathlib import Path
 
 WORDNET_DIR = Path("/usr/share/wordnet")
+#: the shipped held-out lines (gzip): the fluency model's first 90%, the bench's sources the rest
+HELDOUT = Path(__file__).parent / "assets" / "heldout.txt.gz"
 PARTS = ("noun", "verb", "adj", "adv")
 _QUOTED = re.compile(r'"([^"]+)"')
 
@@ -65,3 +68,39 @@ def write_lines(path: Path, lines: list[str]) -> None:
 def read_lines(path: Path) -> list[str]:
     with gzip.open(path, "rt", encoding="utf-8") as f:
         return [line for line in f.read().split("\n") if line]
+
+
+def heldout_lines() -> list[str]:
+    return read_lines(HELDOUT)
+
+
+def source_lines(split: str) -> list[str]:
+    """Lines to condition (``diffaccel.conditions``): WordNet's training lines (``train``), or the
+    held-out lines that the bench's sources (the last 10% of the shipped held-out file) are not
+    drawn from (``heldout``)."""
+    if split == "heldout":
+        lines = heldout_lines()
+        return lines[: len(lines) * 9 // 10]
+    if split == "train":
+        return read_wordnet()[0]
+    raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m diffaccel.adapters.text.corpus --split train --out FILE``: the lines, one per
+    line, for a strategy's condition encoder (bert-cond: ``python -m diffaccel_bert_cond.conditions
+    --lines-from FILE``), which reads text files and no adapter."""
+    ap = argparse.ArgumentParser(description="Write the text corpus's lines, one per line, for a condition encoder")
+    ap.add_argument("--split", choices=["train", "heldout"], default="train",
+                    help="heldout: the shipped held-out lines that neither training nor the bench's sources use")
+    ap.add_argument("--out", required=True, help="text file to write (keep it out of git)")
+    a = ap.parse_args(argv)
+    lines = source_lines(a.split)
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print(f"wrote {a.out}: {len(lines)} {a.split} lines")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

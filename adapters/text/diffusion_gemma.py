@@ -478,54 +478,6 @@ class DiffusionGemmaPipeline:
                                                 computed=computed, masked=None, fixed=None))
 
 
-# -- loading -------------------------------------------------------------------------------------
-WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
-
-
-def is_diffusion_gemma(config: dict) -> bool:
-    return config.get("model_type") == "diffusion_gemma"
-
-
-def load_diffusion_gemma(name_or_path: str, local: bool, allow_pickle: bool = False) -> DiffusionGemmaPipeline:
-    """A ``DiffusionGemmaPipeline`` from a local folder or a hub id (whose config says
-    ``model_type = "diffusion_gemma"``). Missing files and loading failures are one
-    ``ModelLoadError`` naming the checkpoint and what is wrong."""
-    from pathlib import Path
-
-    from diffaccel.errors import ModelLoadError
-
-    from ..checkpoints import check_loading_info, check_module_finite, check_vocab, precheck_folder, quiet_loading
-    from .loading import HFTokenizer
-
-    safe = True
-    if local:
-        path = Path(name_or_path)
-        safe = precheck_folder(path, allow_pickle)  # whole safetensors headers; pickles only if allowed
-        if safe and not any((path / f).is_file() for f in WEIGHTS):
-            raise ModelLoadError(f"{path}: a DiffusionGemma folder (config.json model_type 'diffusion_gemma') without its weights; expected one of {', '.join(WEIGHTS)}")
-        if not any((path / f).is_file() for f in TOKENIZER_FILES):
-            raise ModelLoadError(f"{path}: no tokenizer beside the DiffusionGemma weights; expected one of {', '.join(TOKENIZER_FILES)}")
-    try:
-        from transformers import AutoTokenizer, DiffusionGemmaForBlockDiffusion
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()  # errors stay one line; a load is seconds here
-        # a pickle (allowed) goes through transformers' torch.load(weights_only=True)
-        with quiet_loading():
-            model, info = DiffusionGemmaForBlockDiffusion.from_pretrained(
-                name_or_path, use_safetensors=True if safe and not allow_pickle else None,
-                output_loading_info=True, ignore_mismatched_sizes=True)
-            tok = AutoTokenizer.from_pretrained(name_or_path)
-    except (OSError, ValueError, TypeError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelLoadError(f"checkpoint '{name_or_path}': transformers could not load it as DiffusionGemma ({first[:200]})") from None
-    check_loading_info(info, name_or_path)
-    check_module_finite(model, name_or_path)
-    check_vocab(tok.vocab_size, model.get_input_embeddings().num_embeddings, name_or_path, exact=False, with_added=len(tok))
-    return DiffusionGemmaPipeline(model, HFTokenizer(tok), name=Path(name_or_path).name)
-
-
 def _multiples(length: int, C: int) -> str:
     """The multiples of C around ``length``, as a user would pick one."""
     lo = length - length % C
@@ -542,21 +494,3 @@ def _block_options(length: int, block_size: int | None, temperature: float, C: i
     if not temperature > 0:
         return f"temperature: must be > 0 for the block sampler (it scales the model's temperature schedule), got {temperature}"
     return None
-
-
-def precheck(checkpoint: str, length: int, sampler: str | None, block_size: int | None, temperature: float = 1.0) -> str | None:
-    """For a local DiffusionGemma folder, what is wrong with these options as ``key: message``,
-    read from its config.json before the weights load (None: nothing, or not such a folder)."""
-    import json
-    from pathlib import Path
-
-    path = Path(checkpoint) / "config.json"
-    try:
-        cfg = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None  # not a local folder, or not readable: the loader says so
-    if not is_diffusion_gemma(cfg):
-        return None
-    if sampler not in (None, BLOCK):
-        return f"sampler: '{sampler}' does not fit the DiffusionGemma model '{checkpoint}' (uniform noise, no mask token); allowed: {BLOCK}"
-    return _block_options(length, block_size, temperature, cfg.get("canvas_length") or 256, where=f" in {path}")

@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .loading import shipped_path
+from .reference import shipped_path
 from .tokenizer import MASK, PAD, SEP, UNK
 
 #: text_config overrides per size; every layer pattern the model has (sliding and full

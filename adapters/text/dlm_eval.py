@@ -163,7 +163,7 @@ def load(checkpoint: Path):
         run = checkpoint if checkpoint.is_dir() else checkpoint.parent.parent
         cfg = json.loads((run / "adapt.json").read_text())["config"] if (run / "adapt.json").is_file() else {}
         with tempfile.TemporaryDirectory() as tmp:
-            return dlm.load_dlm(export(checkpoint, Path(tmp) / "delta", cfg.get("base", "smollm2")), name=run.name)
+            return dlm.load_dlm(export(checkpoint, Path(tmp) / run.name, cfg.get("base", "smollm2")))
     return dlm.load_dlm(checkpoint)
 
 

@@ -52,13 +52,17 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from huggingface_hub import snapshot_download
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from diffaccel.errors import ModelLoadError
 
-from ..checkpoints import check_finite, check_vocab, folder_weights, match_state, read_tensors
-
+from ..checkpoints import check_vocab, folder_weights, match_state, read_tensors
+from .loader import Loaded, ModelFacts, Source
 from .model import KVCache, attend_positions
 from .positions import Positions
+from .tokenizer import HFTokenizer
 
 #: LLaDA's ``<|mdm_mask|>`` id (ML-GSAI/LLaDA: generate.py and the checkpoints' config.json).
 LLADA_MASK_ID = 126336
@@ -142,8 +146,6 @@ class LlamaDenoiser:
         return self.base.embed_tokens(x)
 
     def block(self, i: int, h, c, kv: KVCache, positions: Positions | None = None):
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
         layer = self.layers[i]
         att = layer.self_attn
         lead, dh = h.shape[:-1], self.head_dim  # (B, N), or (T,) with positions
@@ -207,8 +209,6 @@ def llada_config(cfg: dict, where) -> dict:
 
 def hf_config(cfg: dict, where):
     """(transformers config, family) of a decoder ``config.json``."""
-    from transformers import LlamaConfig, Qwen2Config
-
     mtype = str(cfg.get("model_type", "")).lower()
     family = FAMILIES[mtype]
     if mtype == "llada":
@@ -232,8 +232,6 @@ def hf_config(cfg: dict, where):
 
 
 def build_model(conf, family: str, device="meta"):
-    from transformers import LlamaForCausalLM, Qwen2ForCausalLM
-
     cls = LlamaForCausalLM if family == "llama" else Qwen2ForCausalLM
     with torch.device(device):
         return cls(conf)
@@ -281,7 +279,8 @@ def map_state(state: dict[str, torch.Tensor], mtype: str, where) -> dict[str, to
 
 def load_weights(model, state: dict[str, torch.Tensor], conf, where) -> None:
     """Assign ``state`` (float32) to the meta-device ``model``; tie the head when the config says
-    so; rebuild the non-persistent rotary tables on the CPU."""
+    so; rebuild the non-persistent rotary tables on the CPU. (The loading dispatch checks the
+    weights are finite.)"""
     state = {k: v.float() for k, v in state.items()}
     if conf.tie_word_embeddings:
         state.pop("lm_head.weight", None)
@@ -289,7 +288,6 @@ def load_weights(model, state: dict[str, torch.Tensor], conf, where) -> None:
     if conf.tie_word_embeddings:
         expected.pop("lm_head.weight", None)
     match_state(expected, {k: tuple(v.shape) for k, v in state.items()}, where)
-    check_finite(state.items(), where)
     if conf.tie_word_embeddings:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
     model.load_state_dict(state, strict=True, assign=True)
@@ -300,6 +298,15 @@ def load_weights(model, state: dict[str, torch.Tensor], conf, where) -> None:
 
 def is_decoder_config(cfg: dict) -> bool:
     return str(cfg.get("model_type", "")).lower() in FAMILIES
+
+
+def refuse_unsupported_decoder(cfg: dict, where) -> None:
+    """A causal-LM architecture other than LLaMA/Qwen2: one line (before the BERT-family loader,
+    which would fail on it less clearly)."""
+    archs = cfg.get("architectures") or []
+    if any(str(a).endswith("ForCausalLM") for a in archs):
+        raise ModelLoadError(f"{where}: key 'model_type' is {cfg.get('model_type')!r}; supported decoders: "
+                             f"{', '.join(sorted(set(FAMILIES)))} (and BERT-family masked LMs)")
 
 
 def mask_id_of(cfg: dict, where) -> int:
@@ -314,10 +321,8 @@ def mask_id_of(cfg: dict, where) -> int:
     return mid
 
 
-def load_decoder(path: Path, name: str | None = None, allow_pickle: bool = False):
-    """A ``TextDiffusionPipeline`` from a LLaMA/Qwen2/Dream/LLaDA checkpoint folder."""
-    from .pipeline import TextDiffusionPipeline
-
+def load_decoder(path: Path, name: str | None = None, allow_pickle: bool = False) -> Loaded:
+    """The denoiser and tokenizer of a LLaMA/Qwen2/Dream/LLaDA checkpoint folder."""
     where = path / "config.json"
     cfg = json.loads(where.read_text())
     mid = mask_id_of(cfg, where)
@@ -328,30 +333,50 @@ def load_decoder(path: Path, name: str | None = None, allow_pickle: bool = False
     check_vocab(tok.tok.vocab_size, conf.vocab_size, path, exact=False, with_added=len(tok.tok))
     model = build_model(conf, family)
     single = path / "model.safetensors"
+    weights = single if single.is_file() else path
     load_weights(model, map_state(read_safetensors(path, allow_pickle), str(cfg.get("model_type", "")).lower(), path), conf,
-                 single if single.is_file() else path)
+                 weights)
     tok.mask_id = mid
     special = set(tok.special_ids) | {mid}
     tok.special_ids = special
     # Dream keeps its autoregressive initialisation's head: the token at p is predicted at p - 1
     shift = 1 if str(cfg.get("model_type", "")).lower() == "dream" else 0
-    return TextDiffusionPipeline(LlamaDenoiser(model, mid, special, logit_shift=shift), tok, name=name or path.name)
+    return Loaded(denoiser=LlamaDenoiser(model, mid, special, logit_shift=shift), tokenizer=tok, name=name or path.name,
+                  weights=model, where=weights)
 
 
-def _tokenizer(path: Path):
-    from .loading import HFTokenizer
-
+def _tokenizer(path: Path) -> HFTokenizer:
     try:
-        from transformers import AutoTokenizer
-
         return HFTokenizer(AutoTokenizer.from_pretrained(str(path)))
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         pass
     if (path / "tokenizer.json").is_file():  # remote-code tokenizers (Dream, LLaDA) ship one too
-        from transformers import PreTrainedTokenizerFast
-
         return HFTokenizer(PreTrainedTokenizerFast(tokenizer_file=str(path / "tokenizer.json")))
     raise ModelLoadError(f"{path}: no tokenizer transformers can load (tokenizer.json or tokenizer_config.json)")
 
 
-__all__ = ["LlamaDenoiser", "LLADA_NAMES", "LLADA_MASK_ID", "llada_name", "load_decoder", "is_decoder_config"]
+class DecoderLoader:
+    """LLaMA/Qwen2-class masked DLMs (config.json ``model_type`` in ``FAMILIES``): a local folder,
+    or a hub id whose files are fetched (safetensors, and pickles only with ``allow_pickle``)."""
+
+    names = ()
+
+    def recognises(self, source: Source) -> bool:
+        return is_decoder_config(source.config())
+
+    def load(self, source: Source) -> Loaded:
+        if source.path is not None:
+            return load_decoder(source.path, allow_pickle=source.allow_pickle)
+        pickles = ["*.bin", "*.pt"] if source.allow_pickle else []  # read with torch.load(weights_only=True) only
+        folder = snapshot_download(source.checkpoint, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", *pickles])
+        return load_decoder(Path(folder), name=source.checkpoint.split("/")[-1], allow_pickle=source.allow_pickle)
+
+    def facts(self, source: Source) -> ModelFacts:
+        conf, _ = hf_config(source.config(), source.where)
+        return ModelFacts("masked", conf.vocab_size, conf.num_hidden_layers, conf.max_position_embeddings)
+
+
+LOADER = DecoderLoader()
+
+__all__ = ["LLADA_MASK_ID", "LLADA_NAMES", "LOADER", "LlamaDenoiser", "is_decoder_config", "llada_name", "load_decoder",
+           "refuse_unsupported_decoder"]

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -12,6 +12,7 @@ import torch
 from diffaccel.state import RunState, StepPlan
 
 from . import metrics
+from .judge import judge_lines
 from .pipeline import _NoAccelerator, _RunContext
 
 
@@ -48,12 +49,10 @@ def time_partial_steps(pipe, config, fractions: tuple[float, ...], repeats: int)
     return times
 
 
-def fluency_rows(pipe, config, seeds: int, judge=None) -> Iterator[tuple[str, dict[str, Any]]]:
-    """The model's samples (``seeds`` batches), held-out text, a unigram sampler and random tokens:
-    (name, ``text_quality`` dict, with ``gen_ppl`` under ``judge`` if given); the model's row also
-    has ``samples``."""
-    from .adapter import TextAdapter
-    from .judge import judge_lines
+def fluency_rows(pipe, config, seeds: int, run: Callable[..., Any], judge=None) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The model's samples (``seeds`` batches, each ``run(pipe, config, seed, progress=False)``: the
+    adapter's run), held-out text, a unigram sampler and random tokens: (name, ``text_quality``
+    dict, with ``gen_ppl`` under ``judge`` if given); the model's row also has ``samples``."""
 
     def quality(texts: list[str]) -> dict[str, Any]:
         q = metrics.text_quality(texts)
@@ -63,7 +62,7 @@ def fluency_rows(pipe, config, seeds: int, judge=None) -> Iterator[tuple[str, di
 
     texts = []
     for k in range(seeds):
-        texts += TextAdapter.run(pipe, config, config.model.seed + k * config.model.batch, progress=False).texts
+        texts += run(pipe, config, config.model.seed + k * config.model.batch, progress=False).texts
     n_words = sum(len(metrics.words(t)) for t in texts)
     tok = pipe.tokenizer
     gen = torch.Generator().manual_seed(0)

@@ -9,20 +9,17 @@ beside it.
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
-from pathlib import Path
 
 import torch
 
-_WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?|[^\sa-z0-9]")
+from diffaccel.words import words
+
+from .corpus import heldout_lines
+
 BOS, EOS = "<s>", "</s>"
-
-
-def words(text: str) -> list[str]:
-    return _WORD.findall(text.lower())
 
 
 def sentences(texts: Iterable[str]) -> list[list[str]]:
@@ -90,12 +87,6 @@ class KneserNeyTrigram:
             nll += sum(c)
             n += len(c)
         return math.exp(nll / n) if n else float("inf")
-
-
-def heldout_lines() -> list[str]:
-    from .corpus import read_lines
-
-    return read_lines(Path(__file__).parent / "assets" / "heldout.txt.gz")
 
 
 @lru_cache(maxsize=1)

@@ -19,7 +19,6 @@ of a step falls with the positions computed.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -364,12 +363,6 @@ class TextDiffusionPipeline:
     @property
     def kind(self) -> str:
         return self.denoiser.kind
-
-    @classmethod
-    def from_pretrained(cls, name_or_path: str | Path) -> "TextDiffusionPipeline":
-        from .loading import load_pipeline
-
-        return load_pipeline(str(name_or_path))
 
     # -- one denoiser evaluation ---------------------------------------------------------------
     def _denoise(self, ctx: _RunContext, accel, x_in: torch.Tensor, t: torch.Tensor | None) -> None:

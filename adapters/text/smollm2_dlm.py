@@ -36,6 +36,8 @@ import torch
 
 from diffaccel.errors import ModelLoadError
 
+from .loader import Loaded, ModelFacts, Source
+
 NAME = "smollm2-dlm"
 MASK_TOKEN = "<empty_output>"
 START_TOKEN = "<|endoftext|>"
@@ -177,11 +179,10 @@ def merge_delta(model, delta: dict[str, torch.Tensor], scale: float, mask_id: in
         model.model.embed_tokens.weight[mask_id] = delta["mask_embedding"]
 
 
-def load_dlm(folder: Path, name: str | None = None):
-    """A ``TextDiffusionPipeline`` from a delta folder: delta checked, then base loaded and merged."""
+def load_delta(folder: Path, name: str | None = None) -> Loaded:
+    """The denoiser and tokenizer of a delta folder: delta checked, then base loaded and merged."""
     from .llama import LlamaDenoiser
-    from .loading import HFTokenizer
-    from .pipeline import TextDiffusionPipeline
+    from .tokenizer import HFTokenizer
 
     folder = Path(folder)
     cfg = read_config(folder)
@@ -196,7 +197,46 @@ def load_dlm(folder: Path, name: str | None = None):
     tok.mask_id = mask_id
     tok.special_ids = set(tok.special_ids) | {mask_id}
     den = LlamaDenoiser(model, mask_id, tok.special_ids, logit_shift=1)
-    return TextDiffusionPipeline(den, tok, name=name or folder.name)
+    return Loaded(denoiser=den, tokenizer=tok, name=name or folder.name, weights=model, where=folder / DELTA_FILE)
 
 
-__all__ = ["NAME", "MASK_TOKEN", "START_TOKEN", "TARGETS", "is_delta_config", "load_dlm", "read_delta", "merge_delta"]
+def load_dlm(folder: Path):
+    """The ``TextDiffusionPipeline`` of a delta folder, through the text loaders' dispatch."""
+    from .loading import load_pipeline
+
+    return load_pipeline(str(folder))
+
+
+class DeltaLoader:
+    """A folder whose config.json says ``"diffaccel_delta": "smollm2-dlm"``."""
+
+    names = ()
+
+    def recognises(self, source: Source) -> bool:
+        return source.path is not None and is_delta_config(source.config())
+
+    def load(self, source: Source) -> Loaded:
+        return load_delta(source.path)
+
+    def facts(self, source: Source) -> ModelFacts | None:
+        """From the base's config.json, when the base is a folder or already converted (a GGUF
+        not yet converted: None, the facts then need the load)."""
+        cfg = read_config(source.path)
+        if cfg["base"] == "smollm2":
+            from .gguf import smollm2_gguf
+            from .judge import _gguf_cache_key, cache_root
+
+            gguf = smollm2_gguf()
+            folder = cache_root() / "judges" / _gguf_cache_key(gguf) if gguf is not None else None
+            if folder is None or not (folder / "config.json").is_file():
+                return None
+        else:
+            folder = base_folder(cfg["base"], source.path / CONFIG_FILE)
+        conf = base_config(folder)
+        return ModelFacts("masked", conf.vocab_size, conf.num_hidden_layers, conf.max_position_embeddings)
+
+
+LOADER = DeltaLoader()
+
+__all__ = ["LOADER", "NAME", "MASK_TOKEN", "START_TOKEN", "TARGETS", "is_delta_config", "load_delta", "load_dlm", "read_delta",
+           "merge_delta"]

@@ -16,7 +16,11 @@ padded to the 32,000 ids: ids below 4,096 decode as that tokenizer's tokens, the
 from __future__ import annotations
 
 import torch
+from transformers import LlamaConfig, LlamaForCausalLM
 
+from .llama import LlamaDenoiser
+from .loader import Loaded, ModelFacts, Source
+from .reference import shipped_path
 from .tokenizer import TextTokenizer
 
 SPECS = {
@@ -54,17 +58,31 @@ class PaddedTokenizer:
         return " ".join(p for p in out if p)
 
 
-def build_synthetic(name: str, seed: int = SEED):
-    """The ``TextDiffusionPipeline`` of a synthetic speed model."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from .llama import LlamaDenoiser
-    from .loading import shipped_path
-    from .pipeline import TextDiffusionPipeline
-
+def build_synthetic(name: str, seed: int = SEED) -> Loaded:
+    """The components of a synthetic speed model (``load_pipeline(name)`` builds its pipeline)."""
     conf = LlamaConfig(**SPECS[name])
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(conf)
     tok = PaddedTokenizer(TextTokenizer.from_file(shipped_path("wordnet-masked") / "tokenizer.json"), conf.vocab_size)
-    return TextDiffusionPipeline(LlamaDenoiser(model, tok.mask_id, tok.special_ids), tok, name=name)
+    return Loaded(denoiser=LlamaDenoiser(model, tok.mask_id, tok.special_ids), tokenizer=tok, name=name, weights=model,
+                  where=name)
+
+
+class SyntheticLoader:
+    """The synthetic speed models, by name (``SPECS``)."""
+
+    names = tuple(SPECS)
+
+    def recognises(self, source: Source) -> bool:
+        return source.checkpoint in SPECS
+
+    def load(self, source: Source) -> Loaded:
+        return build_synthetic(source.checkpoint)
+
+    def facts(self, source: Source) -> ModelFacts:
+        spec = SPECS[source.checkpoint]
+        return ModelFacts("masked", spec["vocab_size"], spec["num_hidden_layers"], spec.get("max_position_embeddings", 2048))
+
+
+LOADER = SyntheticLoader()

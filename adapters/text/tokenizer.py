@@ -63,3 +63,19 @@ class TextTokenizer:
         out.append(self.tok.decode(piece))
         text = "".join(out)
         return "\n".join(line.strip() for line in text.split("\n"))
+
+
+class HFTokenizer:
+    """A transformers tokenizer behind the small interface the pipeline uses."""
+
+    def __init__(self, tok):
+        self.tok = tok
+        self.mask_id = tok.mask_token_id
+        self.vocab_size = len(tok)
+        self.special_ids = set(tok.all_special_ids)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False)
+
+    def decode(self, ids) -> str:
+        return self.tok.decode([int(i) for i in ids], skip_special_tokens=True)

@@ -21,7 +21,10 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from diffaccel.conditions import load as load_conditions
+
 from .corpus import read_wordnet, write_lines
+from .reference import shipped_path
 from .model import TextDiffusionConfig, TextDiffusionLM, mask_rate
 from .tokenizer import TextTokenizer, train_tokenizer
 
@@ -62,9 +65,9 @@ class TrainConfig:
     """Continue from this checkpoint (a folder or a shipped model name): its weights, architecture
     and tokenizer; a condition projection it lacks starts at zero, so step 0 is that model."""
     conditions: str | None = None
-    """Masked models: a safetensors file of per-line condition vectors (``python -m
-    diffaccel_bert_cond.conditions``); every sequence then starts at a conditioned line and the
-    model learns cond_dim = the vectors' size, fed to its per-block condition gating."""
+    """Masked models: a file of per-line condition vectors (``diffaccel.conditions``' format,
+    written by ``python -m diffaccel_bert_cond.conditions``); every sequence then starts at a
+    conditioned line and the model learns cond_dim = the vectors' size, fed to its per-block condition gating."""
     cond_dropout: float = 0.15
     """With ``conditions``: share of sequences trained without their vector (the model then runs
     unconditioned too, as classifier-free guidance trains it). Ignored with ``cond_only``: there
@@ -200,8 +203,6 @@ def train(cfg: TrainConfig, lines: list[str] | None = None) -> Path:
     random.Random(cfg.seed).shuffle(lines)
     base = None
     if cfg.init_from:
-        from .loading import shipped_path
-
         base = Path(cfg.init_from) if Path(cfg.init_from).is_dir() else shipped_path(cfg.init_from)
         tok = TextTokenizer.from_file(base / "tokenizer.json")
     elif cfg.tokenizer:
@@ -311,9 +312,7 @@ def _conditioned(path: str, lines: list[str], starts: np.ndarray, last_start: in
     """(how many of the file's lines are used, then per start: the vector (n, d), the offset in the
     stream, the key terms) for the lines of ``lines`` that the conditions file holds and a full
     sequence can start at (a line the corpus holds twice starts two sequences)."""
-    from diffaccel_bert_cond.conditions import load
-
-    cond_lines, vectors, terms = load(path, with_terms=True)
+    cond_lines, vectors, terms = load_conditions(path, with_terms=True)
     row = {text: i for i, text in enumerate(cond_lines)}
     at = [(row[text], int(starts[i])) for i, text in enumerate(lines) if text in row and starts[i] <= last_start]
     if not at:

@@ -31,11 +31,12 @@ from ..checkpoints import quiet_loading
 from ..diffusers_pipelines import (  # noqa: F401 - check_pipeline: importable from here as before
     ImageOutput, PipelineSource, check_pipeline, load_for_config, load_pipeline, run_pipeline)
 from ..diffusers_pipelines import first_line as _first_line
+from ..digits import class_accuracy, classify
 from . import hooks
+from .loading import ASSETS, SHIPPED, SOURCE, load_checkpoint  # noqa: F401 - ASSETS, load_checkpoint: importable from here as before
+from .metrics import psnr_per_image, ssim_per_image
 from .synthetic import SYNTHETIC
 
-ASSETS = Path(__file__).parent / "assets"
-SHIPPED = {"digits": "digits", "default": "digits"}
 SCHEDULERS = ("ddim", "checkpoint")
 
 
@@ -74,38 +75,6 @@ class DeepCachePeer:
 
 
 UNetOutput = ImageOutput  # what ``run`` returns (shared with the DiT adapter)
-
-
-def _from_pretrained(name: str, **kwargs):
-    from diffusers import StableDiffusionPipeline
-
-    return StableDiffusionPipeline.from_pretrained(name, safety_checker=None, requires_safety_checker=False, **kwargs)
-
-
-def _digits_pipeline() -> type:
-    from .pipeline import DigitsPipeline
-
-    return DigitsPipeline
-
-
-def _build(name: str):
-    from .synthetic import build
-
-    return build(name)
-
-
-SOURCE = PipelineSource(
-    assets=ASSETS, shipped=SHIPPED, retrain="'diffaccel train digits --out DIR' and copy DIR/pipeline there",
-    synthetic=SYNTHETIC, build=_build, own_class=_digits_pipeline, fallback=_from_pretrained)
-"""What ``load_checkpoint`` reads: the digits model, the synthetic Stable Diffusion pipelines, a
-``DigitsPipeline`` folder, else ``StableDiffusionPipeline``."""
-
-
-def load_checkpoint(checkpoint: str, allow_pickle: bool = False):
-    """A pipeline for a ``checkpoint`` string (see the module docstring). Safetensors only unless
-    ``allow_pickle`` (then diffusers reads pickles with ``torch.load(weights_only=True)``); damaged
-    files and NaN/inf weights are one ``ModelLoadError`` (``diffaccel.adapters.checkpoints``)."""
-    return load_pipeline(SOURCE, checkpoint, allow_pickle)
 
 
 def unet_downsampling(pipe) -> int:
@@ -257,23 +226,25 @@ class UNetAdapter:
         return {"image": path.name}
 
     @staticmethod
+    def quality_keys(config) -> list[str]:
+        """What ``quality`` reports (``ReportsQuality``): PSNR and SSIM against the baseline, and
+        for the shipped digits models the conditioning accuracy."""
+        return ["psnr", "psnr_min", "ssim", *(["cond_acc"] if config.model.checkpoint in ("digits", "dit-digits") else [])]
+
+    @staticmethod
     def quality(baseline: list[UNetOutput], outputs: list[UNetOutput], references: list[UNetOutput] | None = None) -> dict[str, float]:
         """Mean per-image PSNR (dB) and SSIM against the unaccelerated ``baseline`` of the same seeds;
         for digits, the conditioning accuracy of ``outputs``."""
-        from .metrics import conditioning_accuracy, psnr_per_image, ssim_per_image
-
         p, s = [], []
         for b, o in zip(baseline, outputs):
             p += psnr_per_image(o.images, b.images)
             s += ssim_per_image(o.images, b.images)
         q = {"psnr": sum(p) / len(p), "psnr_min": min(p), "ssim": sum(s) / len(s)}
         if all(o.labels is not None for o in outputs):
-            from .digits import classify
-
             labels = [y for o in outputs for y in o.labels]
             if any(y is not None for y in labels):
                 pred = classify(torch.cat([o.images for o in outputs]))
-                q["cond_acc"] = conditioning_accuracy(pred, labels)["overall"]
+                q["cond_acc"] = class_accuracy(pred, labels)["overall"]
         return q
 
     # -- peers ------------------------------------------------------------------------------------

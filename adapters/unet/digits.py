@@ -21,10 +21,14 @@ from pathlib import Path
 
 import attrs
 import torch
+from diffusers import DDIMScheduler, UNet2DConditionModel
+from transformers import CLIPTextConfig, CLIPTextModel
 
 from ..digits import (  # noqa: F401 - the shared digits task, importable from here as before
     SCHEDULER_CONFIG, TEXT_CONFIG, classifier, classify, conditioning_accuracy, load_data, to_8x8)
 from ..digits import add_eval_arguments, run_eval, train_loop
+from .loading import load_checkpoint
+from .pipeline import DigitsPipeline, char_tokenizer, char_vocab
 
 UNET_CONFIG = dict(
     sample_size=32, in_channels=1, out_channels=1, block_out_channels=(32, 64, 72), layers_per_block=1,
@@ -38,11 +42,6 @@ UNET_CONFIG = dict(
 # ---- model -------------------------------------------------------------------------------------
 
 def new_pipeline(seed: int = 0):
-    from diffusers import DDIMScheduler, UNet2DConditionModel
-    from transformers import CLIPTextConfig, CLIPTextModel
-
-    from .pipeline import DigitsPipeline, char_tokenizer, char_vocab
-
     torch.manual_seed(seed)
     unet = UNet2DConditionModel(**UNET_CONFIG)
     text = CLIPTextModel(CLIPTextConfig(vocab_size=len(char_vocab()), **TEXT_CONFIG))
@@ -80,12 +79,8 @@ class TrainDigitsConfig:
 def train_digits(cfg: TrainDigitsConfig) -> Path:
     """Train the digits UNet (``diffaccel.adapters.digits.train_loop``), from random weights or
     from ``cfg.init``; the command line set cfg.threads torch threads (the loop may probe 1)."""
-    from .pipeline import DigitsPipeline
-
     pipe = new_pipeline(cfg.seed)
     if cfg.init:
-        from .adapter import load_checkpoint
-
         start = load_checkpoint(cfg.init)
         pipe.unet.load_state_dict({k: v.float() for k, v in start.unet.state_dict().items()})
         pipe.text_encoder.load_state_dict({k: v.float() for k, v in start.text_encoder.state_dict().items()})
@@ -106,10 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--classifier-check", action="store_true", help="also print the classifier's 5-fold accuracy on load_digits")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from .adapter import load_checkpoint
-
     if args.classifier_check:
-        from sklearn.model_selection import cross_val_score
+        from sklearn.model_selection import cross_val_score  # scikit-learn's import is slow: only for this check
         from sklearn.svm import SVC
 
         x, y = load_data()

@@ -1,4 +1,4 @@
-"""Image quality of accelerated runs against unaccelerated ones, and conditioning accuracy.
+"""Image quality of accelerated runs against unaccelerated ones.
 
 * ``psnr``: per image, 10 log10(1 / MSE) on pixels in [0, 1], over every pixel and channel;
   the mean over images is reported. An image identical to its reference has infinite PSNR.
@@ -6,14 +6,14 @@
   window (sigma 1.5), K1 = 0.01, K2 = 0.03, data range 1, averaged over the valid window
   positions and the channels; the mean over images is reported. Identical images give 1.0.
   Images smaller than the window use a window of their size.
-* conditioning accuracy (digits): the share of images that the digit classifier
-  (``digits.classifier()``) assigns to the class the prompt asked for, per class and overall.
+
+The digits models' conditioning accuracy is the digits task's (``diffaccel.adapters.digits``:
+``class_accuracy``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -71,14 +71,3 @@ def ssim(a: torch.Tensor, b: torch.Tensor, data_range: float = 1.0) -> float:
     """Mean per-image SSIM of two batches of images in [0, data_range]."""
     vals = ssim_per_image(a, b, data_range)
     return sum(vals) / len(vals)
-
-
-def conditioning_accuracy(predicted: Sequence[int], labels: Sequence[int | None], classes: int = 10) -> dict[str, float]:
-    """``{"overall": acc, "0": acc of class 0, ...}`` over the images with a label (None skipped)."""
-    pairs = [(int(p), int(y)) for p, y in zip(predicted, labels) if y is not None]
-    out: dict[str, float] = {"overall": sum(p == y for p, y in pairs) / len(pairs) if pairs else float("nan")}
-    for c in range(classes):
-        sel = [p == y for p, y in pairs if y == c]
-        if sel:
-            out[str(c)] = sum(sel) / len(sel)
-    return out

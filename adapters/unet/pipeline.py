@@ -14,8 +14,6 @@ Saved and loaded with diffusers' ``save_pretrained`` / ``from_pretrained`` (mode
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import torch
 from diffusers import DiffusionPipeline, UNet2DConditionModel
@@ -40,15 +38,6 @@ def char_tokenizer(max_length: int = 16):
     from transformers import CLIPTokenizer
 
     return CLIPTokenizer(vocab=char_vocab(), merges=[], model_max_length=max_length)
-
-
-_DIGIT = re.compile(r"^\s*(?:digit\s+)?([0-9])\s*$", re.IGNORECASE)
-
-
-def digit_label(prompt: str) -> int | None:
-    """The class a digits prompt asks for (``"digit 7"`` or ``"7"``), else None."""
-    m = _DIGIT.match(prompt or "")
-    return int(m.group(1)) if m else None
 
 
 class DigitsPipeline(GuidedPipeline, DiffusionPipeline):

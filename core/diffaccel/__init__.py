@@ -14,7 +14,13 @@ strategies through ``diffaccel_register(register)``; adapters (model families) i
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"
+
+PLUGIN_API = (1, 1)
+"""The plugin API's version (major, minor): what strategy plugins and adapters rely on (the hooks,
+``Strategy``, ``RunState``, ``Layer``, ``StepPlan``, capabilities, the ``Adapter`` protocol,
+``diffaccel.testing``). A minor release adds, or deprecates with a warning naming the new form;
+only a major one removes (CHANGELOG.md)."""
 
 from . import capabilities
 from .accelerator import Accelerator, apply, build_strategies
@@ -22,8 +28,18 @@ from .config import ModelConfig, RunConfig, load_config, parse_config
 from .errors import ConfigError, ConfigValueError, DiffaccelError, ModelLoadError, NonFiniteError, PluginError, StrategyError
 from .guard import GuardConfig
 from .jobs import generate_job
-from .plugins import Registry, Strategy, hookimpl
+from .plugins import BrokenPlugin, PluginWarning, Registry, Strategy, hookimpl
+from .search import Tunable
 from .state import Counters, Layer, RunState, StepPlan
+
+
+def tune(config, budget, out, **kwargs):
+    """Tune a config's strategies to a quality budget (``diffaccel.tuning.tune``; the
+    ``diffaccel tune`` command): returns a ``TuneResult`` with the TUNED.toml written, or None
+    there when no point met the budget on the held-out seeds."""
+    from .tuning import tune as _tune  # deferred: tune's imports (the bench, optuna) stay out of `import diffaccel`
+
+    return _tune(config, budget, out, **kwargs)
 
 
 def load_pipeline(config):
@@ -36,8 +52,8 @@ def load_pipeline(config):
 
 
 __all__ = [
-    "Accelerator", "ConfigError", "ConfigValueError", "Counters", "DiffaccelError", "GuardConfig", "Layer", "ModelConfig",
-    "ModelLoadError", "NonFiniteError", "PluginError", "Registry", "RunConfig", "RunState", "StepPlan", "Strategy",
-    "StrategyError", "__version__", "apply", "build_strategies", "capabilities", "generate_job", "hookimpl", "load_config",
-    "load_pipeline", "parse_config",
+    "Accelerator", "BrokenPlugin", "PLUGIN_API", "ConfigError", "ConfigValueError", "Counters", "DiffaccelError", "GuardConfig", "Layer", "ModelConfig",
+    "ModelLoadError", "NonFiniteError", "PluginError", "PluginWarning", "Registry", "RunConfig", "RunState", "StepPlan", "Strategy",
+    "StrategyError", "Tunable", "__version__", "apply", "build_strategies", "capabilities", "generate_job", "hookimpl", "load_config",
+    "load_pipeline", "parse_config", "tune",
 ]

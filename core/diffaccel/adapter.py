@@ -133,6 +133,16 @@ class WritesItems(Protocol):
         temporary name and then renamed; return its JSON fields for results.jsonl (``text``, ``image``)."""
 
 
+@runtime_checkable
+class ReportsQuality(Protocol):
+    """Optional: the quality keys ``quality`` returns for a config, known before anything loads
+    (``diffaccel tune`` checks its budgets against them)."""
+
+    def quality_keys(self, config: Any) -> list[str]:
+        """The keys of ``quality(baseline, outputs)`` for runs of ``config`` (without the judge's
+        ``gen_ppl``, which the bench adds)."""
+
+
 def missing_members(adapter: Any) -> list[str]:
     """Members of ``Adapter`` that ``adapter`` lacks (an empty list: it conforms)."""
     return [n for n in MEMBERS if not hasattr(adapter, n)]

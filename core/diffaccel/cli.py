@@ -87,6 +87,21 @@ EXAMPLES = {
           diffaccel fluency configs/text-default.toml --seeds 4
         Prints the n-gram perplexity and distinct-n of the model's samples beside real held-out
         text, random tokens and a unigram sampler (the figures in the README).""",
+    "tune": """
+        examples:
+          diffaccel tune configs/digits-dct.toml --budget "psnr>=30" --budget "acc>=-0.02" --out digits-tuned.toml
+          diffaccel tune configs/text-swd-time-anchor.toml --budget "gen_ppl<=+5%" --budget "distinct2>=-5%" \\
+              --heldout 128 --out text-tuned.toml
+        Searches the config's strategies (their plugins declare what is tunable; each strategy may
+        also be switched off) with optuna on the tuning seeds, each trial timed beside the baseline
+        on the same seeds; then re-measures the best few, and the config as given, with the
+        ordinary bench on held-out seeds at batch 1 and at the configured batch. The fastest point
+        whose held-out quality meets every budget is written to --out, a config 'diffaccel check'
+        accepts, with its figures and the command reproducing them in its header; the study and the
+        report (trials against budget, front, chosen point) go to OUT.tune/. Budgets: a signed
+        percentage is relative to the baseline (gen_ppl<=+5%), a signed number a difference from it
+        (acc>=-0.02), a plain number absolute (psnr>=30). Ctrl-C keeps the finished trials: run the
+        same command again to resume. If no point passes, nothing is written and the exit code is 1.""",
 }
 
 
@@ -186,6 +201,21 @@ def _parser() -> argparse.ArgumentParser:
     sb.add_argument("--threads", type=int, default=1, help="torch threads per process (default 1)")
     sb.add_argument("--repeats", type=int, default=1, help="pairs of runs, alternating which goes first (default 1)")
 
+    tu = cmd("tune", "find the fastest strategy settings within a quality budget, proven on held-out seeds")
+    tu.add_argument("config", help="TOML config whose [[strategy]] tables are tuned (each may also be switched off)")
+    tu.add_argument("--budget", action="append", required=True, metavar="EXPR",
+                    help="a bound on a bench quality metric, repeatable: gen_ppl<=+5%%, distinct2>=-5%%, psnr>=30, acc>=-0.02")
+    tu.add_argument("--out", required=True, metavar="TUNED.toml", help="where the tuned config goes (written only if a point passes)")
+    tu.add_argument("--trials", type=int, default=30, help="search trials in all, a resumed study included (default 30)")
+    tu.add_argument("--tune-seeds", type=int, default=8, help="seeds (batches) each trial runs, from [model] seed (default 8)")
+    tu.add_argument("--heldout", type=int, default=32, help="held-out samples for the final check (default 32; 128 for a +-5%% text bound)")
+    tu.add_argument("--heldout-seed", type=int, default=100_000, help="first held-out seed (default 100000)")
+    tu.add_argument("--batch", type=int, help="the held-out bench's second batch size (default: the config's, or 8 if it is 1)")
+    tu.add_argument("--candidates", type=int, default=3, help="best feasible trials re-measured on held-out seeds (default 3)")
+    tu.add_argument("--judge", default="default", metavar="NAME_OR_PATH", help="as bench's --judge (gen_ppl budgets need one)")
+    tu.add_argument("--report", metavar="DIR", help="study (study.db: rerun to resume), held-out benches and figures (default OUT.tune/)")
+    tu.add_argument("--no-progress", action="store_true")
+
     f = cmd("fluency", "fluency of a model's samples beside reference texts")
     f.add_argument("config")
     f.add_argument("--seeds", type=int, default=4)
@@ -270,6 +300,8 @@ def _scale_bench(args) -> int:
 
 
 def _plugins(args) -> int:
+    import attrs
+
     from .adapters_registry import describe_adapters
     from .plugins import Registry
 
@@ -277,8 +309,9 @@ def _plugins(args) -> int:
     adapters, rows = describe_adapters(), registry.describe()
     if args.check:
         return _plugins_check(registry, adapters)
+    broken = [attrs.asdict(b) for b in registry.broken.values()]
     if args.json:
-        print(json.dumps({"adapters": adapters, "strategies": rows}, indent=2, default=str))
+        print(json.dumps({"adapters": adapters, "strategies": rows, "broken": broken}, indent=2, default=str))
         return 0
     print("adapters:")
     for a in adapters:
@@ -286,6 +319,10 @@ def _plugins(args) -> int:
         print(f"      capabilities: {', '.join(a['capabilities']) or 'none'}")
         if a["peers"]:
             print(f"      peers (bench): {', '.join(a['peers'])}")
+    if broken:
+        print("broken plugins (left out; every other plugin works):")
+        for b in broken:
+            print(f"  {b['name']}  ({b['distribution']} {b['version']})  {b['reason']}")
     if not rows:
         print("no strategies installed (pip install a plugin, e.g. pip install -e plugins/<name>)")
         return 0
@@ -342,6 +379,20 @@ def _check(args) -> int:
     return 0
 
 
+def _tune(args) -> int:
+    from .tuning import tune
+
+    try:
+        result = tune(args.config, args.budget, args.out, trials=args.trials, tune_seeds=args.tune_seeds, heldout=args.heldout,
+                      heldout_seed=args.heldout_seed, batch=args.batch, judge=args.judge, candidates=args.candidates,
+                      report=args.report, progress=not args.no_progress)
+    except KeyboardInterrupt:
+        _say(f"diffaccel: tune interrupted; the finished trials are kept: run the same command again to resume")
+        return 130
+    _say(f"diffaccel: {result.message}")
+    return 0 if result.path is not None else 1
+
+
 def _train(args) -> int:
     if args.what == "digits":
         from diffaccel.adapters.unet.digits import TrainDigitsConfig, train_digits
@@ -381,7 +432,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     args.command_line = "diffaccel " + shlex.join(argv)  # as the report records it
     debug = getattr(args, "debug", False) or os.environ.get("DIFFACCEL_DEBUG", "") not in ("", "0")
-    handlers = {"generate": _generate, "bench": _bench, "plugins": _plugins, "check": _check, "train": _train,
+    _warnings_as_lines()
+    handlers = {"generate": _generate, "bench": _bench, "plugins": _plugins, "check": _check, "train": _train, "tune": _tune,
                 "scale-bench": _scale_bench}
     try:
         if args.command in handlers:
@@ -402,6 +454,23 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         _say("diffaccel: interrupted")
         return 130
+
+
+def _warnings_as_lines() -> None:
+    """diffaccel's own warnings (a plugin left out as broken) as one stderr line each, no source line."""
+    import warnings
+
+    from .plugins import PluginWarning
+
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, PluginWarning):
+            _say(f"diffaccel: warning: {message}")
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
 
 
 def _say(line: str) -> None:

@@ -177,7 +177,22 @@ def structure(cls: type, table: dict[str, Any], where: str, *, extra_ok: tuple[s
     except ConfigValueError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: {exc}") from None
+        raise ConfigError(f"{where}: {_attrs_message(exc)}") from None
+
+
+def _attrs_message(exc: Exception) -> str:
+    """One line for an error raised by an ``attrs.validators`` validator, whose args are
+    (message, attribute, expected, value) and whose str() is that raw tuple."""
+    args = exc.args
+    if len(args) < 4 or not isinstance(args[1], attrs.Attribute):
+        return str(exc)
+    name, expected, value = args[1].name, args[2], args[3]
+    if isinstance(expected, (list, tuple, set, frozenset, dict)):
+        allowed = ", ".join(repr(v) for v in (sorted(expected, key=repr) if isinstance(expected, (set, frozenset)) else expected))
+        return f"key '{name}': must be one of {allowed}, got {value!r}"
+    if isinstance(expected, type) or (isinstance(expected, tuple) and all(isinstance(t, type) for t in expected)):
+        return f"key '{name}': expected {getattr(expected, '__name__', expected)}, got {value!r}"
+    return f"key '{name}': {args[0]}"
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
@@ -243,7 +258,7 @@ def parse_config(data: dict[str, Any], source: str = "<config>", registry=None) 
             raise ConfigError(f"{where}: key 'use': expected a string, got {name!r}; installed: {installed}")
         spec = registry.get(name)
         if spec is None:
-            raise ConfigError(f"{where}: unknown strategy '{name}'; installed: {installed}")
+            raise ConfigError(f"{where}: {registry.unknown_strategy(name)}")
         where = f"{source}: [[strategy]] #{i} ({name})"
         gone = missing(spec.requires, adapter_obj.capabilities)
         if gone:

@@ -17,6 +17,7 @@ Who calls what:
   ``diffaccel_post_step``; then ``diffaccel_finalize`` and ``diffaccel_run_end``.
   ``diffaccel_new_state`` runs the first time a strategy calls ``run.state(self)`` in a branch.
 * ``diffaccel bench``: ``diffaccel_bench_quality`` and ``diffaccel_bench_plot`` after the runs.
+* ``diffaccel tune``: ``diffaccel_tunables`` on the plugin of each strategy of the config.
 
 Hooks marked *per strategy* are called on one strategy at a time (its own result is used);
 the others run over every strategy of the config, in config order, then the built-in default
@@ -43,6 +44,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from .plugins import Strategy
+    from .search import Tunable
     from .state import Layer, RunState, StepPlan
 
 hookspec = pluggy.HookspecMarker("diffaccel")
@@ -195,3 +197,15 @@ def diffaccel_bench_quality(outputs: list[Any], seeds: list[int]) -> dict[str, f
 def diffaccel_bench_plot(reports: list[dict[str, Any]], path: Any) -> None:
     """Per strategy, ``diffaccel bench --plots DIR`` only: draw a figure from the entry's run
     reports (``RunState.report()`` per seed) into ``path`` (a PNG path). Returns nothing."""
+
+
+@hookspec(firstresult=True)
+def diffaccel_tunables(strategy: str) -> "list[Tunable] | None":
+    """Per plugin (on the plugin module, like ``diffaccel_register``), ``diffaccel tune`` only:
+    the parameters of strategy ``strategy`` (a name this plugin registered) that ``tune`` may set,
+    as ``diffaccel.Tunable`` objects (a config key and its range: ``low``/``high`` with ``log``
+    and ``integer``, or ``choices``). Called once per strategy of the config being tuned, on the
+    plugin that registered it. Return None (or an empty list) when ``tune`` should leave the
+    strategy's settings as written; it may still switch the strategy off. Every value must be one
+    the strategy's config class accepts. Merge: the registering plugin's answer only.
+    """

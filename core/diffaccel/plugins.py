@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import os
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -44,6 +45,9 @@ class Strategy:
     alternatives, e.g. ``((TOKEN_POSITIONS, BLOCK_STACK),)``: either will do. Never adapter names."""
     description: str = ""
     """One line for ``diffaccel plugins``."""
+    reports: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    """Quality keys its ``diffaccel_bench_quality`` adds to a bench (``diffaccel tune``'s budgets
+    may name them, e.g. ``key_term_recall>=0.95``)."""
     plugin: str = ""
     """Entry-point name of the plugin that registered it (set by the registry)."""
 
@@ -61,12 +65,43 @@ def _names(env: str) -> set[str] | None:
     return {n.strip() for n in value.split(",") if n.strip()}
 
 
+class PluginWarning(UserWarning):
+    """A plugin was left out: it failed to import or to register (one line naming it and why)."""
+
+
+@attrs.frozen
+class BrokenPlugin:
+    """A plugin that failed to import or to register: left out, every other plugin still works."""
+
+    name: str
+    """Entry-point name (or the name it was registered under by hand)."""
+    distribution: str
+    version: str
+    reason: str
+    """What failed, one line: ``failed to load: RuntimeError: ...`` or ``diffaccel_register failed: ...``."""
+
+    def line(self) -> str:
+        return (f"plugin '{self.name}' (distribution {self.distribution} {self.version}) was left out: {self.reason}; "
+                f"block it with DIFFACCEL_BLOCK_PLUGINS={self.name}")
+
+
+_REPORTED: set[tuple[str, str]] = set()
+"""(plugin, reason) pairs already warned about in this process: a broken plugin is reported once,
+however many registries are built."""
+
+
 class Registry:
-    """Loaded plugins and the strategies they registered."""
+    """Loaded plugins and the strategies they registered.
+
+    A plugin that fails to import or to register is left out (``broken``) and reported once per
+    process as a ``PluginWarning`` (one line naming its distribution and the reason): every
+    command that does not use it works; a config that uses one of its strategies fails naming it.
+    """
 
     def __init__(self, load_entrypoints: bool = True):
         self.pm = new_plugin_manager()
         self.strategies: dict[str, Strategy] = {}
+        self.broken: dict[str, BrokenPlugin] = {}
         self._dists: dict[str, tuple[str, str]] = {}
         if load_entrypoints:
             self._load_entrypoints()
@@ -77,30 +112,39 @@ class Registry:
             if ep.name in blocked or (allowed is not None and ep.name not in allowed):
                 self.pm.set_blocked(ep.name)
                 continue
-            if self.pm.get_plugin(ep.name) is not None:
+            if self.pm.get_plugin(ep.name) is not None or ep.name in self.broken:
                 continue  # the same distribution seen twice on sys.path
+            if ep.dist is not None:
+                self._dists[ep.name] = (ep.dist.metadata["name"], ep.dist.version)
             try:
                 plugin = ep.load()
                 self.pm.register(plugin, name=ep.name)
-            except Exception as exc:  # a broken third-party plugin must not look like our bug
-                dist = ep.dist.metadata["name"] if ep.dist else "?"
-                raise PluginError(
-                    f"plugin '{ep.name}' (distribution {dist}) failed to load: {type(exc).__name__}: {exc}; "
-                    f"block it with DIFFACCEL_BLOCK_PLUGINS={ep.name}"
-                ) from None
-            if ep.dist is not None:
-                self._dists[ep.name] = (ep.dist.metadata["name"], ep.dist.version)
+            except Exception as exc:  # a broken third-party plugin must not stop the others
+                self._leave_out(ep.name, f"failed to load: {type(exc).__name__}: {_first_line(exc)}")
+                continue
             self._collect(ep.name, plugin)
 
     def register_plugin(self, plugin: Any, name: str) -> None:
-        """Register a plugin object directly (tests, notebooks); same path as an entry point."""
+        """Register a plugin object directly (tests, notebooks); same path as an entry point, but
+        a registration that fails raises ``PluginError`` (the caller handed it in)."""
         self.pm.register(plugin, name=name)
-        self._collect(name, plugin)
+        self._collect(name, plugin, strict=True)
 
-    def _collect(self, plugin_name: str, plugin: Any) -> None:
+    def _leave_out(self, name: str, reason: str) -> None:
+        dist, version = self._dists.get(name, ("-", "-"))
+        broken = self.broken[name] = BrokenPlugin(name, dist, version, reason)
+        if self.pm.get_plugin(name) is not None:
+            self.pm.unregister(name=name)
+        self.strategies = {k: s for k, s in self.strategies.items() if s.plugin != name}
+        if (name, reason) not in _REPORTED:
+            _REPORTED.add((name, reason))
+            warnings.warn(broken.line(), PluginWarning, stacklevel=3)
+
+    def _collect(self, plugin_name: str, plugin: Any, strict: bool = False) -> None:
         impl = getattr(plugin, "diffaccel_register", None)
         if impl is None:
             return
+        mine: dict[str, Strategy] = {}
 
         def register(strategy: Strategy) -> None:
             if not isinstance(strategy, Strategy):
@@ -113,15 +157,33 @@ class Registry:
                     f"strategy '{strategy.name}' is registered by two plugins: '{known.plugin}' and '{plugin_name}'"
                     f"; block one with DIFFACCEL_BLOCK_PLUGINS"
                 )
-            self.strategies[strategy.name] = attrs.evolve(strategy, plugin=plugin_name)
+            mine[strategy.name] = attrs.evolve(strategy, plugin=plugin_name)
 
         try:
             impl(register=register)
-        except PluginError:
-            raise
         except Exception as exc:  # e.g. a Strategy field this core does not have
-            hint = "; Strategy(adapters=...) is now requires=(capabilities)" if "adapters" in str(exc) else ""
-            raise PluginError(f"plugin '{plugin_name}': diffaccel_register failed: {type(exc).__name__}: {exc}{hint}") from None
+            if isinstance(exc, PluginError):
+                reason = str(exc).removeprefix(f"plugin '{plugin_name}': ")
+            else:
+                hint = "; Strategy(adapters=...) is now requires=(capabilities)" if "adapters" in str(exc) else ""
+                reason = f"diffaccel_register failed: {type(exc).__name__}: {_first_line(exc)}{hint}"
+            if strict:
+                raise PluginError(reason if reason.startswith(("plugin ", "strategy ")) else f"plugin '{plugin_name}': {reason}") from None
+            self._leave_out(plugin_name, reason)  # nothing it registered is kept
+            return
+        self.strategies.update(mine)
+
+    def unknown_strategy(self, name: str) -> str:
+        """Why ``name`` is no installed strategy, for a config error: the installed ones, and any
+        plugin left out as broken (the strategy may be one of its)."""
+        installed = ", ".join(sorted(self.strategies)) or "none installed"
+        why = f"unknown strategy '{name}'; installed: {installed}"
+        if name in self.broken:
+            b = self.broken[name]
+            return f"strategy '{name}': its plugin '{b.name}' (distribution {b.distribution} {b.version}) was left out: {b.reason}"
+        if self.broken:
+            why += "; left out as broken: " + "; ".join(f"plugin '{b.name}' ({b.distribution}): {b.reason}" for b in self.broken.values())
+        return why
 
     def get(self, name: str) -> Strategy | None:
         return self.strategies.get(name)
@@ -191,6 +253,11 @@ def own_impl(strategy: Any, hook: str) -> Callable[..., Any] | None:
     """The function implementing ``hook`` on ``strategy`` (resolved once, for the hot path), or None."""
     fn = getattr(strategy, hook, None)
     return fn if fn is not None and hasattr(fn, "diffaccel_impl") else None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
 
 
 def field_doc(cls: type, name: str) -> str:

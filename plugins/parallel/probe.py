@@ -30,7 +30,7 @@ from diffaccel import hookimpl, parse_config
 from diffaccel.accelerator import build_strategies
 from diffaccel.adapters.text.judge import DEFAULT_JUDGE, judge_lines, load_judge
 from diffaccel.adapters.text.metrics import text_quality
-from diffaccel.adapters.text.pipeline import TextDiffusionPipeline
+from diffaccel.adapters.text.loading import load_pipeline
 
 
 def _value(v: str) -> str:
@@ -78,7 +78,7 @@ def main(argv: list[str]) -> int:
         else:
             batch = int(argv[1])
         argv = argv[2:]
-    pipe = TextDiffusionPipeline.from_pretrained("wordnet-masked")
+    pipe = load_pipeline("wordnet-masked")
     lines: dict[str, list[str]] = {}
     steps_run: dict[str, list[int]] = {}
     first, count = int(argv[0]), int(argv[1])

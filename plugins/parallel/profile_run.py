@@ -17,14 +17,14 @@ import torch
 import diffaccel
 from diffaccel import parse_config
 from diffaccel.accelerator import build_strategies
-from diffaccel.adapters.text.pipeline import TextDiffusionPipeline
+from diffaccel.adapters.text.loading import load_pipeline
 
 
 def main(argv: list[str]) -> int:
     torch.set_num_threads(1)
     with open(argv[0], "rb") as f:
         cfg = parse_config(tomllib.load(f))
-    pipe = TextDiffusionPipeline.from_pretrained(cfg.model.checkpoint)
+    pipe = load_pipeline(cfg.model.checkpoint)
     strategies = build_strategies(cfg, info={"kind": "masked", "vocab_size": pipe.denoiser.vocab_size})
 
     def runs() -> None:

@@ -74,7 +74,7 @@ def one_step(vocab: int, args) -> None:
 
 def whole_runs(vocab: int, args) -> None:
     import diffaccel
-    from diffaccel.testing import tiny_text_pipeline
+    from diffaccel.adapters.text.testing import tiny_text_pipeline
 
     pipe = tiny_text_pipeline("masked", vocab_size=vocab, n_layers=4, dim=192, max_len=args.positions)
     topk = TopK(TopKConfig(k_keep=args.k_keep, at_finalize=False))

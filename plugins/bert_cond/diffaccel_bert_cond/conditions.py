@@ -5,21 +5,25 @@ bert-cond's own extractor gives each training line: the same candidates, the sam
 same MMR choice (``extract.select``), so what the model sees in training is what the strategy
 feeds it at generation. Embedding every candidate of every line per training step would cost far
 more than the model's step, so they are computed here once and written to a safetensors file
-(``vectors`` (n, hidden) float32, the lines and their terms as JSON in the metadata) that the
-training reads. Sources and candidates are embedded in batches, a candidate text once per file.
+(the core's condition-vector format, ``diffaccel.conditions``) that the text adapter's training
+reads. Sources and candidates are embedded in batches, a candidate text once per file. The lines
+come from a text file (one per line), which the text adapter writes from its corpus:
 
-    python -m diffaccel_bert_cond.conditions --out /tmp/cond/wordnet-cond.safetensors --lines 12000
+    python -m diffaccel.adapters.text.corpus --split train --out /tmp/cond/train-lines.txt
+    python -m diffaccel_bert_cond.conditions --lines-from /tmp/cond/train-lines.txt \\
+        --out /tmp/cond/wordnet-cond.safetensors --lines 12000
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import time
 from pathlib import Path
 
 import torch
+
+from diffaccel.conditions import load, save
 
 from .candidates import candidates
 from .config import MINILM
@@ -59,43 +63,11 @@ def compute(lines: list[str], encoder: Encoder, *, batch: int = 64, max_terms: i
     return kept, terms, torch.stack(vectors)
 
 
-def save(path: Path, lines: list[str], terms: list[tuple[str, ...]], vectors: torch.Tensor, meta: dict) -> None:
-    from safetensors.torch import save_file
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file({"vectors": vectors.float().contiguous()}, str(path),
-              metadata={"lines": json.dumps(lines), "terms": json.dumps(terms), "recipe": json.dumps(meta)})
-
-
-def load(path: str | Path, with_terms: bool = False) -> tuple:
-    """(lines, vectors (n, hidden)) of a file written by ``save``, and the terms if ``with_terms``."""
-    from safetensors import safe_open
-
-    with safe_open(str(path), "pt") as f:
-        meta = f.metadata()
-        vectors = f.get_tensor("vectors")
-    lines = json.loads(meta["lines"])
-    if len(lines) != vectors.shape[0]:
-        raise ValueError(f"{path}: {len(lines)} lines but {vectors.shape[0]} vectors")
-    return (lines, vectors, json.loads(meta["terms"])) if with_terms else (lines, vectors)
-
-
-def source_lines(split: str) -> list[str]:
-    """The lines to condition: WordNet's training lines, or the held-out lines that the bench's
-    sources (the last 10% of the shipped held-out file) are not drawn from."""
-    if split == "heldout":
-        from diffaccel.adapters.text.metrics import heldout_lines
-
-        lines = heldout_lines()
-        return lines[: len(lines) * 9 // 10]
-    from diffaccel.adapters.text.corpus import read_wordnet
-
-    return read_wordnet()[0]
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="safetensors file to write (keep it out of git)")
+    ap.add_argument("--lines-from", metavar="FILE",
+                    help="text file of the lines to draw from, one per line (python -m diffaccel.adapters.text.corpus)")
     ap.add_argument("--lines", type=int, default=12000, help="training lines to condition, drawn at random")
     ap.add_argument("--offset", type=int, default=0, help="skip this many of the drawn lines (one shard per process)")
     ap.add_argument("--min-words", type=int, default=6)
@@ -105,9 +77,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--merge", nargs="+", metavar="FILE", help="instead: join these files (shards) into --out")
-    ap.add_argument("--split", choices=["train", "heldout"], default="train",
-                    help="heldout: lines of the shipped held-out file that neither training nor the bench's sources use "
-                         "(its first 90%%, which fit the fluency model), for cond_check")
     a = ap.parse_args(argv)
     if a.merge:
         parts = [load(f, with_terms=True) for f in a.merge]
@@ -115,8 +84,11 @@ def main(argv: list[str] | None = None) -> int:
              {"merged": a.merge})
         print(f"wrote {a.out}: {sum(len(p[0]) for p in parts)} lines")
         return 0
+    if not a.lines_from:
+        ap.error("--lines-from is required (unless --merge)")
     torch.set_num_threads(a.threads)
-    pool = sorted({s for s in source_lines(a.split) if eligible(s, a.min_words, a.max_words)})
+    source = Path(a.lines_from).read_text(encoding="utf-8").split("\n")
+    pool = sorted({s for s in source if eligible(s, a.min_words, a.max_words)})
     random.Random(a.seed).shuffle(pool)
     t0 = time.time()
     lines, terms, vectors = compute(pool[a.offset:a.offset + a.lines], Encoder(a.bert), minutes=a.minutes)

@@ -14,7 +14,7 @@ import torch
 
 import diffaccel
 from diffaccel import ConfigValueError, hookimpl
-from diffaccel.testing import CharTokenizer, tiny_text_pipeline
+from diffaccel.adapters.text.testing import CharTokenizer, tiny_text_pipeline
 from diffaccel_bert_cond import BertCond, BertCondConfig, term_token_ids
 from diffaccel_bert_cond.place import RowPlacer, best_spot, fits, force
 

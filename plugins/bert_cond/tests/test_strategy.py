@@ -13,7 +13,7 @@ import torch
 import diffaccel
 import diffaccel_bert_cond
 from diffaccel import ConfigError, ConfigValueError, hookimpl
-from diffaccel.testing import CharTokenizer, tiny_text_pipeline
+from diffaccel.adapters.text.testing import CharTokenizer, tiny_text_pipeline
 from diffaccel_bert_cond import BertCond, BertCondConfig, pin_row, spread, term_token_ids, word_continuations
 from diffaccel_bert_cond.strategy import guard_word_ends
 
@@ -81,7 +81,7 @@ def test_pin_row_places_ids_and_marks_the_position_after_each_term():
 
 
 def test_terms_are_encoded_as_in_running_text():
-    from diffaccel.adapters.text.loading import shipped_path
+    from diffaccel.adapters.text.reference import shipped_path
     from diffaccel.adapters.text.tokenizer import TextTokenizer
 
     tok = TextTokenizer.from_file(shipped_path("wordnet-masked") / "tokenizer.json")

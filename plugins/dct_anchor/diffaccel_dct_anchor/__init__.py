@@ -11,7 +11,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from diffaccel import Strategy, hookimpl
+from diffaccel import Strategy, Tunable, hookimpl
 from diffaccel.capabilities import BLOCK_STACK, IMAGE_STEPS, SPATIAL_FEATURES
 
 from .config import DCTAnchorConfig
@@ -25,5 +25,13 @@ def diffaccel_register(register):
                       description="reuse UNet or DiT blocks while a low-frequency DCT band holds still"))
 
 
+@hookimpl
+def diffaccel_tunables(strategy):
+    """What ``diffaccel tune`` may set: the change threshold, the warm-up and the longest run of reuses."""
+    if strategy != "dct-anchor":
+        return None
+    return [Tunable(key="threshold", low=0.005, high=1.0, log=True), Tunable(key="warmup", low=0, high=6, integer=True),
+            Tunable(key="max_reuse", low=1, high=10, integer=True)]
+
 __all__ = ["DCTAnchor", "DCTAnchorConfig", "__version__", "band_energy", "dct2", "dct_basis", "decide",
-           "diffaccel_register", "low_band", "relative_band_change", "relative_energy_change"]
+           "diffaccel_register", "diffaccel_tunables", "low_band", "relative_band_change", "relative_energy_change"]

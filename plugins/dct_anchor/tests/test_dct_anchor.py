@@ -17,7 +17,7 @@ from diffaccel.adapters.unet.adapter import UNetAdapter
 from diffaccel.adapters.unet.synthetic import build as build_synthetic
 from diffaccel.config import parse_config
 from diffaccel.errors import ConfigValueError
-from diffaccel.testing import tiny_digits_pipeline
+from diffaccel.adapters.unet.testing import tiny_digits_pipeline
 from diffaccel_dct_anchor import (DCTAnchor, DCTAnchorConfig, band_energy, dct2, dct_basis, decide, low_band,
                                   relative_band_change, relative_energy_change)
 from diffaccel.adapters.unet import tail
@@ -350,7 +350,7 @@ def test_values_that_do_not_fit_the_model(tmp_path, capsys, line, expected):
 
 
 def test_text_adapter_is_refused(tmp_path):
-    from diffaccel.testing import tiny_text_pipeline
+    from diffaccel.adapters.text.testing import tiny_text_pipeline
 
     tiny_text_pipe = tiny_text_pipeline()
     path = tmp_path / "t.toml"

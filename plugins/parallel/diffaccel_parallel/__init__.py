@@ -11,7 +11,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from diffaccel import Strategy, hookimpl
+from diffaccel import Strategy, Tunable, hookimpl
 from diffaccel.capabilities import MASK_CONFIDENCES, TOKEN_LOGITS
 
 from .strategy import RULES, SCALES, Parallel, ParallelConfig, choose, entropies, scaled_confidence, spaced
@@ -26,5 +26,14 @@ def diffaccel_register(register):
                       description=_DESCRIPTION))
 
 
-__all__ = ["RULES", "SCALES", "Parallel", "ParallelConfig", "__version__", "choose", "diffaccel_register", "entropies",
+@hookimpl
+def diffaccel_tunables(strategy):
+    """What ``diffaccel tune`` may set: the factor rule's f (the confidence each extra commit needs)
+    and the spacing between a step's commits; the rule itself stays as the config writes it."""
+    if strategy != "parallel":
+        return None
+    return [Tunable(key="factor", low=0.5, high=12.0, log=True), Tunable(key="tau", low=0.3, high=0.99),
+            Tunable(key="spacing", low=0, high=10, integer=True)]
+
+__all__ = ["RULES", "SCALES", "Parallel", "ParallelConfig", "__version__", "choose", "diffaccel_register", "diffaccel_tunables", "entropies",
            "scaled_confidence", "spaced"]

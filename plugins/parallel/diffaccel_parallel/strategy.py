@@ -39,7 +39,6 @@ import attrs
 import torch
 
 from diffaccel import hookimpl
-from diffaccel.adapters.text.logits import TopKLogits
 from diffaccel.errors import ConfigValueError
 from diffaccel.validators import in_range, non_negative, one_of, positive
 
@@ -78,12 +77,12 @@ def scaled_confidence(confidence: torch.Tensor, candidates: torch.Tensor, scale:
 
 def entropies(logits: Any, rows: torch.Tensor, temperature: float) -> torch.Tensor:
     """Entropy in nats of softmax(logits / T) at the flat (B * N) positions ``rows`` (T = 1 at
-    temperature 0: the model's own distribution). A ``TopKLogits`` gives its kept values' entropy."""
+    temperature 0: the model's own distribution). Logits truncated to k per position (the
+    ``token-logits`` capability's truncated form: ``values`` and ``indices``) give their kept
+    values' entropy."""
     T = temperature if temperature > 0 else 1.0
-    if isinstance(logits, TopKLogits):
-        lg = logits.values.reshape(-1, logits.values.shape[-1]).index_select(0, rows)
-    else:
-        lg = logits.reshape(-1, logits.shape[-1]).index_select(0, rows)
+    values = logits if isinstance(logits, torch.Tensor) else logits.values
+    lg = values.reshape(-1, values.shape[-1]).index_select(0, rows)
     logp = (lg.float() / T).log_softmax(-1)
     return -(logp.exp() * logp.nan_to_num(neginf=0.0)).sum(-1)
 

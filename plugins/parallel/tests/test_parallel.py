@@ -11,7 +11,8 @@ import torch
 from diffaccel import ConfigError, hookimpl, parse_config
 from diffaccel.accelerator import build_strategies
 from diffaccel.adapters.text.logits import TopKLogits
-from diffaccel.testing import run_with, tiny_text_pipeline
+from diffaccel.adapters.text.testing import tiny_text_pipeline
+from diffaccel.testing import run_with
 from diffaccel_parallel import Parallel, ParallelConfig, choose, entropies, scaled_confidence, spaced
 
 N = 32

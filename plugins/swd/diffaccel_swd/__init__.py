@@ -11,7 +11,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from diffaccel import Strategy, hookimpl
+from diffaccel import Strategy, Tunable, hookimpl
 
 from .strategy import NEEDS, SWD, SWDConfig, SWDState, radius_at, update_stability, widen
 
@@ -23,4 +23,13 @@ def diffaccel_register(register):
     register(Strategy(name="swd", config=SWDConfig, factory=SWD, requires=NEEDS, description=_DESCRIPTION))
 
 
-__all__ = ["SWD", "SWDConfig", "SWDState", "__version__", "diffaccel_register", "radius_at", "update_stability", "widen"]
+@hookimpl
+def diffaccel_tunables(strategy):
+    """What ``diffaccel tune`` may set: how long and how surely a top-1 must hold (K, tau), the window (R)
+    and how old a position's logits may grow (max_age)."""
+    if strategy != "swd":
+        return None
+    return [Tunable(key="tau", low=0.005, high=0.9, log=True), Tunable(key="K", low=1, high=5, integer=True),
+            Tunable(key="R", low=0, high=3, integer=True), Tunable(key="max_age", low=2, high=24, integer=True)]
+
+__all__ = ["SWD", "SWDConfig", "SWDState", "__version__", "diffaccel_register", "diffaccel_tunables", "radius_at", "update_stability", "widen"]

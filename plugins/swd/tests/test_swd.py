@@ -1,4 +1,4 @@
-"""Tests of the swd strategy on tiny random text diffusion LMs (``diffaccel.testing``)."""
+"""Tests of the swd strategy on tiny random text diffusion LMs (``diffaccel.adapters.text.testing``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from diffaccel.adapters.text.logits import most_probable
 from diffaccel.adapters.text.pipeline import TextStepOutput
 from diffaccel.config import parse_config
 from diffaccel.state import RunState, StepPlan
-from diffaccel.testing import run_with, tiny_text_pipeline
+from diffaccel.adapters.text.testing import tiny_text_pipeline
+from diffaccel.testing import run_with
 from diffaccel_swd import SWD, SWDConfig, radius_at, update_stability, widen
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from diffaccel import Strategy, hookimpl
+from diffaccel import Strategy, Tunable, hookimpl
 from diffaccel.capabilities import BLOCK_STACK, TOKEN_POSITIONS
 
 from .cache import LatentCache
@@ -32,4 +32,13 @@ def diffaccel_register(register):
                       description="skip settled (layer, position) states, served from a bounded versioned cache"))
 
 
-__all__ = ["BlockPolicy", "BlockStackState", "Gate", "LatentCache", "TimeAnchor", "TokenPolicy", "TokenState", "TimeAnchorConfig", "__version__", "diffaccel_register", "fit_gates"]
+@hookimpl
+def diffaccel_tunables(strategy):
+    """What ``diffaccel tune`` may set: the anchoring threshold, the full warm-up and how long an
+    anchored entry is served (text and block stacks alike)."""
+    if strategy != "time-anchor":
+        return None
+    return [Tunable(key="threshold", low=0.001, high=0.3, log=True), Tunable(key="warmup", low=0, high=8, integer=True),
+            Tunable(key="max_age", low=1, high=10, integer=True)]
+
+__all__ = ["BlockPolicy", "BlockStackState", "Gate", "LatentCache", "TimeAnchor", "TokenPolicy", "TokenState", "TimeAnchorConfig", "__version__", "diffaccel_register", "diffaccel_tunables", "fit_gates"]

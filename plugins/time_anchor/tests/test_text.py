@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import diffaccel
-from diffaccel.testing import run_with, tiny_text_pipeline
+from diffaccel.adapters.text.testing import tiny_text_pipeline
+from diffaccel.testing import run_with
 from diffaccel_time_anchor import Gate, TimeAnchor, TimeAnchorConfig
 
 L, N, STEPS = 3, 24, 24

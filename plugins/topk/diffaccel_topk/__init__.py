@@ -10,7 +10,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from diffaccel import Strategy, hookimpl
+from diffaccel import Strategy, Tunable, hookimpl
 from diffaccel.capabilities import TOKEN_LOGITS
 
 from .strategy import TopK, TopKConfig, draw_topk, self_similarity
@@ -22,4 +22,12 @@ def diffaccel_register(register):
                       description="top-k sampling (seeded, per batch row) and top-k logit truncation"))
 
 
-__all__ = ["TopK", "TopKConfig", "__version__", "diffaccel_register", "draw_topk", "self_similarity"]
+@hookimpl
+def diffaccel_tunables(strategy):
+    """What ``diffaccel tune`` may set: how many logits each position keeps across steps (k_keep:
+    the cheaper draws); k itself changes what is sampled, not how fast, so it stays as written."""
+    if strategy != "topk":
+        return None
+    return [Tunable(key="k_keep", choices=(16, 32, 64, 128, 256))]
+
+__all__ = ["TopK", "TopKConfig", "__version__", "diffaccel_register", "diffaccel_tunables", "draw_topk", "self_similarity"]

@@ -1,14 +1,15 @@
 """Does the condition vector steer a conditional model? A held-out loss check, no sampling.
 
-For each held-out line of a conditions file (``python -m diffaccel_bert_cond.conditions --split
-heldout``: lines neither training nor the bench's sources use), a sequence of ``--length`` tokens
-starts at the line and goes on with the lines after it. The line's tokens are all masked (as at
-the start of a generation), every other position with a fixed chance ``--mask-rest``; the
-model's cross-entropy is read at the line's tokens, at its key terms' tokens and at the rest, with
+For each held-out line of a conditions file (``diffaccel.conditions``' format, written by
+``python -m diffaccel_bert_cond.conditions --lines-from`` over the lines of ``python -m
+diffaccel.adapters.text.corpus --split heldout``: lines neither training nor the bench's sources
+use), a sequence of ``--length`` tokens starts at the line and goes on with the lines after it.
+The line's tokens are all masked (as at the start of a generation), every other position with a
+fixed chance ``--mask-rest``; the model's cross-entropy is read at the line's tokens, at its key terms' tokens and at the rest, with
 the line's vector and without (the unconditioned run). A condition that steers lowers the
 first two; the third shows what it does to the text around.
 
-    python -m diffaccel_bert_cond.cond_check --conditions runs/conditions/heldout.safetensors \\
+    python -m diffaccel.adapters.text.cond_check --conditions runs/conditions/heldout.safetensors \\
         wordnet-masked-cond runs/text-masked-cond
 """
 
@@ -20,14 +21,18 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .conditions import load, source_lines
+from diffaccel.conditions import load
+
+from .corpus import source_lines
+from .reference import SHIPPED, shipped_path
+from .model import TextDiffusionLM
+from .tokenizer import TextTokenizer
+from .train import term_mask
 
 
 def sequences(tok, lines: list[str], pool: list[str], terms: list, length: int):
     """(ids (n, length), line mask, term mask): each sequence is the line, [SEP], then the lines
     after it in ``pool``; term tokens are found as in running text (a leading space)."""
-    from diffaccel.adapters.text.train import term_mask
-
     where = {s: i for i, s in enumerate(pool)}
     ids, line, term = [], [], []
     for text, ts in zip(lines, terms):
@@ -64,15 +69,10 @@ def check(model, ids, line, term, vectors, mask_rest: float, seed: int = 0, batc
 
 
 def resolve(name: str) -> Path:
-    from diffaccel.adapters.text.loading import SHIPPED, shipped_path
-
     return shipped_path(name) if name in SHIPPED else Path(name)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from diffaccel.adapters.text.model import TextDiffusionLM
-    from diffaccel.adapters.text.tokenizer import TextTokenizer
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("models", nargs="+", help="conditional checkpoints: folders or shipped names")
     ap.add_argument("--conditions", required=True, help="held-out conditions (conditions --split heldout)")

@@ -3,11 +3,12 @@ that does not."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from diffaccel.adapters.text.cond_check import check, sequences
 from diffaccel.adapters.text.model import TextDiffusionConfig, TextDiffusionLM
 from diffaccel.adapters.text.tokenizer import TextTokenizer, train_tokenizer
-from diffaccel_bert_cond.cond_check import check, sequences
 
 POOL = ["velvet: smooth and soft to touch", "a small red fruit", "the city of boston", "soft apples from the city"] * 5
 
@@ -51,3 +52,24 @@ def test_check_sees_a_vector_that_steers():
     after = check(model, ids, line, term, vec, mask_rest=0.5)
     assert after["line_uncond"] == before["line_uncond"] and after["terms_uncond"] == before["terms_uncond"]
     assert after["terms_cond"] < after["terms_uncond"] - 1.0
+
+
+def test_a_conditions_file_round_trips_and_a_damaged_one_is_refused(tmp_path):
+    from diffaccel.conditions import load, save
+
+    vectors = torch.randn(3, 4)
+    save(tmp_path / "c.safetensors", POOL[:3], [("velvet",), (), ("city", "boston")], vectors, {"seed": 0})
+    lines, back, terms = load(tmp_path / "c.safetensors", with_terms=True)
+    assert lines == POOL[:3] and torch.equal(back, vectors) and terms == [["velvet"], [], ["city", "boston"]]
+    save(tmp_path / "bad.safetensors", POOL[:2], [(), ()], vectors, {})
+    with pytest.raises(ValueError, match="2 lines but 3 vectors"):
+        load(tmp_path / "bad.safetensors")
+
+
+def test_the_corpus_writes_the_heldout_lines_that_the_bench_sources_leave(tmp_path):
+    from diffaccel.adapters.text.corpus import heldout_lines, main
+    from diffaccel.adapters.text.metrics import reference_lines
+
+    assert main(["--split", "heldout", "--out", str(tmp_path / "lines.txt")]) == 0
+    written = (tmp_path / "lines.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    assert written + reference_lines() == heldout_lines() and not set(written) & set(reference_lines())

@@ -1,0 +1,31 @@
+"""The DiT adapter's checkpoints (``[model] checkpoint``): the shipped digits DiT, the synthetic
+DiTs, a ``TextDiTPipeline`` folder, else any diffusers pipeline (``DiffusionPipeline``); read
+through the shared diffusers loader (``diffaccel.adapters.diffusers_pipelines``), whose checks
+are ``diffaccel.adapters.checkpoints``'. Below the adapter, so that the digits DiT's training and
+eval load checkpoints without importing the adapter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from diffusers import DiffusionPipeline
+
+from ..diffusers_pipelines import PipelineSource, load_pipeline
+from .pipeline import TextDiTPipeline
+from .synthetic import SYNTHETIC, build
+
+ASSETS = Path(__file__).parent / "assets"
+SHIPPED = {"dit-digits": "dit-digits"}
+
+SOURCE = PipelineSource(
+    assets=ASSETS, shipped=SHIPPED, retrain="'python -m diffaccel.adapters.dit.digits train --out DIR' and copy DIR there",
+    synthetic=SYNTHETIC, build=build, own_class=TextDiTPipeline, fallback=DiffusionPipeline.from_pretrained)
+"""What ``load_checkpoint`` reads: the digits DiT, the synthetic DiTs, a ``TextDiTPipeline``
+folder, else any diffusers pipeline (``DiffusionPipeline``)."""
+
+
+def load_checkpoint(checkpoint: str, allow_pickle: bool = False):
+    """A pipeline for a ``checkpoint`` string (see the adapter's docstring). The same checkpoint
+    checks as the UNet adapter's: safetensors only unless ``allow_pickle``, damaged files, missing
+    tensors and NaN/inf weights are one ``ModelLoadError`` (``diffaccel.adapters.checkpoints``)."""
+    return load_pipeline(SOURCE, checkpoint, allow_pickle)

@@ -1,0 +1,69 @@
+"""transformers BERT-family masked LMs (a local folder or a hub id), loaded with
+``AutoModelForMaskedLM.from_pretrained`` and run by ``BertDenoiser``. The catch-all loader: any
+config.json no other loader recognises comes here, after a causal LM this adapter cannot run is
+refused in one line (``llama.refuse_unsupported_decoder``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer
+
+from diffaccel.errors import ModelLoadError
+
+from ..checkpoints import check_loading_info, check_vocab, precheck_folder, quiet_loading
+from .denoisers import BertDenoiser
+from .llama import refuse_unsupported_decoder
+from .loader import Loaded, ModelFacts, Source, first_line
+from .tokenizer import HFTokenizer
+
+
+def load_hf_masked_lm(source: Source) -> Loaded:
+    name_or_path, local = source.checkpoint, source.path is not None
+    safe = precheck_folder(Path(name_or_path), source.allow_pickle) if local else True
+    try:
+        # hub ids: safetensors only unless allowed; transformers reads a pickle with weights_only=True
+        with quiet_loading():
+            model, info = AutoModelForMaskedLM.from_pretrained(
+                name_or_path, use_safetensors=True if safe and not source.allow_pickle else None,
+                output_loading_info=True, ignore_mismatched_sizes=True)
+            tok = AutoTokenizer.from_pretrained(name_or_path)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(
+            f"checkpoint '{name_or_path}': not a shipped model ({', '.join(source.known)}), not a local model folder, "
+            f"and transformers could not load it ({first_line(exc)})"
+        ) from None
+    if tok.mask_token_id is None:
+        raise ModelLoadError(f"checkpoint '{name_or_path}': its tokenizer has no mask token; a masked LM is needed")
+    where = Path(name_or_path) if local else name_or_path
+    check_loading_info(info, where)
+    check_vocab(tok.vocab_size, model.get_input_embeddings().num_embeddings, where, exact=False, with_added=len(tok))
+    try:
+        den = BertDenoiser(model, tok.mask_token_id, set(tok.all_special_ids))
+    except TypeError as exc:
+        raise ModelLoadError(f"checkpoint '{name_or_path}': {exc}") from None
+    return Loaded(denoiser=den, tokenizer=HFTokenizer(tok), name=source.name, weights=model, where=where)
+
+
+class BertLoader:
+    """Any transformers masked LM; the last loader asked."""
+
+    names = ()
+
+    def recognises(self, source: Source) -> bool:
+        return True
+
+    def load(self, source: Source) -> Loaded:
+        refuse_unsupported_decoder(source.config(), source.where)
+        return load_hf_masked_lm(source)
+
+    def facts(self, source: Source) -> ModelFacts:
+        refuse_unsupported_decoder(source.config(), source.where)
+        try:
+            conf = AutoConfig.from_pretrained(source.checkpoint)
+        except (OSError, ValueError, KeyError) as exc:
+            raise ModelLoadError(f"checkpoint '{source.checkpoint}': transformers could not read its config ({first_line(exc)})") from None
+        return ModelFacts("masked", conf.vocab_size, conf.num_hidden_layers, conf.max_position_embeddings)
+
+
+LOADER = BertLoader()

@@ -1,0 +1,305 @@
+"""``diffaccel tune``: the fastest settings of a config's strategies within a quality budget, on
+the user's own model, proven on seeds it did not tune on.
+
+1. The budgets (``diffaccel.budget``) are checked against the metrics the adapter and the config's
+   strategies report, and the search space is read from the strategies' plugins
+   (``diffaccel_tunables``), before any model loads.
+2. Trials (``diffaccel.search``) run on the tuning seeds: each measures the trial's strategies and
+   the baseline on the same seeds, interleaved (speedup: the ratio of their wall times), and its
+   quality beside the baseline's with the bench's own metrics (and judge).
+3. The best few feasible points and the config as given are re-measured by the ordinary bench on
+   held-out seeds (a disjoint range, by default many more samples), at batch 1 and at the
+   configured batch. A point is accepted when its held-out quality meets every budget at the
+   configured batch, read as the point estimate over all held-out samples (the bootstrap interval
+   is reported beside it: at the sample sizes a CPU affords its width alone is of the order of a
+   5% budget, so a bound read on its far end would refuse every point, and the point estimate is
+   unbiased); the fastest accepted point is written as TUNED.toml.
+4. No point passes: one line says so, nothing is written as TUNED.toml, the study and the report
+   stay for the user to look at.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+from tqdm.auto import tqdm
+
+from .accelerator import apply, build_strategies
+from .adapters_registry import get_adapter
+from .bench import _load_judge, run_bench
+from .budget import parse_all
+from .config import RunConfig, load_config, read_toml
+from .errors import ConfigError, DiffaccelError
+from .plugins import Registry, call_own
+from .search import Measured, Space, Tunable, feasible_front, open_study, run_trials
+from .toml_out import dumps
+from .tune_report import write_report
+
+DEFAULT_HELDOUT_SEED = 100_000
+"""First held-out seed: far from the seeds configs and benches use, so the ranges stay disjoint."""
+
+
+@attrs.frozen
+class TuneResult:
+    """What ``tune`` found: the TUNED.toml written (None when no point met the budget on the
+    held-out seeds), the chosen point and its held-out figures, where the study and report are."""
+
+    path: Path | None
+    point: dict[str, dict[str, Any] | None] | None
+    figures: dict[str, Any]
+    """Held-out figures per candidate name: speedup per batch size, quality per metric with its interval."""
+    study: Path
+    report: Path
+    message: str
+
+
+def tunable_space(config: RunConfig, registry: Registry) -> Space:
+    """Strategy name -> its tunables, asked of the plugin that registered each strategy
+    (``diffaccel_tunables``); ranges are checked against the strategy's config class."""
+    space: dict[str, dict[str, Tunable]] = {}
+    for entry in config.strategies:
+        spec = registry.get(entry.name)
+        plugin = registry.pm.get_plugin(spec.plugin) if spec is not None else None
+        impl = getattr(plugin, "diffaccel_tunables", None)
+        declared = impl(strategy=entry.name) if impl is not None else None
+        fields = {f.name for f in attrs.fields(type(entry.config))}
+        tunables: dict[str, Tunable] = {}
+        for t in declared or ():
+            if not isinstance(t, Tunable):
+                raise ConfigError(f"plugin '{spec.plugin}': diffaccel_tunables for '{entry.name}' returned {t!r}, not a diffaccel.Tunable")
+            if t.key not in fields:
+                raise ConfigError(f"plugin '{spec.plugin}': tunable '{t.key}' is no key of strategy '{entry.name}'; "
+                                  f"its keys: {', '.join(sorted(fields))}")
+            tunables[t.key] = t
+        space[entry.name] = tunables
+    if not any(space.values()) and len(space) < 2:
+        names = ", ".join(space) or "none"
+        raise ConfigError(f"{config.source}: nothing to tune: its strategies ({names}) declare no tunable parameters "
+                          f"(diffaccel_tunables) and there are not two to switch on and off")
+    return space
+
+
+def reported_metrics(adapter: Any, config: RunConfig, registry: Registry, judge: str | None) -> list[str]:
+    """The quality keys a bench of ``config`` reports: the adapter's (``quality_keys``), gen_ppl
+    when a judge runs, and what the config's strategies add (``Strategy.reports``)."""
+    keys = list(adapter.quality_keys(config)) if hasattr(adapter, "quality_keys") else []
+    if judge not in (None, "none") and hasattr(adapter, "load_judge"):
+        keys.append("gen_ppl")
+    for entry in config.strategies:
+        spec = registry.get(entry.name)
+        keys += list(getattr(spec, "reports", ()) or ())
+    return keys
+
+
+def with_point(config: RunConfig, point: dict[str, dict[str, Any] | None], source: str) -> RunConfig:
+    """``config`` with each strategy's parameters replaced by the point's (validated by the
+    strategy's config class) and the strategies the point switches off dropped."""
+    entries = []
+    for e in config.strategies:
+        params = point.get(e.name, {})
+        if params is None:
+            continue
+        try:
+            entries.append(attrs.evolve(e, config=attrs.evolve(e.config, **params)))
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{source}: [[strategy]] {e.name}: {exc}") from None
+    return attrs.evolve(config, strategies=tuple(entries), source=source, peers=())
+
+
+def toml_text(config_path: str | Path, point: dict[str, dict[str, Any] | None], header: list[str]) -> str:
+    """The config file's text with the point applied: its ``[model]`` (and ``[guard]``) tables as
+    written, its strategies' tables with the point's values, peers dropped (bench-only)."""
+    raw = read_toml(config_path)
+    out: dict[str, Any] = {"model": raw["model"]}
+    if "guard" in raw:
+        out["guard"] = raw["guard"]
+    tables = []
+    for table in raw.get("strategy", []):
+        params = point.get(table["use"], {})
+        if params is None:
+            continue
+        tables.append({**table, **(params or {})})
+    if tables:
+        out["strategy"] = tables
+    return "".join(f"# {line}\n" if line else "#\n" for line in header) + "\n" + dumps(out)
+
+
+class _Trials:
+    """Measures trials on a loaded pipeline: the baseline's outputs are kept per seed (they never
+    change) but the baseline is timed again beside every trial, interleaved, so each speedup is
+    a ratio of one run's wall times."""
+
+    def __init__(self, adapter: Any, pipe: Any, config: RunConfig, registry: Registry, judge: Any):
+        self.adapter, self.pipe, self.config, self.registry, self.judge = adapter, pipe, config, registry, judge
+        self.info = adapter.info(pipe)
+        self.base_out: dict[int, Any] = {}
+        self.base_quality: dict[tuple[int, ...], dict[str, float]] = {}
+        self.count = 0
+
+    def __call__(self, point: dict[str, dict[str, Any] | None], seeds: Sequence[int]) -> Measured:
+        self.count += 1
+        cfg = with_point(self.config, point, f"tune trial {self.count}")
+        strategies = build_strategies(cfg, self.registry, self.info)
+        t_base = t_trial = 0.0
+        outs = []
+        for i, seed in enumerate(seeds):
+            for which in (("base", "trial") if i % 2 == 0 else ("trial", "base")):
+                if which == "base":
+                    t0 = time.perf_counter()
+                    out = self.adapter.run(self.pipe, self.config.without_strategies(), seed, progress=False)
+                    t_base += time.perf_counter() - t0
+                    self.base_out.setdefault(seed, out)
+                else:
+                    with apply(self.pipe, cfg, strategies=strategies, registry=self.registry):
+                        t0 = time.perf_counter()
+                        out = self.adapter.run(self.pipe, cfg, seed, progress=False)
+                        t_trial += time.perf_counter() - t0
+                    outs.append(out)
+        base = [self.base_out[s] for s in seeds]
+        quality = dict(self.adapter.quality(base, outs))
+        baseline = dict(self.adapter.quality(base, base))
+        for s in strategies:  # what the strategies measure themselves (bert-cond's recall, ...)
+            quality.update(_own_quality(s, outs, list(seeds)))
+            for k, v in _own_quality(s, base, list(seeds)).items():
+                baseline.setdefault(k, v)
+        if self.judge is not None:
+            quality["gen_ppl"] = self._ppl(outs)
+            key = tuple(seeds)
+            if key not in self.base_quality:
+                self.base_quality[key] = {"gen_ppl": self._ppl(base)}
+            baseline.update(self.base_quality[key])
+        return Measured(speedup=t_base / t_trial, quality=quality, baseline=baseline)
+
+    def _ppl(self, outputs: list[Any]) -> float:
+        scores = self.judge.score(self.adapter.judge_lines(outputs))
+        toks = sum(scores.tokens)
+        return math.exp(sum(scores.nll) / toks) if toks else float("nan")
+
+
+def _own_quality(strategy: Any, outputs: list[Any], seeds: list[int]) -> dict[str, float]:
+    merged: dict[str, float] = {}
+    for q in call_own(strategy, "diffaccel_bench_quality", outputs=outputs, seeds=seeds):
+        merged.update(q)
+    return merged
+
+
+def tune(config: str | Path, budget: Sequence[str] | str, out: str | Path, *, trials: int = 30, tune_seeds: int = 8,
+         heldout: int = 32, heldout_seed: int = DEFAULT_HELDOUT_SEED, batch: int | None = None, judge: str | None = "default",
+         candidates: int = 3, report: str | Path | None = None, progress: bool = True, search_seed: int = 0,
+         registry: Registry | None = None) -> TuneResult:
+    """Tune ``config``'s strategies to ``budget`` (one expression or several) and write the
+    fastest held-out-valid point to ``out`` (TUNED.toml). ``trials`` trials on ``tune_seeds``
+    seeds from the config's seed; then the ``candidates`` best feasible points and the config as
+    given are benched on ``heldout`` held-out samples from ``heldout_seed``, at batch 1 and at
+    ``batch`` (default: the config's batch, or 8 if that is 1). ``report`` (default
+    ``OUT.tune/``) keeps the study (``study.db``: rerun to resume), the held-out benches and the
+    figures. Raises ``ConfigError`` before loading anything for a bad budget or config."""
+    registry = registry or Registry()
+    out = Path(out)
+    if out.suffix != ".toml":
+        raise ConfigError(f"--out {out}: write the tuned config to a .toml file")
+    if not out.parent.exists():
+        raise ConfigError(f"--out {out}: folder {out.parent} does not exist")
+    for name, v, lo in (("--trials", trials, 1), ("--tune-seeds", tune_seeds, 1), ("--heldout", heldout, 1), ("--candidates", candidates, 1)):
+        if v < lo:
+            raise ConfigError(f"{name} must be {lo} or more, got {v}")
+    cfg = load_config(config, registry)
+    if not cfg.strategies:
+        raise ConfigError(f"{config}: no [[strategy]] table: nothing to tune")
+    adapter = get_adapter(cfg.model.adapter)
+    budgets = parse_all([budget] if isinstance(budget, str) else list(budget), reported_metrics(adapter, cfg, registry, judge))
+    space = tunable_space(cfg, registry)
+    tune_seed_list = [cfg.model.seed + k * cfg.model.batch for k in range(tune_seeds)]
+    if tune_seed_list[-1] + cfg.model.batch > heldout_seed:
+        raise ConfigError(f"--heldout-seed {heldout_seed}: the tuning seeds run up to {tune_seed_list[-1] + cfg.model.batch - 1}; "
+                          "held-out seeds must start above them")
+    big = batch or (cfg.model.batch if cfg.model.batch > 1 else 8)
+    report = Path(report) if report is not None else out.with_name(out.stem + ".tune")
+    report.mkdir(parents=True, exist_ok=True)
+
+    judge_obj, _ = _load_judge(adapter, judge)
+    pipe = adapter.load(cfg)
+    measure = _Trials(adapter, pipe, cfg, registry, judge_obj)
+    study = open_study(report, budgets, seed=search_seed)
+    bar = None
+    if progress:
+        done = len([t for t in study.trials if t.state.is_finished()])
+        bar = tqdm(total=trials, initial=min(done, trials), desc="tune", unit="trial")
+
+    def on_trial(_: Any) -> None:
+        if bar is not None:
+            bar.update(1)
+            front = feasible_front(study)
+            bar.set_postfix_str(f"best within budget {front[0].values[0]:.2f}x" if front else "none within budget yet")
+
+    try:
+        run_trials(study, space, budgets, measure, tune_seed_list, trials=trials, on_trial=on_trial)
+    finally:
+        if bar is not None:
+            bar.close()
+    front = feasible_front(study)[:candidates]
+    points = {f"tune-trial-{t.number}": t.user_attrs["point"] for t in front}
+    figures: dict[str, Any] = {}
+    chosen = None
+    if points:
+        cand_dir = report / "candidates"
+        cand_dir.mkdir(exist_ok=True)
+        paths = [str(config)]
+        for name, point in points.items():
+            p = cand_dir / f"{name}.toml"
+            p.write_text(toml_text(config, point, [f"tune candidate {name}"]))
+            paths.append(str(p))
+        batches = [1, big] if big != 1 else [1]
+        for b in batches:
+            seeds = max(1, math.ceil(heldout / b))
+            res = run_bench(paths, seeds=seeds, seed=heldout_seed, batch=b, judge=judge, judge_noise=False, noise_floor=False,
+                            progress=progress, registry=registry, json_path=str(report / f"heldout-b{b}.json"))
+            base_q = next(e for e in res["entries"] if e["name"] == "baseline")["quality"]
+            for e in res["entries"]:
+                if e["name"] == "baseline":
+                    continue
+                fig = figures.setdefault(e["name"], {"speedup": {}, "quality": {}, "met": {}})
+                fig["speedup"][b] = e["speedup"]
+                if b == batches[-1]:
+                    fig["samples"] = seeds * b
+                    for bud in budgets:
+                        met, _ = bud.check(e["quality"], base_q)
+                        fig["quality"][bud.metric] = {"value": e["quality"].get(bud.metric), "baseline": base_q.get(bud.metric),
+                                                      "interval": (e.get("intervals") or {}).get(bud.metric)}
+                        fig["met"][bud.text] = met
+        # a point no faster than the baseline at the configured batch is no acceleration
+        accepted = [n for n in points if all(figures[n]["met"].values()) and figures[n]["speedup"][batches[-1]] > 1.0]
+        chosen = max(accepted, key=lambda n: figures[n]["speedup"][batches[-1]]) if accepted else None
+    shipped = Path(config).stem
+    (report / "tune.json").write_text(json.dumps({"budgets": [b.text for b in budgets], "points": points, "figures": figures,
+                                                  "chosen": chosen, "shipped": shipped}, indent=2, default=str))
+    write_report(report, study, budgets, figures, chosen, shipped)
+    if chosen is None:
+        why = "no trial met the budget on the tuning seeds" if not points else \
+            f"none of the {len(points)} best trials met the budget, faster than the baseline, on the held-out seeds"
+        msg = f"tune: {why}; nothing written to {out}; study and report in {report}"
+        return TuneResult(path=None, point=None, figures=figures, study=report / "study.db", report=report, message=msg)
+    fig = figures[chosen]
+    header = [f"Tuned by diffaccel tune from {config} to the budget {' and '.join(b.text for b in budgets)}",
+              f"held-out seeds from {heldout_seed}, {fig['samples']} samples; speedup "
+              + ", ".join(f"{v:.2f}x at batch {b}" for b, v in fig["speedup"].items()),
+              *[f"{m}: {q['value']:.4g} (baseline {q['baseline']:.4g})" + (f", 95% interval {q['interval'][0]:.4g} to {q['interval'][1]:.4g}"
+                                                                          if q.get("interval") else "")
+                for m, q in fig["quality"].items()],
+              f"reproduce: diffaccel bench {config} {out} --seed {heldout_seed} --seeds {math.ceil(heldout / big)} --batch {big}"]
+    tmp = out.with_name(out.name + ".partial")
+    tmp.write_text(toml_text(config, points[chosen], header))
+    try:
+        load_config(tmp, registry)  # what we write, `diffaccel check` accepts
+    except DiffaccelError:
+        tmp.unlink()
+        raise
+    tmp.replace(out)
+    msg = f"tune: wrote {out} ({', '.join(f'{v:.2f}x at batch {b}' for b, v in fig['speedup'].items())} on held-out seeds); report in {report}"
+    return TuneResult(path=out, point=points[chosen], figures=figures, study=report / "study.db", report=report, message=msg)

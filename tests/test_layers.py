@@ -1,0 +1,51 @@
+"""The layers of issue 35, enforced: import-linter's contracts (pyproject.toml) over the package
+layout as installed (tests/layers.py stages it)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+spec = importlib.util.spec_from_file_location("layers", Path(__file__).with_name("layers.py"))
+layers = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(layers)
+
+
+@pytest.fixture()
+def staged(tmp_path):
+    return layers.stage(tmp_path / "stage")
+
+
+def test_every_contract_is_kept(staged):
+    done = layers.lint_imports(staged)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 broken" in done.stdout
+
+
+def _broken(done) -> str:
+    assert done.returncode != 0
+    return done.stdout.split("Broken contracts", 1)[1]
+
+
+def test_a_plugin_importing_an_adapter_breaks_a_contract(staged):
+    strategy = staged / "diffaccel_swd" / "strategy.py"
+    strategy.write_text(strategy.read_text() + "\nfrom diffaccel.adapters.text import tokenizer\n")
+    report = _broken(layers.lint_imports(staged))
+    assert "plugins import no adapter" in report and "diffaccel_swd.strategy" in report
+
+
+def test_the_core_importing_a_plugin_breaks_a_contract(staged):
+    errors = staged / "diffaccel" / "errors.py"
+    errors.write_text(errors.read_text() + "\n\ndef _late():\n    import diffaccel_topk  # noqa\n")
+    report = _broken(layers.lint_imports(staged))
+    assert "the core imports no adapter and no plugin" in report and "diffaccel.errors" in report
+
+
+def test_a_circle_through_a_function_local_import_breaks_a_contract(staged):
+    # model imports positions; a deferred import back closes a circle
+    positions = staged / "diffaccel" / "adapters" / "text" / "positions.py"
+    positions.write_text(positions.read_text() + "\n\ndef _late():\n    from . import model  # noqa\n")
+    report = _broken(layers.lint_imports(staged))
+    assert "no import circles in adapters and plugins" in report and "diffaccel.adapters.text" in report

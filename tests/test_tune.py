@@ -1,0 +1,136 @@
+"""``diffaccel tune`` end to end on the shipped text model, short runs: a third-party strategy
+tunable through ``diffaccel_tunables`` alone, the held-out check that refuses a point good only on
+the tuning seeds, the written config, bad input before anything loads."""
+
+from pathlib import Path
+
+import attrs
+import pytest
+
+import diffaccel
+from diffaccel import ConfigError, Registry, Strategy, Tunable, hookimpl, load_config
+from diffaccel.cli import main
+from diffaccel.tuning import tune
+
+HELDOUT = 50_000
+
+
+@attrs.frozen(kw_only=True)
+class RigConfig:
+    skip: int = attrs.field(default=1, validator=attrs.validators.in_((0, 1, 2, 3)))
+    """Layers skipped from the top at every step after the first (their cached outputs served)."""
+    honest: bool = True
+    """False: the quality it reports is perfect on the tuning seeds and zero on held-out ones."""
+
+
+class Rig:
+    """A third party's strategy: really skips layers (so it is really faster) and reports its own
+    quality key, which a rigged one fakes on the tuning seeds."""
+
+    def __init__(self, config):
+        self.config = config
+
+    @hookimpl
+    def diffaccel_layer_output(self, run, layer, hidden):
+        if run.step > 0 and layer.index >= 4 - self.config.skip:
+            return layer.cached_output
+        return None
+
+    @hookimpl
+    def diffaccel_bench_quality(self, outputs, seeds):
+        held_out = any(s >= HELDOUT for s in seeds)
+        return {"rig_score": 0.0 if held_out and not self.config.honest else 1.0}
+
+
+class RigPlugin:
+    @hookimpl
+    def diffaccel_register(self, register):
+        register(Strategy(name="rig", config=RigConfig, factory=Rig, reports=("rig_score",)))
+
+    @hookimpl
+    def diffaccel_tunables(self, strategy):
+        return [Tunable(key="skip", choices=(2, 3))] if strategy == "rig" else None
+
+
+def _registry():
+    reg = Registry(load_entrypoints=False)
+    reg.register_plugin(RigPlugin(), "rig-plugin")
+    return reg
+
+
+def _config(tmp_path, honest=True):
+    path = tmp_path / "rig.toml"
+    path.write_text('[model]\nadapter = "text"\ncheckpoint = "wordnet-masked"\nlength = 24\nsteps = 12\nbatch = 2\n'
+                    f'[[strategy]]\nuse = "rig"\nskip = 1\nhonest = {"true" if honest else "false"}\n')
+    return path
+
+
+def _tune(tmp_path, honest=True, **kw):
+    kw = {"trials": 3, "tune_seeds": 2, "heldout": 4, "heldout_seed": HELDOUT, "candidates": 1, "judge": "none",
+          "progress": False, "registry": _registry(), **kw}
+    return tune(_config(tmp_path, honest), ["rig_score>=0.5"], tmp_path / "tuned.toml", **kw)
+
+
+def test_a_third_party_strategy_is_tuned_through_its_hook_and_the_result_is_a_config(tmp_path):
+    result = _tune(tmp_path)
+    assert result.path == tmp_path / "tuned.toml"
+    assert result.point["rig"]["skip"] in (2, 3)  # the declared range, not the config's 1
+    cfg = load_config(result.path, _registry())  # what `diffaccel check` reads
+    assert [(e.name, e.config.skip) for e in cfg.strategies] == [("rig", result.point["rig"]["skip"])]
+    text = result.path.read_text()
+    assert text.startswith("# Tuned by diffaccel tune from ") and "budget rig_score>=0.5" in text
+    assert f"--seed {HELDOUT}" in text  # the command reproducing the held-out figures
+    chosen = [n for n, f in result.figures.items() if n.startswith("tune-trial-") and all(f["met"].values())]
+    assert chosen and all(result.figures[n]["speedup"][2] > 1.0 for n in chosen)
+    assert set(result.figures[chosen[0]]["speedup"]) == {1, 2}  # batch 1 and the configured batch
+    assert (result.report / "study.db").exists() and (result.report / "index.md").exists()
+    assert (result.report / "trials-rig_score.png").stat().st_size > 1000
+
+
+def test_a_point_good_only_on_the_tuning_seeds_is_refused_and_nothing_is_written(tmp_path):
+    result = _tune(tmp_path, honest=False)
+    assert result.path is None and not (tmp_path / "tuned.toml").exists()
+    assert "none of the 1 best trials met the budget" in result.message
+    fig = next(f for n, f in result.figures.items() if n.startswith("tune-trial-"))
+    assert fig["met"] == {"rig_score>=0.5": False} and fig["quality"]["rig_score"]["value"] == 0.0
+    assert (result.report / "study.db").exists()  # left for the user to look at
+
+
+def test_bad_budget_and_bad_out_fail_before_anything_loads(tmp_path, capsys):
+    cfg = Path(__file__).resolve().parents[1] / "configs" / "text-swd.toml"
+    assert main(["tune", str(cfg), "--budget", "bleu>=1", "--out", str(tmp_path / "t.toml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "metric 'bleu' is not reported" in err[0]
+    assert main(["tune", str(cfg), "--budget", "agreement>=0.5", "--out", str(tmp_path / "nowhere" / "t.toml")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert not list(tmp_path.glob("*.tune"))
+
+
+def test_a_config_with_nothing_to_tune_is_refused(tmp_path):
+    path = tmp_path / "plain.toml"
+    path.write_text('[model]\nadapter = "text"\nlength = 16\nsteps = 4\n[[strategy]]\nuse = "rig"\n')
+    reg = Registry(load_entrypoints=False)
+
+    class NoTunables:
+        @hookimpl
+        def diffaccel_register(self, register):
+            register(Strategy(name="rig", config=RigConfig, factory=Rig))
+
+    reg.register_plugin(NoTunables(), "plain")
+    with pytest.raises(ConfigError, match="nothing to tune"):
+        tune(path, "agreement>=0.5", tmp_path / "t.toml", registry=reg, judge="none")
+
+
+@pytest.mark.parametrize("name", ["swd", "time-anchor", "dct-anchor", "parallel", "topk"])
+def test_shipped_tunables_are_keys_their_configs_accept_at_both_ends(name):
+    reg = Registry()
+    spec = reg.get(name)
+    tunables = reg.pm.get_plugin(spec.plugin).diffaccel_tunables(strategy=name)
+    assert tunables, f"{name} declares nothing tunable"
+    fields = {f.name for f in attrs.fields(spec.config)}
+    for t in tunables:
+        assert t.key in fields
+        for value in (t.choices or (t.low, t.high)):
+            value = int(value) if t.integer else value
+            spec.config(**{t.key: value})  # raises if the config refuses it
+    assert reg.pm.get_plugin(spec.plugin).diffaccel_tunables(strategy="not-mine") is None
