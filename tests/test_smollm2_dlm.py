@@ -340,3 +340,11 @@ def test_confidence_reads_the_shifted_head():
     assert c["top1_accuracy"] == 1.0 and c["median_top1_prob"] > 0.99
     pipe.denoiser.logit_shift = 0
     assert dlm_eval.confidence(pipe, lines, seed=0)["top1_accuracy"] < 0.2
+
+
+def test_facts_without_weights(delta, no_base_load):
+    """``diffaccel check`` reads a delta's facts from its base's config.json, loading nothing."""
+    from diffaccel.adapters.text.loading import model_facts
+
+    facts = model_facts(str(delta))
+    assert (facts.kind, facts.vocab_size, facts.n_layers, facts.max_len) == ("masked", len(VOCAB), 2, 64)
