@@ -9,12 +9,14 @@ import math
 import pytest
 import torch
 
-pytest.importorskip("peft")
+from diffaccel.adapters.text import adapt
+from diffaccel.adapters.text import smollm2_dlm as dlm
+from diffaccel.adapters.text.loading import load_pipeline
+from diffaccel.errors import ModelLoadError
 
-from diffaccel.adapters.text import adapt  # noqa: E402
-from diffaccel.adapters.text import smollm2_dlm as dlm  # noqa: E402
-from diffaccel.adapters.text.loading import load_pipeline  # noqa: E402
-from diffaccel.errors import ModelLoadError  # noqa: E402
+#: training needs peft (the 'adapt' extra, which make setup installs)
+needs_peft = pytest.mark.skipif(__import__("importlib").util.find_spec("peft") is None,
+                                reason="peft not installed (pip install -e '.[adapt]')")
 
 WORDS = ["a", "the", "of", "person", "who", "act", "state", "quality", "thing", "small", "large", "animal", "plant",
          "water", "made", "used", "to", "in", "or", "and", ":"]
@@ -55,10 +57,31 @@ def _cfg(out, base, **kw):
 
 @pytest.fixture(scope="module")
 def delta(base, tmp_path_factory):
-    """A delta folder exported from 3 training steps on the tiny base."""
+    """A random rank-2 delta folder on the tiny base, written as ``adapt.export`` writes one."""
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig
+
+    gen = torch.Generator().manual_seed(1)
+    state = {"mask_embedding": torch.randn(32, generator=gen).half()}
+    for name, (out, inp) in dlm.projection_shapes(LlamaConfig.from_pretrained(str(base))).items():
+        state[f"{name}.lora_A"] = (torch.randn(2, inp, generator=gen) * 0.3).half()
+        state[f"{name}.lora_B"] = (torch.randn(out, 2, generator=gen) * 0.3).half()
+    path = tmp_path_factory.mktemp("delta") / "delta"
+    path.mkdir()
+    save_file(state, str(path / dlm.DELTA_FILE))
+    (path / dlm.CONFIG_FILE).write_text(json.dumps({
+        "diffaccel_delta": dlm.NAME, "base": str(base), "rank": 2, "alpha": 4.0, "mask_token": dlm.MASK_TOKEN,
+        "start_token": dlm.START_TOKEN, "targets": list(dlm.TARGETS)}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained(base, tmp_path_factory):
+    """A run of 3 training steps on the tiny base, and its exported delta folder."""
+    pytest.importorskip("peft")
     root = tmp_path_factory.mktemp("run")
     adapt.train(_cfg(root / "run", base), lines=LINES)
-    return adapt.export(root / "run", root / "delta", base=str(base))
+    return root / "run", adapt.export(root / "run", root / "delta", base=str(base))
 
 
 def test_rows_are_one_line_each_never_cut(base):
@@ -92,6 +115,7 @@ def test_padding_changes_nothing_for_the_real_tokens(base):
     assert not torch.allclose(unmasked[0, :4], alone[0], atol=1e-3)
 
 
+@needs_peft
 def test_resume_continues_the_same_run(base, tmp_path):
     import attrs
 
@@ -106,9 +130,11 @@ def test_resume_continues_the_same_run(base, tmp_path):
     assert (tmp_path / "split" / "curves.png").is_file()
 
 
-def test_loaded_delta_equals_the_trained_model(base, delta, tmp_path):
+@needs_peft
+def test_loaded_delta_equals_the_trained_model(base, trained):
     """The merged pipeline's logits at p are the trained LoRA model's at p - 1 (the AR head kept)."""
-    st = torch.load(delta.parent / "run" / "state.pt", weights_only=False)
+    run, delta = trained
+    st = torch.load(run / "state.pt", weights_only=False)
     pipe = load_pipeline(str(delta))
     den = pipe.denoiser
     assert den.logit_shift == 1 and den.mask_id == 1 and 1 in den.special_ids
@@ -127,6 +153,25 @@ def test_loaded_delta_equals_the_trained_model(base, delta, tmp_path):
         got = den.logits(h)
     assert torch.allclose(got[:, :, 2:], want[:, :, 2:], atol=1e-4)  # the mask row of the tied head differs by design
     assert not torch.allclose(st["lora"][next(k for k in st["lora"] if k.endswith("lora_B"))], torch.zeros(1))
+
+
+def test_merge_adds_the_scaled_low_rank_product(base, delta):
+    """Each target projection of the loaded model is W + (alpha / r) B A; the mask token's
+    embedding row is the delta's; nothing else moved."""
+    from safetensors.torch import load_file
+
+    pipe = load_pipeline(str(delta))
+    model, _ = dlm.load_base(base)
+    d = {k: v.float() for k, v in load_file(str(delta / dlm.DELTA_FILE)).items()}
+    merged = pipe.denoiser.model.state_dict()
+    for name, prm in model.state_dict().items():
+        module = name.rsplit(".", 1)[0]
+        if f"{module}.lora_A" in d:
+            assert torch.allclose(merged[name], prm + 2.0 * d[f"{module}.lora_B"] @ d[f"{module}.lora_A"], atol=1e-6), name
+        elif name == "model.embed_tokens.weight":
+            assert torch.equal(merged[name][1], d["mask_embedding"]) and torch.equal(merged[name][2:], prm[2:])
+        elif name != "lm_head.weight":
+            assert torch.equal(merged[name], prm), name
 
 
 def test_generate_from_a_delta_folder(delta):
