@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
 
 from diffaccel.errors import ModelLoadError
 
@@ -42,8 +44,6 @@ def refuse_pickle(path: Path) -> ModelLoadError:
 def check_safetensors(path: Path) -> dict[str, tuple[int, ...]]:
     """The tensor shapes a safetensors file's header lists; a truncated or corrupted file is one
     line. Reads the header only (safetensors validates its offsets against the file's size)."""
-    from safetensors import safe_open
-
     try:
         with safe_open(str(path), framework="pt") as f:
             return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
@@ -60,8 +60,6 @@ def read_tensors(path: Path, allow_pickle: bool = False) -> dict[str, torch.Tens
     if is_pickle(path):
         return read_pickle(path, allow_pickle)
     check_safetensors(path)
-    from safetensors.torch import load_file
-
     try:
         return load_file(str(path))
     except Exception as exc:
@@ -149,7 +147,7 @@ def check_component_files(module: torch.nn.Module, folder: Path) -> None:
 def quiet_loading():
     """Silence diffusers' and transformers' loading bars, notices and load reports (errors still
     raise): a damaged checkpoint must end in one line, not a table on stderr."""
-    from diffusers.utils import logging as dlog
+    from diffusers.utils import logging as dlog  # diffusers takes seconds to import: a text load need not pay it
     from transformers.utils import logging as tlog
 
     levels = (dlog.get_verbosity(), tlog.get_verbosity())

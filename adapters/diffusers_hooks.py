@@ -9,7 +9,14 @@ begins) and ``scheduler.step`` (``post_step``, and ``finalize`` at the last time
 between adapters is small and lives in their subclasses: which module is the denoiser, which
 blocks there are (``_build_layers``), and what a block keeps and serves (``DenoiserBlock``
 subclasses: the UNet block's output, the transformer block's residual). The full description of
-the hooks is in ``diffaccel.adapters.unet.hooks``.
+the hooks is in ``diffaccel.adapters.unet.hooks``. The order of the hooks is the core's
+(``diffaccel.sequence.RunSequence``); these wrappers call it from inside the pipeline's own loop.
+
+``run.stop`` set by a strategy (in ``post_step``) ends the run at that step: the run finalises
+at once from the scheduler's clean estimate of that step (``pred_original`` where the scheduler
+gives one, else its latents), ``run_end`` runs, and the pipeline's remaining steps compute
+nothing (the denoiser serves its last output, the scheduler step returns the final latents), so
+the pipeline decodes what the run finalised.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from typing import Any
 import attrs
 import torch
 
+from diffaccel.sequence import RunSequence, StepModel
 from diffaccel.state import Layer, RunState
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -158,6 +166,36 @@ class DenoiserBlock(Layer):
         return out
 
 
+class _DenoiserCall(StepModel):
+    """One call of the diffusers denoiser, for ``RunSequence.denoise``: its raw output is what the
+    denoiser returns (a tuple or an output object), the noise prediction its tensor."""
+
+    def __init__(self, session: "DenoiserSession", original):
+        self.session, self.original = session, original
+        self.args: tuple = ()
+        self.kwargs: dict = {}
+        self.branch = "main"
+
+    def compute(self) -> Any:
+        raw = self.session.last_raw = self.original(*self.args, **self.kwargs)
+        if self.session.keep:
+            self.session.denoiser_cache[self.branch] = raw
+        return raw
+
+    def reuse(self) -> Any | None:
+        return self.session.denoiser_cache.get(self.branch)
+
+    def tensor(self, raw: Any) -> torch.Tensor:
+        return raw[0] if isinstance(raw, tuple) else raw.sample
+
+    def result(self, raw: Any, output: Any) -> Any:
+        if output is self.tensor(raw):
+            return raw
+        if isinstance(raw, tuple):
+            return (output, *raw[1:])
+        return type(raw)(sample=output)
+
+
 class DenoiserSession:
     """The accelerator attached to one pipeline, and the state of its current run. Subclasses
     set ``adapter`` and ``capabilities`` and build the layers (``_build_layers``)."""
@@ -178,7 +216,11 @@ class DenoiserSession:
         """Inner modules hooked because a strategy asked for them (``hooked_modules``)."""
         self._build_layers(accelerator)
         self.run: RunState | None = None
+        self.seq: RunSequence | None = None
         self.last_run: RunState | None = None
+        self.stopped: Any = None
+        self.last_raw: Any = None
+        """After ``run.stop``: the scheduler output the pipeline's remaining steps get (the final latents)."""
         self.unbatched_hint = False
         self.next_info: dict[str, Any] = {}
         """Facts for the next run's ``run.info`` (the adapter's ``run`` sets seeds and prompts)."""
@@ -209,18 +251,19 @@ class DenoiserSession:
         run = RunState(adapter=self.adapter, num_steps=len(timesteps) if timesteps is not None else 0, batch_size=batch,
                        capabilities=self.capabilities)
         dcfg = self.denoiser.config
-        run.info.update(
-            layers=[layer.name for layer in self.layers], n_layers=len(self.layers), time_conditioned=True,
+        run.info.set(
+            checkpoint=getattr(self.denoiser.config, "_name_or_path", None) or None, layers=[layer.name for layer in self.layers], n_layers=len(self.layers), time_conditioned=True,
             depths=[layer.depth for layer in self.layers], kinds=[layer.kind for layer in self.layers],
             modules=[m.name for m in self.modules],
             sample_size=dcfg.sample_size, in_channels=dcfg.in_channels, guidance=bool(cfg),
             cfg_mode="unbatched" if self.unbatched else ("batched" if cfg else "none"),
             timesteps=[float(t) for t in timesteps] if timesteps is not None else [],
         )
-        run.info.update(self.next_info)
+        run.info.set(**self.next_info)
         self.next_info = {}
         self.run = run
-        self.accel.start_run(run)
+        self.seq = RunSequence(self.accel, run)
+        self.seq.start()
         return run
 
     def end_run(self) -> None:
@@ -232,14 +275,12 @@ class DenoiserSession:
         self.block_cache = {}
         self.denoiser_cache = {}
         run.branch = "main"
-        self.accel.end_run(run)
+        seq, self.seq = self.seq, None
+        seq.end()
 
     def _rename_branch(self, old: str, new: str) -> None:
         run = self.run
-        states = run._states  # noqa: SLF001 - the adapter owns branch naming
-        for (name, branch) in list(states):
-            if branch == old:
-                states[(name, new)] = states.pop((name, branch))
+        run.rename_branch(old, new)
         for (branch, block) in list(self.block_cache):
             if branch == old:
                 self.block_cache[(new, block)] = self.block_cache.pop((branch, block))
@@ -253,7 +294,7 @@ class DenoiserSession:
         if k == 1:
             if not self.unbatched:  # a second denoiser call in one step: guidance is not batched
                 self.unbatched = self.unbatched_hint = True
-                self.run.info["cfg_mode"] = "unbatched"
+                self.run.info.cfg_mode = "unbatched"
                 self.run.batch_size = rows
                 self._rename_branch("main", "uncond")
             return "cond"
@@ -261,9 +302,11 @@ class DenoiserSession:
 
     # -- the wrappers ----------------------------------------------------------------------------
     def denoiser_forward(self, original):
-        accel = self.accel
+        step = _DenoiserCall(self, original)
 
         def forward(*args, **kwargs):
+            if self.stopped is not None and self.last_raw is not None:
+                return self.last_raw  # a strategy ended the run: the remaining steps compute nothing
             sample = args[0] if args else kwargs.get("sample", kwargs.get("hidden_states"))  # UNets, transformers
             t = _scalar(args[1] if len(args) > 1 else kwargs.get("timestep"))
             rows = sample.shape[0]
@@ -274,7 +317,7 @@ class DenoiserSession:
                 if run.step >= 0 and self.unbatched and self.calls == 1:
                     # the hint said unbatched but the last step had one call: no guidance this run
                     self.unbatched = False
-                    run.info["cfg_mode"] = "none"
+                    run.info.cfg_mode = "none"
                     run.batch_size = rows
                     self._rename_branch("uncond", "main")
                 run.step += 1
@@ -288,34 +331,8 @@ class DenoiserSession:
             run.branch = branch = self._branch_for_call(k, rows)
             self.step_branches.append(branch)
             run.positions_per_layer = rows
-            plan = accel.pre_step(run)
-            raw = None
-            if plan is not None and plan.reuse_step:
-                raw = self.denoiser_cache.get(branch)
-                if raw is not None:
-                    run.counters.steps_reused += 1
-            if raw is None:
-                raw = original(*args, **kwargs)
-                if self.keep:
-                    self.denoiser_cache[branch] = raw
-            noise = raw[0] if isinstance(raw, tuple) else raw.sample
-            guarded = accel.guard_due(run)
-            if not accel.output_ok(run, noise) or guarded:  # the denoiser call again, without strategies
-                accelerated = noise if guarded else None
-                with accel.bypassed(run):
-                    raw = original(*args, **kwargs)
-                    noise = raw[0] if isinstance(raw, tuple) else raw.sample
-                    accel.output_ok(run, noise)  # raises if the full call is non-finite too
-                if self.keep:
-                    self.denoiser_cache[branch] = raw
-                if accelerated is not None:
-                    accel.guard_compare(run, accelerated, noise)
-            new = accel.denoiser_output(run, noise)
-            if new is noise:
-                return raw
-            if isinstance(raw, tuple):
-                return (new, *raw[1:])
-            return type(raw)(sample=new)
+            step.args, step.kwargs, step.branch = args, kwargs, branch
+            return self.seq.denoise(step)
 
         return forward
 
@@ -340,9 +357,7 @@ class DenoiserSession:
                 if plan is not None and name in plan.skip:
                     cached = self.block_cache.get((run.branch, name))
                     if cached is not None:
-                        c = run.counters
-                        c.positions_total += run.positions_per_layer
-                        c.layers_skipped += 1
+                        self.seq.skipped(layer)
                         return served(cached, args, kwargs)
                 return hooked(accel, run, args, kwargs)
 
@@ -354,38 +369,43 @@ class DenoiserSession:
         def set_timesteps(*args, **kwargs):
             if self.run is not None:  # the previous call never reached its last step
                 self.end_run()
+            self.stopped = self.last_raw = None
             self._reset_run_state()
             return original(*args, **kwargs)
 
         return set_timesteps
 
     def scheduler_step(self, original):
-        accel = self.accel
-
         def step(model_output, timestep, sample, *args, **kwargs):
+            if self.stopped is not None:  # after run.stop: the final latents, whatever the step
+                return self.stopped
             out = original(model_output, timestep, sample, *args, **kwargs)
             run = self.run
             if run is None:
                 return out
+            seq = self.seq
             self.step_open = False
             is_tuple = isinstance(out, tuple)
             prev = out[0] if is_tuple else out.prev_sample
-            if accel.active:
-                x0 = (out[1] if len(out) > 1 else None) if is_tuple else getattr(out, "pred_original_sample", None)
+            x0 = (out[1] if len(out) > 1 else None) if is_tuple else getattr(out, "pred_original_sample", None)
+            if seq.watched:
                 so = UNetStepOutput(step=run.step, timestep=run.timestep, latents=prev, noise_pred=model_output, pred_original=x0)
                 for branch in self.step_branches or ["main"]:
                     run.branch = branch
-                    accel.post_step(run, so)
-            if self._is_last(timestep):
+                    seq.post_step(lambda: so)
+            stop = seq.stopped and not self._is_last(timestep)
+            if stop or self._is_last(timestep):
                 run.branch = "main"
-                final = UNetFinal(draft=prev)
-                accel.finalize(run, final)
+                # stopped early: the clean estimate of this step is the best the run has
+                final = seq.finalize(UNetFinal(draft=x0 if stop and x0 is not None else prev))
                 if final.latents is not None and final.latents is not prev:
                     if is_tuple:
                         out = (final.latents, *out[1:])
                     else:
                         out.prev_sample = final.latents
                 self.end_run()
+                if stop:
+                    self.stopped = out
             return out
 
         return step
@@ -416,6 +436,7 @@ class DenoiserSession:
     def uninstall(self) -> None:
         if self.run is not None:
             self.end_run()
+        self.stopped = self.last_raw = None
         for p in reversed(self._patches):
             p.restore()
         self._patches = []

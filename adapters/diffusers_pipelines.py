@@ -19,6 +19,7 @@ from typing import Any
 
 import attrs
 import torch
+from diffusers import DDIMScheduler
 
 from diffaccel.errors import ConfigError, ModelLoadError
 from diffaccel.state import RunState
@@ -116,8 +117,6 @@ def load_for_config(config, source: PipelineSource, *, accepts: Callable[[Any], 
     ``size`` checked against ``size_factor(pipe)`` (described as ``factor_is``), a
     ``negative_prompt`` refused for the adapter's own pipeline (whose unconditional branch is the
     empty prompt: ``negative_refused``), then moved to ``device``."""
-    from diffusers import DDIMScheduler
-
     m, opts, where = config.model, config.options, f"{config.source}: [model]"
     pipe = load_pipeline(source, m.checkpoint, m.allow_pickle)
     if not accepts(pipe):

@@ -22,6 +22,7 @@ import math
 import re
 import sys
 import time
+from copy import deepcopy
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -31,6 +32,7 @@ import attrs
 import numpy as np
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
 TEXT_CONFIG = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
                    max_position_embeddings=16, bos_token_id=0, eos_token_id=1, pad_token_id=1)
@@ -42,7 +44,7 @@ SCHEDULER_CONFIG = dict(num_train_timesteps=1000, beta_schedule="squaredcos_cap_
 
 def load_data() -> tuple[torch.Tensor, np.ndarray]:
     """(images (N, 1, 32, 32) in [-1, 1], labels (N,))."""
-    from sklearn.datasets import load_digits
+    from sklearn.datasets import load_digits  # scikit-learn is slow to import: only the classifier needs it
 
     d = load_digits()
     x = torch.tensor(d.images, dtype=torch.float32)[:, None] / 16.0
@@ -60,7 +62,7 @@ def to_8x8(images: torch.Tensor) -> np.ndarray:
 @lru_cache(maxsize=1)
 def classifier():
     """An SVM fitted on the 8 -> 32 -> 8 round trip of ``load_digits()``."""
-    from sklearn.svm import SVC
+    from sklearn.svm import SVC  # scikit-learn is slow to import: only the classifier needs it
 
     x, y = load_data()
     return SVC(gamma=0.001, C=10.0).fit(to_8x8((x + 1) / 2), y)
@@ -131,10 +133,6 @@ def train_loop(cfg: Any, pipe, denoiser: torch.nn.Module, predict: Callable[...,
     Threads: with ``threads`` > 1, every 150 steps 10 steps at the other setting (1 or
     ``threads``) decide which is faster now (a busy machine can make 2 threads slower than 1).
     """
-    from copy import deepcopy
-
-    from tqdm.auto import tqdm
-
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     x_all, y_all = load_data()
@@ -239,7 +237,7 @@ def train_loop(cfg: Any, pipe, denoiser: torch.nn.Module, predict: Callable[...,
 
 
 def plot_losses(path: Path, losses: list[float], title: str) -> None:
-    import matplotlib
+    import matplotlib  # matplotlib is slow to import: only plotting needs it
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

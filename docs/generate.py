@@ -46,6 +46,8 @@ def hooks() -> list[tuple[str, str, bool, str]]:
 
 
 def reference() -> str:
+    import attrs
+
     from diffaccel import capabilities, hookspecs
     from diffaccel.adapters_registry import adapter_names, get_adapter
     from diffaccel.plugins import field_doc
@@ -54,12 +56,7 @@ def reference() -> str:
     parts = ["## Reference (generated)", "", "### Lifecycle and exceptions", "",
              inspect.getdoc(hookspecs).split("\n\n", 1)[1], "", "### Hooks", ""]
     for name, sig, first, doc in hooks():
-        if doc.startswith("Per strategy"):
-            rule = "called on one strategy at a time; its own result is used"
-        elif first:
-            rule = "first non-None result wins, in config order"
-        else:
-            rule = "every implementation is called, in config order"
+        rule = hookspecs.RULES[name].describe()  # the merge rule, as the dispatcher reads it
         parts += [f"#### `{name}{sig}`", "", f"*{rule}*", "", doc, ""]
     parts += ["### Capabilities", "", inspect.getdoc(capabilities).split("\n\n", 1)[1], ""]
     const = {v: k for k, v in vars(capabilities).items() if isinstance(v, str) and k.isupper()}
@@ -77,6 +74,12 @@ def reference() -> str:
             doc = " ".join((inspect.getdoc(layer_type) or "").split())
             parts += [f"* `{layer_type.__name__}`: {doc}"]
         parts += [""]
+    from diffaccel.state import RunInfo
+
+    parts += ["### Run info", "", " ".join(inspect.getdoc(RunInfo).split()), ""]
+    for f in attrs.fields(RunInfo):
+        parts += [f"* `run.info.{f.name}`: {field_doc(RunInfo, f.name)}"]
+    parts += [""]
     parts += ["### The run report", "",
               "`RunState.report()`, returned with every output as `out.report` and per seed in `bench --json`:", ""]
     report_doc = {"adapter": "the adapter's name", "steps": "denoising steps planned", "steps_run": "steps run (less when a strategy stopped the run)",
@@ -86,8 +89,6 @@ def reference() -> str:
     for k in keys:
         parts += [f"* `{k}`: {report_doc.get(k, '')}"]
     parts += [""]
-    import attrs
-
     for f in attrs.fields(Counters):
         parts += [f"* `counters.{f.name}`: {field_doc(Counters, f.name)}"]
     from diffaccel.guard import Reliability

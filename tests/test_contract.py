@@ -117,6 +117,11 @@ def _registry(log):
             log.append("diffaccel_tunables")
             return [Tunable(key="level", low=1, high=3, integer=True)] if strategy == "probe" else None
 
+        @hookimpl
+        def diffaccel_register_commands(self, commands):
+            log.append("diffaccel_register_commands")
+            commands.add("probe-command", help="a command of the probe plugin", run=lambda args: 0)
+
     reg = Registry(load_entrypoints=False)
     reg.register_plugin(Plugin(), name="probe-plugin")
     return reg
@@ -147,6 +152,11 @@ def test_every_hook_is_exercised_through_the_core(tmp_path):
 
     assert tunable_space(diffaccel.load_config(cfg, reg), reg) == {"probe": {"level": Tunable(key="level", low=1, high=3, integer=True)}}
 
+    from diffaccel.commands import collect
+
+    found, problems = collect(("bench",), registry=reg)
+    assert [c.name for c in found if c.source.startswith("plugin 'probe-plugin'")] == ["probe-command"]
+
     pipe = tiny_digits_pipeline()
     with diffaccel.apply(pipe, strategies=[Probe(log=log)]):
         pipe(["1"], num_inference_steps=2, output_type="pt")
@@ -169,7 +179,7 @@ def test_the_plugin_guide_is_generated_from_the_hookspecs():
         assert f"#### `{name}(" in text
 
 
-def test_contract_problems_name_misspelled_unmarked_and_legacy_methods():
+def test_contract_problems_name_misspelled_unmarked_and_misplaced_wrappers():
     class Sloppy:
         name = "sloppy"
 
@@ -180,13 +190,14 @@ def test_contract_problems_name_misspelled_unmarked_and_legacy_methods():
         def diffaccel_post_step(self, run, output):  # not marked: never called
             pass
 
-        def setup(self, info):  # the old name: never called
-            pass
+        @hookimpl(wrapper=True)
+        def diffaccel_layer_output(self, run, layer, hidden):  # first result: no wrappers
+            return (yield)
 
     problems = contract_problems(Sloppy())
     assert any("diffaccel_pre_stp" in p for p in problems)
     assert any("'diffaccel_post_step' is not marked" in p for p in problems)
-    assert any("'setup' is never called: it is the hook 'diffaccel_setup' now" in p for p in problems)
+    assert any("'diffaccel_layer_output' is marked as a wrapper" in p for p in problems)
     assert contract_problems(Probe()) == []
     with pytest.raises(PluginError, match="strategy 'sloppy'"):
         diffaccel.Accelerator([Sloppy()])

@@ -67,7 +67,8 @@ def bidirectional_logits(model, x):
 
 
 def _full_then_partial(pipe, x, mask, zero=None):
-    from diffaccel.adapters.text.pipeline import _NoAccelerator, _RunContext
+    from diffaccel.adapters.text.pipeline import _RunContext
+    from diffaccel.sequence import NullAccelerator as _NoAccelerator
 
     with torch.no_grad():
         run = RunState(adapter="text", num_steps=2, batch_size=x.shape[0])
@@ -118,7 +119,8 @@ def test_partial_step_after_a_token_change_matches_transformers_on_the_changed_r
     """One layer, so the positions the step recomputes see every other position's fresh keys:
     their logits must equal the bidirectional forward of the changed input."""
     from diffaccel.adapters.text.llama import LlamaDenoiser
-    from diffaccel.adapters.text.pipeline import TextDiffusionPipeline, _NoAccelerator, _RunContext
+    from diffaccel.adapters.text.pipeline import TextDiffusionPipeline, _RunContext
+    from diffaccel.sequence import NullAccelerator as _NoAccelerator
 
     model = _hf_model("llama")
     model.model.layers = model.model.layers[:1]

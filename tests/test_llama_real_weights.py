@@ -41,7 +41,8 @@ def test_smollm2_loads_and_matches_transformers_bidirectionally(smollm2):
     from transformers import LlamaForCausalLM
 
     from diffaccel.adapters.text.loading import load_pipeline
-    from diffaccel.adapters.text.pipeline import _NoAccelerator, _RunContext
+    from diffaccel.adapters.text.pipeline import _RunContext
+    from diffaccel.sequence import NullAccelerator as _NoAccelerator
 
     pipe = load_pipeline(str(smollm2))
     den = pipe.denoiser

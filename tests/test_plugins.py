@@ -28,7 +28,7 @@ class Echo:
 
     @diffaccel.hookimpl
     def diffaccel_layer_output(self, run, layer, hidden):
-        if layer.index == run.info["n_layers"] - 1 and run.step % self.config.every:
+        if layer.index == run.info.n_layers - 1 and run.step % self.config.every:
             return layer.cached_output
         return None
 

@@ -33,7 +33,7 @@ def test_hybrid_is_ddim_ddpm_ddim():
 
         @hookimpl
         def diffaccel_post_step(self, run, output):
-            seen.setdefault(run.info["sampler"], []).append(output.logits.clone())
+            seen.setdefault(run.info.sampler, []).append(output.logits.clone())
 
     pipe = tiny_text_pipeline("continuous")
     for sampler in ("ddim", "ddpm", "hybrid"):
@@ -149,7 +149,8 @@ def test_positions_are_ragged_and_pad_only_for_attention():
 
 def test_partial_step_matches_full_on_computed_positions():
     """Positions computed in a partial step see the same keys/values as in a full step."""
-    from diffaccel.adapters.text.pipeline import _NoAccelerator, _RunContext
+    from diffaccel.adapters.text.pipeline import _RunContext
+    from diffaccel.sequence import NullAccelerator as _NoAccelerator
     from diffaccel.state import RunState
 
     pipe = tiny_text_pipeline("masked")
@@ -179,7 +180,8 @@ def test_partial_step_matches_full_on_computed_positions():
 @pytest.mark.parametrize("batch", [1, 3])
 def test_partial_step_is_exact_for_a_single_layer(batch):
     """Rows may compute different positions: each row's keys and values land in its own cache row."""
-    from diffaccel.adapters.text.pipeline import _NoAccelerator, _RunContext
+    from diffaccel.adapters.text.pipeline import _RunContext
+    from diffaccel.sequence import NullAccelerator as _NoAccelerator
     from diffaccel.state import RunState
 
     pipe = tiny_text_pipeline("masked", n_layers=1)
@@ -287,7 +289,8 @@ def _tiny_bert(tmp_path, family="bert"):
 @pytest.mark.parametrize("family", ["bert", "roberta"])
 def test_bert_family_layerwise_forward_matches_transformers(tmp_path, family):
     from diffaccel.adapters.text.loading import load_pipeline
-    from diffaccel.adapters.text.pipeline import _NoAccelerator, _RunContext
+    from diffaccel.adapters.text.pipeline import _RunContext
+    from diffaccel.sequence import NullAccelerator as _NoAccelerator
     from diffaccel.state import RunState
 
     path, model = _tiny_bert(tmp_path, family)
@@ -312,7 +315,7 @@ def test_bert_pipeline_generates_with_hooks_and_partial_positions(tmp_path):
         @hookimpl
         def diffaccel_pre_step(self, run):
             if run.step:
-                m = torch.zeros(run.batch_size, run.info["length"], dtype=torch.bool)
+                m = torch.zeros(run.batch_size, run.info.length, dtype=torch.bool)
                 m[:, 1::2] = True
                 return StepPlan(positions=m)
 
@@ -543,7 +546,7 @@ class NarrowLastLayer:
 
     @hookimpl
     def diffaccel_layer_output(self, run, layer, hidden):
-        if layer.index < run.info["n_layers"] - 1 or run.step == 0:
+        if layer.index < run.info.n_layers - 1 or run.step == 0:
             return layer.compute(hidden)
         self.last = layer
         mask = torch.zeros(hidden.shape[:2], dtype=torch.bool)
@@ -589,7 +592,8 @@ def test_a_ragged_partial_step_on_unchanged_inputs_reproduces_the_full_step(tmp_
     position must come out as in the full step (its keys, values, rotary position, modulation
     and attention row all land where they belong)."""
     from diffaccel.adapters.text.loading import load_pipeline
-    from diffaccel.adapters.text.pipeline import _NoAccelerator, _RunContext
+    from diffaccel.adapters.text.pipeline import _RunContext
+    from diffaccel.sequence import NullAccelerator as _NoAccelerator
     from diffaccel.state import RunState
 
     pipe = tiny_text_pipeline("masked", time_conditioned=True) if family == "reference" else load_pipeline(str(_tiny_bert(tmp_path, family)[0]))

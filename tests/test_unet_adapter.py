@@ -431,7 +431,7 @@ def test_run_info_and_batch_size(digits):
 
         @hookimpl
         def diffaccel_run_end(self, run):
-            seen.update(batch=run.batch_size, mode=run.info["cfg_mode"], steps=run.num_steps, layers=run.info["layers"])
+            seen.update(batch=run.batch_size, mode=run.info.cfg_mode, steps=run.num_steps, layers=run.info.layers)
 
     with diffaccel.apply(digits, strategies=[Peek()]):
         digit_images(digits, batched=True, steps=3, prompts=("1", "2", "3"))
@@ -522,7 +522,7 @@ def test_quality_reports_psnr_ssim_and_conditioning_accuracy(digits):
     # cond_acc is the classifier's agreement with the prompts' labels, computed on these images
     from diffaccel.adapters.unet.digits import classify
 
-    assert q["cond_acc"] == pytest.approx(conditioning_accuracy(classify(base.images), [1, 2])["overall"])
+    assert q["cond_acc"] == pytest.approx(class_accuracy(classify(base.images), [1, 2])["overall"])
 
 
 def test_conditioning_accuracy_per_class():

@@ -18,17 +18,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import attrs
 import torch
+from diffusers import DiffusionPipeline
 
 from ..diffusers_pipelines import load_for_config, run_pipeline
-from ..unet.adapter import UNetAdapter, UNetOptions, UNetOutput
+from ..unet.adapter import UNetAdapter, UNetOutput
 from . import hooks, peers
 from .loading import SOURCE, load_checkpoint  # noqa: F401 - load_checkpoint: importable from here as before
-
-@attrs.frozen(kw_only=True)
-class DiTOptions(UNetOptions):
-    """Keys of ``[model]`` that only the DiT adapter reads (the UNet adapter's, same meaning)."""
+from .options import DiTOptions, DiTSpec  # noqa: F401 - DiTOptions importable from here as before
 
 
 def is_digits(pipe) -> bool:
@@ -48,18 +45,14 @@ class DiTAdapter:
     ``.transformer`` has a ``transformer_blocks`` stack."""
 
     name = "dit"
-    output_suffix = ".png"
-    Options = DiTOptions
+    output_suffix = DiTSpec.output_suffix
+    Options = DiTSpec.Options
     capabilities = hooks.CAPABILITIES
     PEERS = peers.PEERS
     layer_types = (hooks.DiTBlock,)
 
     @staticmethod
     def accepts(pipe: Any) -> bool:
-        try:
-            from diffusers import DiffusionPipeline
-        except ImportError:  # pragma: no cover
-            return False
         t = getattr(pipe, "transformer", None)
         return isinstance(pipe, DiffusionPipeline) and isinstance(getattr(t, "transformer_blocks", None), torch.nn.ModuleList)
 

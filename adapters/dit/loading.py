@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from diffusers import DiffusionPipeline
-
 from ..diffusers_pipelines import PipelineSource, load_pipeline
 from .pipeline import TextDiTPipeline
 from .synthetic import SYNTHETIC, build
@@ -17,9 +15,17 @@ from .synthetic import SYNTHETIC, build
 ASSETS = Path(__file__).parent / "assets"
 SHIPPED = {"dit-digits": "dit-digits"}
 
+def _from_pretrained(name: str, **kwargs):
+    # deferred, as in unet/loading.py: the generic pipeline loader pulls in every pipeline's
+    # processors, which print a torchvision warning on import
+    from diffusers import DiffusionPipeline
+
+    return DiffusionPipeline.from_pretrained(name, **kwargs)
+
+
 SOURCE = PipelineSource(
     assets=ASSETS, shipped=SHIPPED, retrain="'python -m diffaccel.adapters.dit.digits train --out DIR' and copy DIR there",
-    synthetic=SYNTHETIC, build=build, own_class=TextDiTPipeline, fallback=DiffusionPipeline.from_pretrained)
+    synthetic=SYNTHETIC, build=build, own_class=TextDiTPipeline, fallback=_from_pretrained)
 """What ``load_checkpoint`` reads: the digits DiT, the synthetic DiTs, a ``TextDiTPipeline``
 folder, else any diffusers pipeline (``DiffusionPipeline``)."""
 

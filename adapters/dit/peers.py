@@ -20,6 +20,13 @@ from contextlib import contextmanager
 from typing import Any
 
 import attrs
+import torch
+from diffusers import hooks as dh
+from diffusers.hooks import HookRegistry
+from diffusers.hooks.first_block_cache import _FBC_BLOCK_HOOK, _FBC_LEADER_BLOCK_HOOK
+from diffusers.hooks.hooks import CacheContext, _set_cache_context
+from diffusers.hooks.pyramid_attention_broadcast import _PYRAMID_ATTENTION_BROADCAST_HOOK
+from diffusers.hooks.taylorseer_cache import _TAYLORSEER_CACHE_HOOK
 
 from diffaccel.errors import DiffaccelError
 from diffaccel.validators import in_range, non_negative, positive
@@ -92,15 +99,9 @@ def peer_name(config: Any) -> str:
 
 def _hook_names(config: Any) -> tuple[str, ...]:
     if isinstance(config, FirstBlockCachePeer):
-        from diffusers.hooks.first_block_cache import _FBC_BLOCK_HOOK, _FBC_LEADER_BLOCK_HOOK
-
         return (_FBC_LEADER_BLOCK_HOOK, _FBC_BLOCK_HOOK)
     if isinstance(config, PyramidAttentionBroadcastPeer):
-        from diffusers.hooks.pyramid_attention_broadcast import _PYRAMID_ATTENTION_BROADCAST_HOOK
-
         return (_PYRAMID_ATTENTION_BROADCAST_HOOK,)
-    from diffusers.hooks.taylorseer_cache import _TAYLORSEER_CACHE_HOOK
-
     return (_TAYLORSEER_CACHE_HOOK,)
 
 
@@ -114,8 +115,6 @@ class _Clock:
 
 
 def _apply(transformer, config: Any, clock: _Clock) -> None:
-    from diffusers import hooks as dh
-
     if isinstance(config, FirstBlockCachePeer):
         dh.apply_first_block_cache(transformer, dh.FirstBlockCacheConfig(threshold=config.threshold))
     elif isinstance(config, PyramidAttentionBroadcastPeer):
@@ -132,8 +131,6 @@ def _apply(transformer, config: Any, clock: _Clock) -> None:
 
 
 def _timestep(args: tuple, kwargs: dict) -> float | None:
-    import torch
-
     t = kwargs.get("timestep", args[2] if len(args) > 2 else None)
     if isinstance(t, torch.Tensor):
         return float(t.reshape(-1)[0]) if t.numel() else None
@@ -143,9 +140,6 @@ def _timestep(args: tuple, kwargs: dict) -> float | None:
 @contextmanager
 def peer_context(pipe, config: Any, session_of):
     """Apply the diffusers hook ``config`` names to ``pipe.transformer`` for a ``with`` block."""
-    from diffusers.hooks import HookRegistry
-    from diffusers.hooks.hooks import CacheContext, _set_cache_context
-
     if type(config) not in PEERS.values():
         raise DiffaccelError(f"dit adapter: unknown peer {type(config).__name__}")
     if session_of(pipe) is not None:
@@ -189,8 +183,6 @@ def peer_context(pipe, config: Any, session_of):
 
 
 def _remove(transformer, config: Any) -> None:
-    from diffusers.hooks import HookRegistry
-
     registry = HookRegistry.check_if_exists_or_initialize(transformer)
     for hook in _hook_names(config):
         registry.remove_hook(hook, recurse=True)

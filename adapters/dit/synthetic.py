@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import torch
 
+from ..unet.pipeline import char_vocab
+from .pipeline import TextDiTPipeline
+
 SYNTHETIC = ("synthetic-dit-medium", "synthetic-dit-tiny")
 
 _SPECS = {
@@ -28,11 +31,9 @@ _SPECS = {
 
 def build(name: str, seed: int = 0):
     """The named synthetic ``TextDiTPipeline``; the same weights for the same seed."""
+    # seconds to import (PixArt, the VAE, CLIP): deferred to a build
     from diffusers import AutoencoderKL, DDIMScheduler, PixArtTransformer2DModel
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
-
-    from ..unet.pipeline import char_vocab
-    from .pipeline import TextDiTPipeline
 
     s = _SPECS[name]
     state = torch.random.get_rng_state()

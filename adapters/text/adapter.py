@@ -13,7 +13,7 @@ from diffaccel.capabilities import MASK_CONFIDENCES, PINNED_TOKENS, TOKEN_LOGITS
 from diffaccel.errors import ConfigError, ConfigValueError, DiffaccelError
 from diffaccel.validators import in_range, one_of, positive
 
-from . import measure
+from . import commands, judge, measure, metrics
 from .diffusion_gemma import BLOCK, BLOCK_CAPABILITIES, DiffusionGemmaPipeline, GemmaLayer
 from .diffusion_gemma_loading import precheck
 from .facts import check_options, text_facts
@@ -76,6 +76,7 @@ class TextAdapter:
     Options = TextOptions
     capabilities = frozenset({TOKEN_POSITIONS, MASK_CONFIDENCES, TOKEN_LOGITS, PINNED_TOKENS})
     """``mask-confidences`` only on runs of the masked sampler (``run.capabilities`` says)."""
+    diffaccel_register_commands = staticmethod(commands.diffaccel_register_commands)  # diffaccel train text
     PEERS: dict[str, type] = {"steps": StepsPeer}
     layer_types = (TextLayer, GemmaLayer)
 
@@ -179,15 +180,11 @@ class TextAdapter:
     @staticmethod
     def load_judge(spec: str | None):
         """The judge the bench scores samples with (``judge.load_judge``; None: the default one)."""
-        from .judge import DEFAULT_JUDGE, load_judge
-
-        return load_judge(spec or DEFAULT_JUDGE)
+        return judge.load_judge(spec or judge.DEFAULT_JUDGE)
 
     @staticmethod
     def judge_lines(outputs: list[TextOutput]) -> list[str]:
-        from .judge import judge_lines
-
-        return judge_lines([t for o in outputs for t in o.texts])
+        return judge.judge_lines([t for o in outputs for t in o.texts])
 
     @staticmethod
     def quality_keys(config) -> list[str]:
@@ -198,14 +195,12 @@ class TextAdapter:
     @staticmethod
     def quality(baseline: list[TextOutput], outputs: list[TextOutput], references: list[TextOutput] | None = None) -> dict[str, float]:
         """Quality of ``outputs`` against the unaccelerated ``baseline`` of the same seeds."""
-        from .metrics import agreement, text_quality
-
         texts = [t for o in outputs for t in o.texts]
-        q = text_quality(texts)
-        q["agreement"] = sum(agreement(b.tokens, o.tokens, b.prompt_lengths) for b, o in zip(baseline, outputs)) / len(outputs)
+        q = metrics.text_quality(texts)
+        q["agreement"] = sum(metrics.agreement(b.tokens, o.tokens, b.prompt_lengths) for b, o in zip(baseline, outputs)) / len(outputs)
         if references:
             q["agreement_noise_floor"] = sum(
-                agreement(b.tokens, r.tokens, b.prompt_lengths) for b, r in zip(baseline, references)) / len(references)
+                metrics.agreement(b.tokens, r.tokens, b.prompt_lengths) for b, r in zip(baseline, references)) / len(references)
         return q
 
     # -- peers ------------------------------------------------------------------------------------

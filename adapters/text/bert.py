@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer
-
 from diffaccel.errors import ModelLoadError
 
 from ..checkpoints import check_loading_info, check_vocab, precheck_folder, quiet_loading
@@ -19,6 +17,8 @@ from .tokenizer import HFTokenizer
 
 
 def load_hf_masked_lm(source: Source) -> Loaded:
+    from transformers import AutoModelForMaskedLM, AutoTokenizer  # seconds to import: deferred to a load
+
     name_or_path, local = source.checkpoint, source.path is not None
     safe = precheck_folder(Path(name_or_path), source.allow_pickle) if local else True
     try:
@@ -58,6 +58,8 @@ class BertLoader:
         return load_hf_masked_lm(source)
 
     def facts(self, source: Source) -> ModelFacts:
+        from transformers import AutoConfig  # seconds to import: deferred to a read
+
         refuse_unsupported_decoder(source.config(), source.where)
         try:
             conf = AutoConfig.from_pretrained(source.checkpoint)

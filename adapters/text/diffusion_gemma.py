@@ -35,9 +35,11 @@ import torch
 from tqdm.auto import tqdm
 
 from diffaccel.capabilities import TOKEN_LOGITS, TOKEN_POSITIONS
+from diffaccel.sequence import RunSequence, StepModel
 from diffaccel.state import Layer, RunState
 
-from .logits import TopKLogits
+from .logits import TopKLogits, most_probable
+from .pipeline import CommitProposal, TextFinal, TextOutput, TextStepOutput
 from .positions import Positions
 
 #: how ``[model] sampler`` names this model family's sampler
@@ -290,8 +292,6 @@ class DiffusionGemmaPipeline:
     def __call__(self, prompt: str | list[str] | None = None, *, length: int = 64, steps: int | None = None,
                  seed: int = 0, batch: int = 1, sampler: str | None = None, temperature: float = 1.0,
                  block_size: int | None = None, progress: bool = True, logit_noise: float = 0.0):
-        from .pipeline import TextOutput, _NoAccelerator
-
         if sampler not in (None, BLOCK):
             raise ValueError(f"sampler {sampler!r} does not fit DiffusionGemma; allowed: {BLOCK}")
         prompts = [prompt] * batch if prompt is None or isinstance(prompt, str) else list(prompt)
@@ -311,7 +311,7 @@ class DiffusionGemmaPipeline:
                 out = self.model.generate(input_ids, **kw)
                 seqs, report = out.sequences, {"adapter": "text", "steps_run": None, "counters": {}, "strategies": {}}
             else:
-                seqs, report = self._hooked(input_ids, kw, seed, accel or _NoAccelerator(), logit_noise, progress, temperature)
+                seqs, report = self._hooked(input_ids, kw, seed, accel, logit_noise, progress, temperature)
         P = input_ids.shape[1]
         if seqs.shape[1] < P + length:  # every row ended (EOS) before the last block: pad as generate pads
             seqs = torch.nn.functional.pad(seqs, (0, P + length - seqs.shape[1]), value=self.pad_id if self.pad_id is not None else 0)
@@ -324,8 +324,6 @@ class DiffusionGemmaPipeline:
                 temperature: float = 1.0):
         """``DiffusionGemmaGenerationMixin.generate`` (transformers 5.x), step for step, with the
         decoder replaced by the hooked one and the hooks called around each denoising step."""
-        from .pipeline import TextFinal
-
         model = self.model
         gc, model_kwargs = model._prepare_generation_config(None, **kw)
         B, cur_len = input_ids.shape
@@ -347,14 +345,15 @@ class DiffusionGemmaPipeline:
         adaptive = model._prepare_diffusion_stopping_criteria(gc)
 
         run = RunState(adapter="text", num_steps=n_blocks * steps, batch_size=B, capabilities=BLOCK_CAPABILITIES)
-        run.info.update(seeds=[seed] * B, temperature=temperature, length=C, vocab_size=self.vocab_size, kind=BLOCK,
+        run.info.set(checkpoint=self.name, seeds=[seed] * B, temperature=temperature, length=C, vocab_size=self.vocab_size, kind=BLOCK,
                         sampler=BLOCK, time_conditioned=False, n_layers=self.n_layers, tokenizer=self.tokenizer,
                         prompt_lengths=[0] * B, cond_dim=0, canvas_length=C, blocks=n_blocks, pins=False,
                         layers=[f"decoder.{i}" for i in range(self.n_layers)], truncated_logits=TopKLogits)
         run.positions_per_layer = B * C
         noise_gen = torch.Generator().manual_seed(10_000_019 + seed)
-        accel.start_run(run)
-        ctx = None
+        seq = RunSequence(accel, run)
+        seq.start()
+        ctx = step_model = None
         try:
             bar = tqdm(total=n_blocks * steps, desc=f"{self.name} (block)", unit="step", disable=not progress, leave=False)
             is_prefill, step, blocks_run = True, 0, 0
@@ -371,22 +370,14 @@ class DiffusionGemmaPipeline:
                 argmax = canvas
                 if ctx is None:
                     ctx = _GemmaContext(model, run, mask_mapping)
+                    step_model = _GemmaStep(self, ctx, seq.accel, logit_noise, noise_gen)
                 ctx.mask_mapping = mask_mapping
                 ctx.new_block(_Block(model, cache, B, C, dec_pos))
+                held = held_tokens = None  # positions strategies committed in this block, and their tokens
 
                 def decoder_forward(decoder_input_ids, self_conditioning_logits, **_):
-                    logits = self._step_logits(ctx, accel, decoder_input_ids, self_conditioning_logits)
-                    guarded = accel.guard_due(run)
-                    if not accel.output_ok(run, logits) or guarded:  # again, in full, without strategies
-                        accelerated = logits.clone() if guarded else None
-                        with accel.bypassed(run):
-                            logits = self._step_logits(ctx, accel, decoder_input_ids, self_conditioning_logits, full=True)
-                            accel.output_ok(run, logits)  # raises if the full step is non-finite too
-                        if accelerated is not None:
-                            accel.guard_compare(run, accelerated, logits)
-                    if logit_noise:
-                        logits = logits + logit_noise * torch.randn(logits.shape, generator=noise_gen).to(logits)
-                    out = accel.denoiser_output(run, logits)
+                    step_model.canvas, step_model.sc_logits = decoder_input_ids, self_conditioning_logits
+                    out = seq.denoise(step_model)
                     return _StepResult(out.dense() if isinstance(out, TopKLogits) else out)
 
                 for cur_step in reversed(range(1, steps + 1)):
@@ -397,10 +388,19 @@ class DiffusionGemmaPipeline:
                         mask_mapping=mask_mapping, cache=cache, finished_denoising=done, cur_step=cur_step,
                         sampler=sampler, logits_processor=processors, diffusion_stopping_criteria=adaptive, **model_kwargs)
                     ctx.fresh = False
-                    self._post(ctx, accel, argmax, sc_logits)
+                    proposed: list[CommitProposal] = []  # built only if a strategy commits
+                    extra = seq.commit(lambda: proposed.append(_proposal(ctx, argmax, sc_logits, done, held, temperature,
+                                                                         cur_step)) or proposed[0])
+                    if extra is not None:  # committed positions keep their token for the rest of the block
+                        extra = extra.to(device) & proposed[0].candidates
+                        held = extra if held is None else held | extra
+                        held_tokens = argmax.clone() if held_tokens is None else torch.where(extra, argmax, held_tokens)
+                    if held is not None:
+                        canvas, argmax = torch.where(held, held_tokens, canvas), torch.where(held, held_tokens, argmax)
+                    self._post(ctx, seq, argmax, sc_logits, held)
                     step += 1
                     bar.update(1)
-                    if bool(done.all()) or run.stop:  # the model's early exit, or a strategy's
+                    if bool(done.all()) or seq.stopped:  # the model's early exit, or a strategy's
                         run.stop = False
                         break
                 blocks_run += 1
@@ -417,25 +417,18 @@ class DiffusionGemmaPipeline:
             run.step = step - 1
             final = TextFinal(logits=ctx.logits, draft=argmax, fixed=torch.zeros_like(argmax, dtype=torch.bool),
                               mask_id=-1, tokens=argmax, base=None)
-            accel.finalize(run, final)  # the tokens are the model's: strategies add metrics only
+            seq.finalize(final)  # the tokens are the model's: strategies add metrics only
         finally:
-            accel.end_run(run)
+            seq.end()
         report = run.report()
         report["blocks_run"] = blocks_run
         return input_ids, report
 
-    def _step_logits(self, ctx: _GemmaContext, accel, canvas: torch.Tensor, sc_logits: torch.Tensor | None,
-                     full: bool = False) -> torch.Tensor:
-        """One hooked decoder evaluation of the canvas (B, C) -> logits (B, C, V); ``full``: every
-        position, no ``pre_step`` (a recomputation inside ``accel.bypassed``)."""
+    def _step_logits(self, ctx: _GemmaContext, accel, canvas: torch.Tensor, sc_logits: torch.Tensor | None) -> torch.Tensor:
+        """One hooked decoder evaluation of the canvas (B, C) -> logits (B, C, V), computing the
+        positions ``run.plan`` names (every one at a block's first step)."""
         run = ctx.run
-        if not full:
-            accel.pre_step(run)
         plan = run.plan
-        if plan is not None and plan.reuse_step and ctx.logits is not None and not ctx.fresh:
-            run.counters.steps_reused += 1
-            ctx.step_sel = Positions(torch.zeros(canvas.shape, dtype=torch.bool, device=canvas.device))
-            return ctx.logits
         model = self.model
         dec = model.model.decoder
         if ctx.fresh or plan is None or plan.positions is None or bool(plan.positions.all()):
@@ -467,15 +460,55 @@ class DiffusionGemmaPipeline:
             head.scatter_(ctx.logits, softcap(model.lm_head(dec.norm(head.gather(h))), cap))
         return ctx.logits
 
-    def _post(self, ctx: _GemmaContext, accel, argmax: torch.Tensor, logits: torch.Tensor) -> None:
-        if not accel.active:
-            return
-        from .pipeline import TextStepOutput
+    @staticmethod
+    def _post(ctx: _GemmaContext, seq: RunSequence, argmax: torch.Tensor, logits: torch.Tensor,
+              held: torch.Tensor | None) -> None:
+        """``post_step``; the top-1's probability (a softmax over the vocabulary) only if read."""
+        def output() -> TextStepOutput:
+            computed = None if ctx.step_sel is None else ctx.step_sel.mask()
+            return TextStepOutput(tokens=argmax, top1=argmax, top1_of=lambda: tuple(logits.float().softmax(-1).max(-1)),
+                                  logits=logits, computed=computed, masked=None, fixed=held)
 
-        prob, _ = logits.float().softmax(-1).max(-1)
-        computed = None if ctx.step_sel is None else ctx.step_sel.mask()
-        accel.post_step(ctx.run, TextStepOutput(tokens=argmax, top1=argmax, top1_prob=prob, logits=logits,
-                                                computed=computed, masked=None, fixed=None))
+        seq.post_step(output)
+
+
+class _GemmaStep(StepModel):
+    """One decoder evaluation of the active canvas, for ``RunSequence.denoise``."""
+
+    def __init__(self, pipe: DiffusionGemmaPipeline, ctx: _GemmaContext, accel, logit_noise: float, noise_gen):
+        self.pipe, self.ctx, self.accel = pipe, ctx, accel
+        self.logit_noise, self.noise_gen = logit_noise, noise_gen
+        self.canvas: torch.Tensor | None = None
+        self.sc_logits: torch.Tensor | None = None
+
+    def compute(self) -> torch.Tensor:
+        return self.pipe._step_logits(self.ctx, self.accel, self.canvas, self.sc_logits)
+
+    def reuse(self) -> torch.Tensor | None:
+        ctx = self.ctx
+        if ctx.logits is None or ctx.fresh:  # a block's first step computes everything
+            return None
+        ctx.step_sel = Positions(torch.zeros(self.canvas.shape, dtype=torch.bool, device=self.canvas.device))
+        return ctx.logits
+
+    def output(self, raw: torch.Tensor) -> torch.Tensor:
+        if self.logit_noise:
+            return raw + self.logit_noise * torch.randn(raw.shape, generator=self.noise_gen).to(raw)
+        return raw
+
+
+def _proposal(ctx: _GemmaContext, argmax: torch.Tensor, logits: torch.Tensor, done: torch.Tensor,
+              held: torch.Tensor | None, temperature: float, steps_left: int) -> CommitProposal:
+    """The block sampler's step as a ``CommitProposal``: every canvas position of a row still
+    denoising and not yet committed is a candidate with its argmax token; the model's sampler
+    commits nothing for good on its own (it re-noises what it did not accept): ``scheduled`` is empty."""
+    prob, _ = most_probable(logits.float())
+    candidates = (~done)[:, None].expand_as(argmax).clone()
+    if held is not None:
+        candidates &= ~held
+    computed = None if ctx.step_sel is None else ctx.step_sel.mask()
+    return CommitProposal(candidates=candidates, tokens=argmax, confidence=prob, scheduled=torch.zeros_like(candidates),
+                          logits=logits, computed=computed, temperature=temperature, steps_left=[steps_left] * argmax.shape[0])
 
 
 def _multiples(length: int, C: int) -> str:

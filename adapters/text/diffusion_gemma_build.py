@@ -17,6 +17,10 @@ import argparse
 import sys
 from pathlib import Path
 
+import torch
+from safetensors.torch import load_file
+from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion, PreTrainedTokenizerFast
+
 from .reference import shipped_path
 from .tokenizer import MASK, PAD, SEP, UNK
 
@@ -35,8 +39,6 @@ SIZES = {
 def tiny_config(vocab_size: int = 4096, *, pad: int = 0, bos: int = 3, eos: int | None = None, size: str = "tiny", **over):
     """A ``DiffusionGemmaConfig`` of the given size (the shape transformers' own tests use for
     ``tiny``); ``over`` overrides text_config keys, ``canvas_length`` included."""
-    from transformers import DiffusionGemmaConfig
-
     spec = {**SIZES[size], **over}
     canvas = spec.pop("canvas_length")
     heads_kv, head_dim = spec["num_key_value_heads"], spec["head_dim"]
@@ -50,17 +52,12 @@ def tiny_config(vocab_size: int = 4096, *, pad: int = 0, bos: int = 3, eos: int 
 
 def wordnet_tokenizer():
     """The shipped WordNet BPE tokenizer as a transformers fast tokenizer ([SEP] is BOS)."""
-    from transformers import PreTrainedTokenizerFast
-
     return PreTrainedTokenizerFast(tokenizer_file=str(shipped_path("wordnet-masked") / "tokenizer.json"),
                                    pad_token=PAD, unk_token=UNK, mask_token=MASK, bos_token=SEP)
 
 
 def build(out: str | Path, size: str = "tiny", seed: int = 0, **over) -> Path:
     """Write a random DiffusionGemma checkpoint of ``size`` to ``out``; returns the folder."""
-    import torch
-    from transformers import DiffusionGemmaForBlockDiffusion
-
     tok = wordnet_tokenizer()
     cfg = tiny_config(len(tok), pad=tok.pad_token_id, bos=tok.bos_token_id, size=size, **over)
     torch.manual_seed(seed)
@@ -78,8 +75,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="folder to write (config.json, model.safetensors, tokenizer)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    from safetensors.torch import load_file
-
     path = build(args.out, args.size, args.seed)
     n = sum(t.numel() for t in load_file(str(path / "model.safetensors")).values())
     print(f"{path}: random DiffusionGemma '{args.size}', {n / 1e6:.1f}M stored parameters, seed {args.seed}", file=sys.stderr)

@@ -9,9 +9,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from transformers import AutoTokenizer, DiffusionGemmaForBlockDiffusion
-from transformers.utils import logging as hf_logging
-
 from diffaccel.errors import ModelLoadError
 
 from ..checkpoints import check_loading_info, check_vocab, precheck_folder, quiet_loading
@@ -30,6 +27,9 @@ def is_diffusion_gemma(config: dict) -> bool:
 def load_diffusion_gemma(source: Source) -> Loaded:
     """The model and tokenizer of a DiffusionGemma folder or hub id. Missing files and loading
     failures are one ``ModelLoadError`` naming the checkpoint and what is wrong."""
+    from transformers import AutoTokenizer, DiffusionGemmaForBlockDiffusion  # seconds to import: deferred to a load
+    from transformers.utils import logging as hf_logging
+
     name_or_path, allow_pickle = source.checkpoint, source.allow_pickle
     safe = True
     if source.path is not None:

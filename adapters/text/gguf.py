@@ -23,6 +23,9 @@ import importlib.util
 import json
 from pathlib import Path
 
+import torch
+from safetensors.torch import save_file
+
 from diffaccel.errors import ModelLoadError
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -40,8 +43,7 @@ def smollm2_gguf() -> Path | None:
 
 def read_gguf(path: Path):
     """(model, tokenizer) from a GGUF file, in float32."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # seconds to import: deferred to a load
 
     if not path.is_file():
         raise ModelLoadError(f"{path}: no such GGUF file")
@@ -57,13 +59,9 @@ def read_gguf(path: Path):
 def convert(src: Path, out: Path, mask_token_id: int, dtype: str = "float32") -> Path:
     """Write ``src`` (GGUF) as a checkpoint folder at ``out`` with ``mask_token_id`` in its
     config.json. ``dtype`` float16 halves the folder (the loader computes in float32 anyway)."""
-    import torch
-
     model, tok = read_gguf(src)
     if not 0 <= mask_token_id < model.config.vocab_size:
         raise ModelLoadError(f"--mask-token-id {mask_token_id}: outside the vocabulary (0..{model.config.vocab_size - 1})")
-    from safetensors.torch import save_file
-
     out.mkdir(parents=True, exist_ok=True)
     # save_pretrained refuses a model read from GGUF (it counts as quantised): write the plain
     # transformers layout by hand, without the quantisation entry of its config

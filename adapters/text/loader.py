@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import attrs
-from huggingface_hub import hf_hub_download
 
 from diffaccel.errors import ModelLoadError
 
@@ -62,6 +61,8 @@ class Source:
         if Path(self.checkpoint).exists() or self.checkpoint.startswith((".", "/", "~")):
             raise ModelLoadError(f"{self.checkpoint}: not a model folder (no config.json)")
         try:
+            from huggingface_hub import hf_hub_download  # only a hub id needs the hub client
+
             return json.loads(Path(hf_hub_download(self.checkpoint, "config.json")).read_text())
         except Exception as exc:  # offline, unknown repo, invalid id: all end the same way
             raise ModelLoadError(

@@ -12,8 +12,10 @@ import torch
 from diffaccel.state import RunState, StepPlan
 
 from . import metrics
+from diffaccel.sequence import NULL
+
 from .judge import judge_lines
-from .pipeline import _NoAccelerator, _RunContext
+from .pipeline import _RunContext
 
 
 def time_partial_steps(pipe, config, fractions: tuple[float, ...], repeats: int) -> dict[float, list[float]]:
@@ -29,7 +31,7 @@ def time_partial_steps(pipe, config, fractions: tuple[float, ...], repeats: int)
         t = torch.tensor(500.0)
     run = RunState(adapter="text", num_steps=1, batch_size=B)
     ctx = _RunContext(den, run)
-    accel = _NoAccelerator()
+    accel = NULL
     masks = {}
     for f in fractions:
         m = torch.zeros(B, N, dtype=torch.bool)

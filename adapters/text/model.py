@@ -22,6 +22,7 @@ from pathlib import Path
 import attrs
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .positions import Positions
@@ -300,8 +301,6 @@ class TextDiffusionLM(nn.Module):
 
     # -- persistence --
     def save(self, directory: str | Path) -> None:
-        from safetensors.torch import save_file
-
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         (d / "config.json").write_text(self.config.to_json())
@@ -309,8 +308,6 @@ class TextDiffusionLM(nn.Module):
 
     @classmethod
     def load(cls, directory: str | Path) -> "TextDiffusionLM":
-        from safetensors.torch import load_file
-
         d = Path(directory)
         model = cls(TextDiffusionConfig.from_json((d / "config.json").read_text()))
         state = load_file(str(d / "model.safetensors"))

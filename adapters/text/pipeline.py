@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from diffaccel.capabilities import MASK_CONFIDENCES, PINNED_TOKENS, TOKEN_LOGITS, TOKEN_POSITIONS
+from diffaccel.sequence import RunSequence, StepModel
 from diffaccel.state import Layer, RunState
 
 from .logits import CdfCache, TopKLogits, clean_estimate, draw, most_probable
@@ -151,6 +152,18 @@ class CommitProposal:
     """Per row: the steps its block's schedule has left, this one included."""
 
 
+def _continuous_proposal(ctx: "_RunContext", logits: Any, fixed: torch.Tensor, temperature: float,
+                        steps_left: int) -> CommitProposal:
+    """A continuous sampler's step as a ``CommitProposal``: every position not yet fixed is a
+    candidate with its current top-1; the sampler commits nothing on its own (``scheduled`` is
+    empty). A committed position is a known token from then on, as the prompt's are."""
+    prob, top1 = logits.top1() if isinstance(logits, TopKLogits) else most_probable(logits.float())
+    computed = None if logits is not ctx.logits or ctx.head_sel is None else ctx.head_sel.mask()
+    B = fixed.shape[0]
+    return CommitProposal(candidates=~fixed, tokens=top1, confidence=prob, scheduled=torch.zeros_like(fixed),
+                          logits=logits, computed=computed, temperature=temperature, steps_left=[steps_left] * B)
+
+
 _NOT_RUN = object()  # the last layer's ``compute`` was not called at this step
 
 
@@ -177,6 +190,7 @@ class _RunContext:
         self.prefix_lo = 0
         self.prefix_done = 0
         self.rows_done: torch.Tensor | None = None  # (B,) bool: rows with nothing left to commit, not computed
+        self.step_model: Any = None  # the run's ``_TextStep`` (RunSequence.denoise)
         self.layers = [TextLayer(i, self) for i in range(den.n_layers)]
 
 
@@ -238,9 +252,7 @@ class TextStepOutput:
     are computed when a strategy first reads them (a softmax over the vocabulary at every
     position: a few percent of a small model's step, wasted for strategies that never look)."""
 
-    tokens: torch.Tensor
-    """Current sequence (B, N); masked positions hold the mask id (masked sampler) or the
-    current top-1 (continuous samplers)."""
+    _tokens: torch.Tensor | None = attrs.field(alias="tokens")
     _top1: torch.Tensor | None = attrs.field(default=None, alias="top1")
     _top1_prob: torch.Tensor | None = attrs.field(default=None, alias="top1_prob")
     _top1_of: Any = attrs.field(default=None, alias="top1_of")
@@ -268,6 +280,16 @@ class TextStepOutput:
     ``top1``/``top1_prob`` come from them."""
 
     @property
+    def tokens(self) -> torch.Tensor:
+        """Current sequence (B, N); masked positions hold the mask id (masked sampler). Continuous
+        samplers: the current top-1 (computed on first read, as ``top1`` is)."""
+        return self.top1 if self._tokens is None else self._tokens
+
+    @tokens.setter
+    def tokens(self, value: torch.Tensor) -> None:
+        self._tokens = value
+
+    @property
     def top1(self) -> torch.Tensor:
         """Most probable token per position (B, N). Read it during the call: later, the
         adapter's state has moved on to the next step."""
@@ -285,8 +307,11 @@ class TextStepOutput:
     def _resolve_top1(self) -> None:
         if self._top1_of is None:
             raise RuntimeError("TextStepOutput.top1 was not read during the post-step call; read it there")
-        self._top1_prob, self._top1 = self._top1_of()
+        prob, top1 = self._top1_of()
         self._top1_of = None
+        self._top1_prob = prob
+        if self._top1 is None:  # an adapter may give the tokens and leave only their probability lazy
+            self._top1 = top1
 
     def close(self) -> None:
         """After the post-step call: an unread top-1 can no longer be computed correctly."""
@@ -327,22 +352,37 @@ class TextOutput:
     """Counters and what each strategy reported (``RunState.report()``)."""
 
 
-class _NoAccelerator:
-    """The untouched path: no hooks at all."""
+class _TextStep(StepModel):
+    """One denoiser evaluation of the text pipeline, for ``RunSequence.denoise``: the step's
+    positions under ``run.plan``, the logits (B, N, V) as its output."""
 
-    active = False
+    def __init__(self, pipe: "TextDiffusionPipeline", ctx: _RunContext, accel):
+        self.pipe, self.ctx, self.accel = pipe, ctx, accel
+        self.x_in: torch.Tensor | None = None
+        self.t: torch.Tensor | None = None
 
-    def start_run(self, run): pass
-    def pre_step(self, run): return None
-    def layer_output(self, run, layer, hidden): return layer.compute(hidden)
-    def denoiser_output(self, run, output): return output
-    def post_step(self, run, output): pass
-    def end_run(self, run): pass
-    def output_ok(self, run, output): return True
-    def guard_due(self, run): return False
+    def compute(self) -> torch.Tensor:
+        self.pipe._denoise(self.ctx, self.accel, self.x_in, self.t)
+        return self.ctx.logits
 
-    def finalize(self, run, final):
-        final.apply_default()
+    def reuse(self) -> torch.Tensor | None:
+        ctx = self.ctx
+        if ctx.logits is None:
+            return None
+        ctx.step_sel = ctx.head_sel = Positions(torch.zeros(self.x_in.shape[:2], dtype=torch.bool, device=ctx.logits.device))
+        ctx.step_logits = None
+        return ctx.logits
+
+    def fresh(self, raw: torch.Tensor) -> torch.Tensor:
+        # the finite check reads what the step computed: its rows of logits, or all of them
+        ctx = self.ctx
+        return raw if ctx.step_logits is None else ctx.step_logits
+
+    def output(self, raw: torch.Tensor) -> torch.Tensor:
+        pipe = self.pipe
+        if pipe._logit_noise:
+            return raw + pipe._logit_noise * torch.randn(raw.shape, generator=pipe._noise_gen).to(raw)
+        return raw
 
 
 class TextDiffusionPipeline:
@@ -447,36 +487,10 @@ class TextDiffusionPipeline:
             ctx.logits[:, :lo] = den.logits(h)
         ctx.prefix_done = lo
 
-    def _step_model(self, ctx, accel, x_in, t) -> torch.Tensor:
-        run = ctx.run
-        accel.pre_step(run)
-        if run.plan is not None and run.plan.reuse_step and ctx.logits is not None:
-            run.counters.steps_reused += 1
-            ctx.step_sel = ctx.head_sel = Positions(torch.zeros(x_in.shape[:2], dtype=torch.bool, device=self.device))
-            ctx.step_logits = None
-        else:
-            self._denoise(ctx, accel, x_in, t)
-            # the finite check reads what the step computed: its rows of logits, or all of them
-            fresh = ctx.logits if ctx.step_logits is None else ctx.step_logits
-            guarded = accel.guard_due(run)
-            if not accel.output_ok(run, fresh) or guarded:
-                self._full_step(ctx, accel, x_in, t, guarded)
-        logits = ctx.logits
-        if self._logit_noise:
-            logits = logits + self._logit_noise * torch.randn(logits.shape, generator=self._noise_gen).to(logits)
-        return accel.denoiser_output(run, logits)
-
-    def _full_step(self, ctx, accel, x_in, t, compare: bool) -> None:
-        """The step again, every layer in full without the strategies (their caches refreshed):
-        a non-finite step's recomputation, or the quality guard's full step (``compare``: the
-        strategies' logits are compared with it first). The run goes on from the full step."""
-        run = ctx.run
-        accelerated = ctx.logits.clone() if compare else None
-        with accel.bypassed(run):
-            self._denoise(ctx, accel, x_in, t)
-            accel.output_ok(run, ctx.logits)  # raises if the full step is non-finite too
-        if accelerated is not None:
-            accel.guard_compare(run, accelerated, ctx.logits)
+    def _step_model(self, ctx, seq: RunSequence, x_in, t) -> torch.Tensor:
+        step = ctx.step_model
+        step.x_in, step.t = x_in, t
+        return seq.denoise(step)
 
     # -- public call -----------------------------------------------------------------------------
     @torch.no_grad()
@@ -522,9 +536,8 @@ class TextDiffusionPipeline:
         gens = [torch.Generator().manual_seed(row_seed(seed + r)) for r in range(batch)]
         self._logit_noise = logit_noise
         self._noise_gen = torch.Generator().manual_seed(10_000_019 + seed)
-        accel = self.accelerator or _NoAccelerator()
         run = RunState(adapter="text", num_steps=steps, batch_size=batch, capabilities=run_capabilities(sampler))
-        run.info.update(seeds=[seed + r for r in range(batch)], temperature=temperature, length=length, vocab_size=den.vocab_size, kind=den.kind, sampler=sampler,
+        run.info.set(checkpoint=self.name, seeds=[seed + r for r in range(batch)], temperature=temperature, length=length, vocab_size=den.vocab_size, kind=den.kind, sampler=sampler,
                         time_conditioned=den.time_conditioned, n_layers=den.n_layers,
                         tokenizer=tok, prompt_lengths=[len(p) for p in prompt_ids], cond_dim=den.cond_dim,
                         truncated_logits=TopKLogits)
@@ -534,23 +547,24 @@ class TextDiffusionPipeline:
         for r, ids in enumerate(prompt_ids):
             base[r, : len(ids)] = torch.tensor(ids, dtype=torch.long)
             fixed[r, : len(ids)] = True
-        accel.start_run(run)
-        if run.pinned is not None:  # tokens a strategy planned (e.g. key terms): held like the prompt
-            pin = run.pinned.to(self.device)
+        seq = RunSequence(self.accelerator, run)
+        ctx.step_model = _TextStep(self, ctx, seq.accel)
+        pinned = seq.start()
+        if pinned is not None:  # tokens a strategy planned (e.g. key terms): held like the prompt
+            pin = pinned.to(self.device)
             base = torch.where(pin >= 0, pin, base)
             fixed = fixed | (pin >= 0)
         try:
             bar = tqdm(total=steps, desc=f"{self.name} ({sampler})", unit="step", disable=not progress, leave=False)
             if sampler == "masked":
-                draft = self._masked(ctx, accel, base, fixed, steps, temperature, block_size, gens, bar, prefix_cache)
+                draft = self._masked(ctx, seq, base, fixed, steps, temperature, block_size, gens, bar, prefix_cache)
             else:
-                draft = self._continuous(ctx, accel, base, fixed, steps, sampler, temperature, gens, bar)
+                draft = self._continuous(ctx, seq, base, fixed, steps, sampler, temperature, gens, bar)
             bar.close()
-            final = TextFinal(logits=ctx.logits, draft=draft, fixed=fixed, mask_id=den.mask_id, base=base)
-            accel.finalize(run, final)
+            final = seq.finalize(TextFinal(logits=ctx.logits, draft=draft, fixed=fixed, mask_id=den.mask_id, base=base))
             tokens = torch.where(fixed, base, final.tokens)
         finally:
-            accel.end_run(run)
+            seq.end()
         return TextOutput(
             texts=[tok.decode(row.tolist()) for row in tokens.cpu()],
             tokens=tokens.cpu(),
@@ -558,10 +572,12 @@ class TextDiffusionPipeline:
             report=run.report(),
         )
 
-    def _post(self, ctx, accel, tokens, logits, masked, fixed, latents=None):
-        run = ctx.run
-        if not accel.active or not accel.watches_steps:  # nobody reads it: skip the top-1 over every position
-            return
+    def _post(self, ctx, seq: RunSequence, tokens, logits, masked, fixed, latents=None):
+        """``post_step`` with a ``TextStepOutput``, built only if a strategy reads steps."""
+        seq.post_step(lambda: self._step_output(ctx, tokens, logits, masked, fixed, latents))
+
+    @staticmethod
+    def _step_output(ctx, tokens, logits, masked, fixed, latents) -> "TextStepOutput":
         topk = None
         # the top-1 over every position, computed only if a strategy reads it (TextStepOutput);
         # the cached one serves the next partial step only if this step refreshed it
@@ -577,13 +593,10 @@ class TextDiffusionPipeline:
                 return top1_prob, top1
         out = TextStepOutput(tokens=tokens, top1_of=top1_of, logits=logits, topk=topk, masked=masked, fixed=fixed,
                              computed=None if ctx.step_sel is None else ctx.step_sel.mask(), latents=latents)
-        if tokens is None:  # continuous samplers: the current top-1, computed only on hooked runs
-            out.tokens = out.top1
-        accel.post_step(run, out)
-        out.close()
+        return out  # continuous samplers: tokens None, read as the top-1 when a strategy asks
 
     # -- masked (absorbing) sampler -------------------------------------------------------------
-    def _masked(self, ctx, accel, x, fixed, steps, temperature, block_size, gens, bar, prefix_cache=False):
+    def _masked(self, ctx, seq: RunSequence, x, fixed, steps, temperature, block_size, gens, bar, prefix_cache=False):
         run = ctx.run
         B, N = x.shape
         mask_id = ctx.den.mask_id
@@ -594,7 +607,8 @@ class TextDiffusionPipeline:
         # Each row walks the blocks on its own: it leaves a block when the block's steps are spent
         # or, when a strategy chooses commits, as soon as nothing in it is masked. Without such a
         # strategy every row commits on the same schedule, so the rows move in step.
-        early = accel.active and getattr(accel, "commits", False)
+        accel = seq.accel
+        early = accel.active and accel.commits
         if prefix_cache and early:
             raise ValueError("prefix_cache does not combine with a strategy that commits tokens early: rows would "
                              "leave their blocks at different steps, and the prefix is one for the batch")
@@ -617,7 +631,7 @@ class TextDiffusionPipeline:
             run.step = step
             run.timestep = float(masked.float().mean())  # the current mask rate
             t = torch.tensor(run.timestep * 1000.0, device=self.device) if ctx.den.time_conditioned else None
-            logits = self._step_model(ctx, accel, x, t)
+            logits = self._step_model(ctx, seq, x, t)
             cache = None
             if cdfs is not None:  # hooked run: rows the step did not compute keep their CDF
                 if logits is ctx.logits:
@@ -641,21 +655,21 @@ class TextDiffusionPipeline:
             chosen = most_confident(candidates, confs, [math.ceil(n / s) if n else 0 for n, s in zip(counts, steps_left)])
             if early:
                 computed = None if logits is not ctx.logits or ctx.head_sel is None else ctx.head_sel.mask()
-                extra = accel.commit(run, CommitProposal(candidates=candidates, tokens=choices, confidence=confs, scheduled=chosen,
-                                                         logits=logits, computed=computed, temperature=temperature,
-                                                         steps_left=steps_left))
+                extra = seq.commit(lambda: CommitProposal(
+                    candidates=candidates, tokens=choices, confidence=confs, scheduled=chosen, logits=logits,
+                    computed=computed, temperature=temperature, steps_left=steps_left))
                 if extra is not None:
                     chosen = chosen | (extra.to(x.device) & candidates)
             x[chosen] = choices[chosen]
             spent = [j + 1 for j in spent]
-            self._post(ctx, accel, x, logits, x == mask_id, fixed)
+            self._post(ctx, seq, x, logits, x == mask_id, fixed)
             bar.update(1)
-            if run.stop:  # a strategy ended the run: finalize fills what is still masked
+            if seq.stopped:  # a strategy ended the run: finalize fills what is still masked
                 return x
         return x
 
     # -- continuous (embedding-space) samplers --------------------------------------------------
-    def _continuous(self, ctx, accel, base, fixed, steps, sampler, temperature, gens, bar):
+    def _continuous(self, ctx, seq: RunSequence, base, fixed, steps, sampler, temperature, gens, bar):
         run, den = ctx.run, ctx.den
         B, N = base.shape
         E = den.token_latents()  # (V, E)
@@ -671,7 +685,7 @@ class TextDiffusionPipeline:
             ab = ab_all[t]
             # prompt positions follow the forward process of their known tokens
             z = torch.where(fixed[..., None], ab.sqrt() * prefix_latent + (1 - ab).sqrt() * prefix_noise, z)
-            logits = self._step_model(ctx, accel, z, torch.tensor(float(t), device=self.device))
+            logits = self._step_model(ctx, seq, z, torch.tensor(float(t), device=self.device))
             x0 = _refresh_computed(ctx, logits, x0, lambda lg: clean_estimate(lg, E, max(temperature, 1e-6)))
             ab_prev = ab_all[ts[s + 1]] if s + 1 < len(ts) else torch.tensor(1.0, device=self.device)
             eps = (z - ab.sqrt() * x0) / (1 - ab).clamp(min=1e-8).sqrt()
@@ -682,8 +696,16 @@ class TextDiffusionPipeline:
                 sigma = ((1 - ab_prev) / (1 - ab) * (1 - ab / ab_prev)).clamp(min=0).sqrt()
                 noise = torch.stack([torch.randn(N, E.shape[1], generator=g) for g in gens]).to(self.device)
                 z = ab_prev.sqrt() * x0 + (1 - ab_prev - sigma**2).clamp(min=0).sqrt() * eps + sigma * noise
-            self._post(ctx, accel, None, logits, None, fixed, latents=z)  # tokens: the top-1, found there
+            proposed: list[CommitProposal] = []  # built only if a strategy commits
+            extra = seq.commit(lambda: proposed.append(_continuous_proposal(ctx, logits, fixed, temperature, steps - s))
+                               or proposed[0])
+            if extra is not None:  # committed positions are known tokens from now on, like the prompt's
+                newly = extra.to(fixed.device) & ~fixed
+                base[newly] = proposed[0].tokens[newly]
+                fixed |= newly
+                prefix_latent = E[base.clamp(min=0)]
+            self._post(ctx, seq, None, logits, None, fixed, latents=z)  # tokens: the top-1, found there
             bar.update(1)
-            if run.stop:  # a strategy ended the run early
+            if seq.stopped:  # a strategy ended the run early
                 break
         return logits.argmax(-1)

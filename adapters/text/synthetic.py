@@ -16,7 +16,6 @@ padded to the 32,000 ids: ids below 4,096 decode as that tokenizer's tokens, the
 from __future__ import annotations
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from .llama import LlamaDenoiser
 from .loader import Loaded, ModelFacts, Source
@@ -60,6 +59,8 @@ class PaddedTokenizer:
 
 def build_synthetic(name: str, seed: int = SEED) -> Loaded:
     """The components of a synthetic speed model (``load_pipeline(name)`` builds its pipeline)."""
+    from transformers import LlamaConfig, LlamaForCausalLM  # seconds to import: deferred to a build
+
     conf = LlamaConfig(**SPECS[name])
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

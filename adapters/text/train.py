@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import shutil
 import time
 from pathlib import Path
 
@@ -19,13 +20,14 @@ import attrs
 import numpy as np
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from diffaccel.conditions import load as load_conditions
 
 from .corpus import read_wordnet, write_lines
-from .reference import shipped_path
 from .model import TextDiffusionConfig, TextDiffusionLM, mask_rate
+from .reference import shipped_path
 from .tokenizer import TextTokenizer, train_tokenizer
 
 
@@ -171,7 +173,7 @@ def entropy_by_noise(model, batches, weights, gen, bins: int = 10) -> list[float
 
 
 def plot_curves(path: Path, losses: list[float], entropy_history: list[tuple[int, list[float]]], kind: str) -> None:
-    import matplotlib
+    import matplotlib  # slow to import: only the training curves need it
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -234,8 +236,6 @@ def train(cfg: TrainConfig, lines: list[str] | None = None) -> Path:
         mcfg = attrs.evolve(mcfg, frozen_embed_dim=table.shape[1])
     model = TextDiffusionLM(mcfg)
     if base is not None:
-        from safetensors.torch import load_file
-
         missing, unexpected = model.load_state_dict({k: v.float() for k, v in load_file(str(base / "model.safetensors")).items()}, strict=False)
         if unexpected or any(not k.startswith("cond_proj.") for k in missing):
             raise ValueError(f"{base}: weights do not fit (missing {missing}, unexpected {unexpected})")
@@ -360,7 +360,7 @@ def line_weights(stream: np.ndarray, starts: np.ndarray, terms: list, tok: TextT
 def bert_embedding_table(tok: TextTokenizer, bert_path: str) -> torch.Tensor:
     """(V, H) embeddings for our tokens from a pretrained BERT: each token's text is split by the
     BERT's own tokenizer and its word-piece embeddings are averaged (special tokens keep zeros)."""
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoModel, AutoTokenizer  # seconds to import: only --init-embeddings needs them
 
     bert_tok = AutoTokenizer.from_pretrained(bert_path)
     emb = AutoModel.from_pretrained(bert_path).get_input_embeddings().weight.detach()
@@ -378,10 +378,6 @@ def bert_embedding_table(tok: TextTokenizer, bert_path: str) -> torch.Tensor:
 
 def export_fp16(src: str | Path, dst: str | Path) -> Path:
     """Copy a trained checkpoint for shipping: weights in float16 safetensors (loaded back as float32)."""
-    import shutil
-
-    from safetensors.torch import load_file, save_file
-
     src, dst = Path(src), Path(dst)
     dst.mkdir(parents=True, exist_ok=True)
     state = load_file(str(src / "model.safetensors"))

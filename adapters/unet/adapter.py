@@ -17,61 +17,28 @@ DeepCache 0.1.1's ``DeepCacheSDHelper`` applied to the same pipeline.
 from __future__ import annotations
 
 import json
+import os
+import types
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import attrs
 import torch
+from diffusers import DiffusionPipeline, UNet2DConditionModel
+from PIL import Image
 
 from diffaccel.errors import DiffaccelError, ModelLoadError
-from diffaccel.validators import in_range, non_negative, one_of, positive
 
 from ..checkpoints import quiet_loading
 from ..diffusers_pipelines import (  # noqa: F401 - check_pipeline: importable from here as before
     ImageOutput, PipelineSource, check_pipeline, load_for_config, load_pipeline, run_pipeline)
 from ..diffusers_pipelines import first_line as _first_line
 from ..digits import class_accuracy, classify
-from . import hooks
+from . import commands, hooks
 from .loading import ASSETS, SHIPPED, SOURCE, load_checkpoint  # noqa: F401 - ASSETS, load_checkpoint: importable from here as before
 from .metrics import psnr_per_image, ssim_per_image
-from .synthetic import SYNTHETIC
-
-SCHEDULERS = ("ddim", "checkpoint")
-
-
-@attrs.frozen(kw_only=True)
-class UNetOptions:
-    """Keys of ``[model]`` that only the UNet adapter reads."""
-
-    size: int | None = attrs.field(default=None, validator=positive)
-    """Image height and width in pixels (default: the model's own, e.g. 32 for digits, 64 for synthetic-sd-medium)."""
-    guidance_scale: float = attrs.field(default=7.5, validator=in_range(0.0, None))
-    """Classifier-free guidance scale; 1 or less turns guidance off (one branch per step)."""
-    prompts: list[str] = attrs.Factory(list)
-    """Prompt per batch row (repeated if shorter than the batch); empty: the empty prompt."""
-    negative_prompt: str | None = None
-    """Prompt of the unconditional branch (Stable Diffusion pipelines only; default: empty)."""
-    scheduler: str = attrs.field(default="ddim", validator=one_of(SCHEDULERS))
-    """ddim (DDIM, eta 0, from the checkpoint's noise schedule) or checkpoint (the scheduler it ships)."""
-    eta: float = attrs.field(default=0.0, validator=in_range(0.0, 1.0))
-    """DDIM eta: 0 is deterministic DDIM, 1 is DDPM-like noise."""
-    grid_columns: int = attrs.field(default=8, validator=positive)
-    """Images per row in the PNG grid that ``generate --out`` writes."""
-    grid_scale: int = attrs.field(default=1, validator=in_range(1, 16))
-    """Nearest-neighbour enlargement of each image in the written grid (1: native size)."""
-
-
-@attrs.frozen(kw_only=True)
-class DeepCachePeer:
-    """Keys of ``[[peer]] use = "deepcache"``: DeepCache 0.1.1 (``pip install diffaccel[deepcache]``)."""
-
-    cache_interval: int = attrs.field(default=3, validator=positive)
-    """Run the full UNet every this many steps; in between, only the shallow branch runs."""
-    cache_branch_id: int = attrs.field(default=0, validator=non_negative)
-    """The skip branch whose deeper features are cached: 3 x down block + layer (0: the shallowest)."""
-    name: str | None = None
-    """Entry name in bench (default: deepcache-i<interval>, with -b<branch> when the branch is not 0)."""
+from .options import SCHEDULERS, DeepCachePeer, UNetOptions, UNetSpec  # noqa: F401 - importable from here as before
+from .synthetic import SYNTHETIC, build
 
 
 UNetOutput = ImageOutput  # what ``run`` returns (shared with the DiT adapter)
@@ -90,19 +57,16 @@ class UNetAdapter:
     ``.unet`` is a ``UNet2DConditionModel``."""
 
     name = "unet"
-    Options = UNetOptions
+    Options = UNetSpec.Options
     capabilities = hooks.CAPABILITIES
+    diffaccel_register_commands = staticmethod(commands.diffaccel_register_commands)  # diffaccel train digits
     PEERS = {"deepcache": DeepCachePeer}
     layer_types = (hooks.UNetBlock,)
-    output_suffix = ".png"
+    output_suffix = UNetSpec.output_suffix
     """``generate`` writes one PNG grid: ``--out`` must end in .png (default ``<config name>.png``)."""
 
     @staticmethod
     def accepts(pipe: Any) -> bool:
-        try:
-            from diffusers import DiffusionPipeline, UNet2DConditionModel
-        except ImportError:  # pragma: no cover
-            return False
         return isinstance(pipe, DiffusionPipeline) and isinstance(getattr(pipe, "unet", None), UNet2DConditionModel)
 
     @staticmethod
@@ -136,13 +100,9 @@ class UNetAdapter:
         pipeline folder's UNet is built from its unet/config.json, a synthetic model from its
         spec, on the meta device (no memory, no weights read). A hub id loads as ``generate``
         loads it (its own refusals included: offline and not cached, the same line)."""
-        import types
-
         checkpoint = config.model.checkpoint
         folder = ASSETS / SHIPPED[checkpoint] if checkpoint in SHIPPED else Path(checkpoint).expanduser()
         if checkpoint in SYNTHETIC:  # built from its spec on the meta device: shapes only
-            from .synthetic import build
-
             with quiet_loading(), torch.device("meta"):
                 return UNetAdapter.info(build(checkpoint))
         if not folder.is_dir():
@@ -154,8 +114,6 @@ class UNetAdapter:
             raise ModelLoadError(f"{checkpoint}: not a diffusers pipeline folder (no model_index.json)")
         try:
             cls_name = json.loads(index.read_text()).get("_class_name")
-            from diffusers import UNet2DConditionModel
-
             with quiet_loading(), torch.device("meta"):
                 unet = UNet2DConditionModel.from_config(UNet2DConditionModel.load_config(str(folder), subfolder="unet"))
         except (OSError, ValueError, TypeError, KeyError) as exc:
@@ -184,8 +142,6 @@ class UNetAdapter:
     @staticmethod
     def write(outputs: list[UNetOutput], out: str | None) -> str:
         """Write every image of ``outputs`` into one PNG grid (via ``out.partial``, then renamed)."""
-        from PIL import Image
-
         if out is None:
             raise DiffaccelError("the unet adapter writes a PNG grid: pass --out FILE.png")
         images = torch.cat([o.images for o in outputs])
@@ -212,10 +168,6 @@ class UNetAdapter:
     def write_item(output: UNetOutput, out_dir: Path, stem: str) -> dict[str, Any]:
         """``generate --prompts``: one item's image as ``out_dir/stem.png`` at its native size (via a
         temporary name, then renamed); its fields of results.jsonl."""
-        import os
-
-        from PIL import Image
-
         img = output.images[0]
         arr = (img.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
         pic = Image.fromarray(arr[..., 0] if img.shape[0] == 1 else arr[..., :3])
@@ -262,7 +214,7 @@ class UNetAdapter:
         if not isinstance(peer, DeepCachePeer):
             raise DiffaccelError(f"unet adapter: unknown peer {type(peer).__name__}")
         try:
-            from DeepCache import DeepCacheSDHelper
+            from DeepCache import DeepCacheSDHelper  # optional: the deepcache extra
         except ImportError:
             raise DiffaccelError("[[peer]] use = \"deepcache\" needs DeepCache: pip install 'diffaccel[deepcache]' "
                                  "(or pip install --no-deps deepcache==0.1.1)") from None

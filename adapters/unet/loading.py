@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from diffusers import StableDiffusionPipeline
-
 from ..diffusers_pipelines import PipelineSource, load_pipeline
 from .pipeline import DigitsPipeline
 from .synthetic import SYNTHETIC, build
@@ -19,6 +17,10 @@ SHIPPED = {"digits": "digits", "default": "digits"}
 
 
 def _from_pretrained(name: str, **kwargs):
+    # deferred: importing StableDiffusionPipeline takes a second or more and imports transformers'
+    # image processors, which print a torchvision warning on every command that merely lists or checks adapters
+    from diffusers import StableDiffusionPipeline
+
     return StableDiffusionPipeline.from_pretrained(name, safety_checker=None, requires_safety_checker=False, **kwargs)
 
 

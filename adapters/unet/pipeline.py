@@ -35,7 +35,7 @@ def char_vocab() -> dict[str, int]:
 
 
 def char_tokenizer(max_length: int = 16):
-    from transformers import CLIPTokenizer
+    from transformers import CLIPTokenizer  # transformers' CLIP takes a second to import: deferred to a build
 
     return CLIPTokenizer(vocab=char_vocab(), merges=[], model_max_length=max_length)
 

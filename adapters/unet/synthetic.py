@@ -37,6 +37,7 @@ _SPECS = {
 
 def build(name: str, seed: int = 0):
     """The named synthetic ``StableDiffusionPipeline``; the same weights for the same seed."""
+    # seconds to import (the SD pipeline, the VAE, CLIP): deferred to a build
     from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 

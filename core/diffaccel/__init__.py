@@ -25,12 +25,14 @@ only a major one removes (CHANGELOG.md)."""
 from . import capabilities
 from .accelerator import Accelerator, apply, build_strategies
 from .config import ModelConfig, RunConfig, load_config, parse_config
-from .errors import ConfigError, ConfigValueError, DiffaccelError, ModelLoadError, NonFiniteError, PluginError, StrategyError
+from .errors import (ConfigError, ConfigValueError, DiffaccelError, ModelError, ModelLoadError, NonFiniteError, PluginError,
+                     StrategyError)
 from .guard import GuardConfig
 from .jobs import generate_job
 from .plugins import BrokenPlugin, PluginWarning, Registry, Strategy, hookimpl
 from .search import Tunable
-from .state import Counters, Layer, RunState, StepPlan
+from .sequence import NullAccelerator, RunSequence, StepModel
+from .state import Counters, Layer, RunInfo, RunState, StepPlan
 
 
 def tune(config, budget, out, **kwargs):
@@ -52,8 +54,9 @@ def load_pipeline(config):
 
 
 __all__ = [
-    "Accelerator", "BrokenPlugin", "PLUGIN_API", "ConfigError", "ConfigValueError", "Counters", "DiffaccelError", "GuardConfig", "Layer", "ModelConfig",
-    "ModelLoadError", "NonFiniteError", "PluginError", "PluginWarning", "Registry", "RunConfig", "RunState", "StepPlan", "Strategy",
-    "StrategyError", "Tunable", "__version__", "apply", "build_strategies", "capabilities", "generate_job", "hookimpl", "load_config",
+    "Accelerator", "BrokenPlugin", "PLUGIN_API", "ConfigError", "ConfigValueError", "Counters", "DiffaccelError", "GuardConfig",
+    "Layer", "ModelConfig", "ModelError", "ModelLoadError", "NonFiniteError", "NullAccelerator", "PluginError", "PluginWarning",
+    "Registry", "RunConfig", "RunInfo", "RunSequence", "RunState", "StepModel", "StepPlan", "Strategy", "StrategyError",
+    "Tunable", "__version__", "apply", "build_strategies", "capabilities", "generate_job", "hookimpl", "load_config",
     "load_pipeline", "parse_config", "tune",
 ]

@@ -1,61 +1,98 @@
 """Strategies of one config bound together: the object adapters call during a run.
 
-The strategy instances are registered in a private pluggy ``PluginManager`` so that pluggy orders
-them in config order (pluggy calls the last registered first, so they are registered in
-reverse), then the built-in default. The run hooks' implementations are then resolved into plain
-lists once, here, not on every call (``finalize``, which strategies may wrap, goes through
-pluggy). Every call is guarded by one ``try`` around the loop: the strategy at fault is found
-only when something was raised (``diffaccel.guard``).
+The dispatcher is built from the contract's data (``diffaccel.hookspecs.RULES``): for each run
+hook, the implementations of the strategies not disabled, in config order (``tryfirst`` /
+``trylast`` respected), then the built-in default (``diffaccel.builtin``), resolved into plain
+lists once per ``apply`` (and again only when a strategy is disabled); each hook's merge rule
+(first result, collected list, pipe, union, each with wrappers) is one function of ``MERGES``.
+Every implementation is called inside its own ``try``: a fault is blamed at the call site, on the
+strategy whose implementation was called (``diffaccel.guard``), never by walking a traceback, and
+an exception the model raised inside ``layer.compute`` is the model's, whoever called it.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from .adapters_registry import adapter_for, get_adapter
 from .builtin import DefaultBehaviour
+from .capabilities import describe, missing
+from .config import RunConfig, load_config, parse_config
 from .errors import ConfigError, ConfigValueError, DiffaccelError, NonFiniteError
-from .guard import GuardConfig, all_finite, blame, call_guarded, hook_codes, relative_error, strategy_error
-from .plugins import Registry, call_own, check_strategy, new_plugin_manager, own_impl
-from .state import Layer, RunState, StepPlan
+from .guard import GuardConfig, all_finite, call_guarded, relative_error, strategy_error
+from .hookspecs import COLLECT, EACH, FIRST, PIPE, RULES, RUN_HOOKS, UNION, implementation, own
+from .plugins import Registry, check_strategy
+from .state import MODEL_FAULT, Layer, RunState, StepPlan
 
-LayerFn = Callable[[RunState, Layer, Any], Any]
 APPLY_SOURCE = "diffaccel.apply"
 """What ``ConfigError`` lines name in place of a file for ``apply(pipe, strategies=[{...}])``."""
 
-
-HOOK_ARGS = {
-    "diffaccel_run_start": ("run",), "diffaccel_pre_step": ("run",), "diffaccel_layer_output": ("run", "layer", "hidden"),
-    "diffaccel_denoiser_output": ("run", "output"), "diffaccel_commit": ("run", "proposal"),
-    "diffaccel_post_step": ("run", "output"), "diffaccel_run_end": ("run",),
-}
-"""The run hooks the accelerator calls through its own resolved chains (``finalize`` goes through
-pluggy: strategies may wrap it), with their arguments in call order."""
+Entry = tuple[str | None, Callable[..., Any]]
+"""One implementation in a chain: (strategy name, or None for the built-in default; its call)."""
 
 
-def _bound(fn: Callable, argnames: Sequence[str], order: Sequence[str]) -> Callable:
-    """Adapt a hookimpl declaring a subset of ``order`` to a positional call in ``order``."""
-    if tuple(argnames) == tuple(order):
-        return fn
-    idx = [order.index(n) for n in argnames]
-    return lambda *args: fn(*[args[i] for i in idx])
+def _renamed(old: str, new: str) -> None:
+    warnings.warn(f"Accelerator.{old} is deprecated; use Accelerator.{new} (or diffaccel.sequence.RunSequence)",
+                  DeprecationWarning, stacklevel=3)
 
 
-def _through_pluggy(caller: Any, order: Sequence[str]) -> Callable:
-    """A hook some strategy wraps (``wrapper=True``): one chain entry calling pluggy, which
-    returns a list (or, for ``firstresult`` hooks, the first result); faults are still blamed."""
-    return lambda *args: caller(**dict(zip(order, args)))
+# ---- the merge rules, one function each (hookspecs names them) --------------------------------------
+
+def _first(acc: "Accelerator", hook: str, run: RunState | None, args: tuple) -> Any:
+    for owner, fn in acc._chains[hook]:
+        r = acc._call(owner, hook, run, fn, args)
+        if r is not None:
+            return r
+    return None
+
+
+def _collect(acc: "Accelerator", hook: str, run: RunState | None, args: tuple) -> list[Any]:
+    out = []
+    for owner, fn in acc._chains[hook]:
+        r = acc._call(owner, hook, run, fn, args)
+        if r is not None:
+            out.append(r)
+    return out
+
+
+def _pipe(acc: "Accelerator", hook: str, run: RunState | None, args: tuple) -> Any:
+    for owner, fn in acc._chains[hook]:
+        r = acc._call(owner, hook, run, fn, args)
+        if r is not None:
+            args = (*args[:-1], r)
+    return args[-1]
+
+
+def _union(acc: "Accelerator", hook: str, run: RunState | None, args: tuple) -> Any:
+    out = None
+    for owner, fn in acc._chains[hook]:
+        r = acc._call(owner, hook, run, fn, args)
+        if r is not None:
+            out = r if out is None else out | r
+    return out
+
+
+def _each(acc: "Accelerator", hook: str, run: RunState | None, args: tuple) -> None:
+    for owner, fn in acc._chains[hook]:
+        acc._call(owner, hook, run, fn, args)
+
+
+MERGES: dict[str, Callable[["Accelerator", str, Any, tuple], Any]] = {
+    FIRST: _first, COLLECT: _collect, PIPE: _pipe, UNION: _union, EACH: _each}
+"""Merge rule (``hookspecs.Rule.merge``) -> how a chain's results combine."""
 
 
 class Accelerator:
     """Runs the hooks of an ordered list of strategy instances for one adapter.
 
-    Every hook call is guarded (see ``diffaccel.guard``): an exception raised in a strategy's
-    implementation becomes a ``StrategyError``, or drops that strategy for the rest of the run
-    when its policy (``on_error``) is ``disable``. ``guard`` (a ``GuardConfig``) sets the
-    non-finite check and the quality guard; ``registry`` names the strategies' distributions in
-    errors (looked up only when one happens).
+    Every hook call is guarded: an exception raised in a strategy's implementation becomes a
+    ``StrategyError``, or drops that strategy for the rest of the run when its policy
+    (``on_error``) is ``disable``. ``guard`` (a ``GuardConfig``) sets the non-finite check and the
+    quality guard; ``registry`` names the strategies' distributions in errors (looked up only when
+    one happens). Adapters drive it through ``diffaccel.sequence.RunSequence``.
     """
 
     def __init__(self, strategies: Sequence[Any] = (), adapter: str = "", *, on_error: Mapping[str, str] | None = None,
@@ -69,56 +106,41 @@ class Accelerator:
         self.finite = self.guard.finite
         """Check each step's raw denoiser output for NaN and inf (``output_ok``)."""
         self._registry = registry
-        self._codes = hook_codes(self.configured)
+        self._default = DefaultBehaviour()
         self._disabled: set[str] = set()
         self._bypass = False
-        self._owner: dict[int, str | None] = {}
-        self._keep: list[Any] = []  # every chain ever resolved: keeps ids in ``_owner`` unique
-        self._via_pluggy: set[int] = set()
         self._resolve()
 
     def _resolve(self) -> None:
-        """(Re)build the plugin manager and the per-hook chains from the strategies not disabled."""
+        """(Re)build the chains of every run hook from the strategies not disabled."""
         self.strategies = [s for s in self.configured if s.name not in self._disabled]
-        self.pm = new_plugin_manager()
-        for s in reversed(self.strategies):
-            self.pm.register(s, name=f"strategy:{s.name}")
+        plugins: list[tuple[str | None, Any]] = [(s.name, s) for s in self.strategies] + [(None, self._default)]
+        self._chains: dict[str, list[Entry]] = {}
+        self._wrappers: dict[str, list[Entry]] = {}
+        for hook in RUN_HOOKS:
+            found = [(impl, owner) for owner, obj in plugins if (impl := implementation(obj, hook, owner or ""))]
+            found.sort(key=lambda f: f[0].order)  # stable: config order within tryfirst / normal / trylast
+            self._chains[hook] = [(owner, impl.call) for impl, owner in found if not impl.wrapper]
+            self._wrappers[hook] = [(owner, impl.call) for impl, owner in found if impl.wrapper]
         # per strategy, resolved once: ``run.state(s)`` creates states through these
-        self._state_factories = {s.name: fn for s in self.strategies if (fn := own_impl(s, "diffaccel_new_state"))}
-        self.pm.register(DefaultBehaviour(), name=DefaultBehaviour.name)
-        self.hook = self.pm.hook
-        self._chains: dict[str, list[Callable]] = {}
-        for hook, order in HOOK_ARGS.items():
-            impls = getattr(self.hook, hook).get_hookimpls()
-            if any(i.wrapper or i.hookwrapper for i in impls):  # wrappers need pluggy's own call
-                self._chains[hook] = [_through_pluggy(getattr(self.hook, hook), order)]
-                self._owner[id(self._chains[hook][0])] = None
-                self._via_pluggy.add(id(self._chains[hook][0]))
-                self._keep.append(self._chains[hook])
-                continue
-            chain = []
-            for impl in reversed(impls):  # now in call order
-                fn = _bound(impl.function, impl.argnames, order)
-                self._owner[id(fn)] = None if impl.plugin_name == DefaultBehaviour.name else impl.plugin_name.removeprefix("strategy:")
-                chain.append(fn)
-            self._chains[hook] = chain
-            self._keep.append(chain)
-        self._layer_chain: list[LayerFn] = self._chains["diffaccel_layer_output"]
-        self._full_layer = [fn for fn in self._layer_chain if self._owner[id(fn)] is None]
-        self._output_chain = self._chains["diffaccel_denoiser_output"]
-        self._commit_chain = self._chains["diffaccel_commit"]
+        self._state_factories = {s.name: fn for s in self.strategies if (fn := own(s, "diffaccel_new_state"))}
+        # the hot path: a plain list of callables, and who owns each (read only when one raised)
+        layer = self._chains["diffaccel_layer_output"]
+        self._layer_chain = [fn for _, fn in layer]
+        self._layer_owners = [owner for owner, _ in layer]
+        self._full_layer = [fn for owner, fn in layer if owner is None]
 
     @property
     def commits(self) -> bool:
         """Whether a strategy chooses commits (``diffaccel_commit``): the masked sampler then lets
         rows leave a finished block early."""
-        return bool(self._commit_chain)
+        return bool(self._chains["diffaccel_commit"])
 
     @property
     def watches_steps(self) -> bool:
         """Whether a strategy reads the step's output (``diffaccel_post_step``): without one an
         adapter need not build it (a text step's top-1 over every position, for instance)."""
-        return bool(self._chains["diffaccel_post_step"])
+        return bool(self._chains["diffaccel_post_step"] or self._wrappers["diffaccel_post_step"])
 
     @property
     def active(self) -> bool:
@@ -133,30 +155,77 @@ class Accelerator:
         union in config order; a name not in ``available`` is a ConfigError naming the strategy."""
         wanted: list[str] = []
         for s in self.strategies:
-            asked = call_guarded(s, "hooked_modules", lambda: call_own(s, "diffaccel_hooked_modules", available=available),
-                                 self._registry)
-            for names in asked:
-                for name in names:
-                    if name not in available:
-                        raise ConfigError(f"strategy '{s.name}' asks for inner module '{name}', which this model does not have; "
-                                          f"it has: {', '.join(available)}")
-                    if name not in wanted:
-                        wanted.append(name)
+            fn = own(s, "diffaccel_hooked_modules")
+            if fn is None:
+                continue
+            for name in call_guarded(s, "hooked_modules", lambda: fn(available), self._registry) or ():
+                if name not in available:
+                    raise ConfigError(f"strategy '{s.name}' asks for inner module '{name}', which this model does not have; "
+                                      f"it has: {', '.join(available)}")
+                if name not in wanted:
+                    wanted.append(name)
         return wanted
 
-    # -- faults ------------------------------------------------------------------------------------
-    def _fault(self, exc: Exception, run: RunState | None) -> bool:
-        """Called only when a hook call raised. True: the blamed strategy is disabled, go on
-        without it. False: not a strategy's fault (the model, a DiffaccelError): re-raise it.
-        Otherwise raises the StrategyError."""
-        if isinstance(exc, (DiffaccelError, ConfigValueError)):
+    # -- calls and faults ----------------------------------------------------------------------
+    def _call(self, owner: str | None, hook: str, run: RunState | None, fn: Callable, args: tuple) -> Any:
+        """One implementation, guarded at its call site; None when its strategy is disabled."""
+        if self._disabled and owner in self._disabled:
+            return None
+        try:
+            return fn(*args)
+        except Exception as exc:
+            if not self._fault(exc, run, owner, hook):
+                raise
+            return None
+
+    def _dispatch(self, hook: str, run: RunState | None, args: tuple) -> Any:
+        """Call ``hook`` over the chain with its merge rule, inside its wrappers if it has any."""
+        merge = MERGES[RULES[hook].merge]
+        if not self._wrappers.get(hook):
+            return merge(self, hook, run, args)
+        return self._wrapped(hook, run, args, lambda: merge(self, hook, run, args))
+
+    def _wrapped(self, hook: str, run: RunState | None, args: tuple, inner: Callable[[], Any]) -> Any:
+        """``wrapper=True`` implementations (generators yielding once), outermost first: each runs
+        to its ``yield``, then the chain, then each gets the result back, innermost first."""
+        open_: list[tuple[str | None, Any]] = []
+        for owner, fn in self._wrappers[hook]:
+            if self._disabled and owner in self._disabled:
+                continue
+            try:
+                gen = fn(*args)
+                next(gen)
+            except Exception as exc:
+                if not self._fault(exc, run, owner, hook):
+                    raise
+                continue
+            open_.append((owner, gen))
+        try:
+            result = inner()
+        except BaseException:
+            for _, gen in open_:
+                gen.close()
+            raise
+        for owner, gen in reversed(open_):
+            try:
+                gen.send(result)
+            except StopIteration as stop:
+                result = stop.value if stop.value is not None else result
+            except Exception as exc:
+                if not self._fault(exc, run, owner, hook):
+                    raise
+        return result
+
+    def _fault(self, exc: Exception, run: RunState | None, owner: str | None, hook: str) -> bool:
+        """Called only when an implementation raised, with its owner (the call site knows it).
+        True: the strategy is disabled, go on without it. False: not a strategy's fault (the
+        built-in default, the model's own compute, a DiffaccelError): re-raise it. Otherwise
+        raises the StrategyError."""
+        if owner is None or isinstance(exc, (DiffaccelError, ConfigValueError)) or hasattr(exc, MODEL_FAULT):
             # ConfigValueError: a strategy refusing a value only the run reveals (a tail longer than
             # the block, a clusters file for another length) is the user's input, not a fault
             return False
-        hit = blame(exc, self._codes)
-        if hit is None:
-            return False
-        name, hook = hit
+        name, hook = owner, hook.removeprefix("diffaccel_")
         step = run.step if run is not None else None
         if self.on_error.get(name, "raise") == "disable" and run is not None:
             self._disable(run, name, hook, f"{type(exc).__name__}: {exc}")
@@ -168,52 +237,11 @@ class Accelerator:
         run.reliability.disabled.append({"strategy": name, "hook": hook, "step": run.step, "error": why.strip().split("\n")[0]})
         self._resolve()
 
-    def _dispatch(self, hook: str, run: RunState, args: tuple, chain: list[Callable] | None = None, start: int = 0) -> Any:
-        """Call ``hook``'s chain from ``start`` with its merge rule, guarded: first non-None result
-        (layer_output), list of results (pre_step), piped output (denoiser_output), union (commit),
-        nothing (the others). A strategy disabled on the way is skipped from then on."""
-        chain = self._chains[hook] if chain is None else chain
-        results: list[Any] = []
-        for fn in chain[start:]:
-            if self._disabled and self._owner.get(id(fn)) in self._disabled:
-                continue
-            try:
-                r = fn(*args)
-            except Exception as exc:
-                if not self._fault(exc, run):
-                    raise
-                continue
-            if r is None:
-                continue
-            if hook == "diffaccel_layer_output":
-                return r
-            if id(fn) in self._via_pluggy:  # pluggy's list of results
-                if hook == "diffaccel_denoiser_output":  # pluggy does not pipe: the last replacement wins
-                    args = (args[0], r[-1]) if r else args
-                elif hook == "diffaccel_commit":
-                    for m in r:
-                        results = [m if not results else results[0] | m]
-                else:
-                    results.extend(r)
-                continue
-            if hook == "diffaccel_denoiser_output":
-                args = (args[0], r)
-            elif hook == "diffaccel_commit":
-                results = [r if not results else results[0] | r]
-            else:
-                results.append(r)
-        if hook == "diffaccel_denoiser_output":
-            return args[1]
-        if hook == "diffaccel_commit":
-            return results[0] if results else None
-        return results
-
-    # -- the run lifecycle, called by adapters --
-    def start_run(self, run: RunState) -> None:
+    # -- the run lifecycle, called through diffaccel.sequence.RunSequence ------------------------
+    def run_start(self, run: RunState) -> None:
         if self._disabled or self._bypass:  # disabled for the last run only: a new run starts with all
             self._disabled.clear()
             self._bypass = False
-            self._owner, self._keep, self._via_pluggy = {}, [], set()  # no call in flight: forget old chains
             self._resolve()
         run.state_factories = self._state_factories
         self._dispatch("diffaccel_run_start", run, (run,))
@@ -227,27 +255,32 @@ class Accelerator:
         computed = counters.layers_computed
         counters.positions_total += run.positions_per_layer
         chain = self._layer_chain
-        try:  # costs nothing unless raised
+        try:  # costs nothing unless raised; the loop variable says whose call raised
             for fn in chain:
                 out = fn(run, layer, hidden)
                 if out is not None:
                     break
         except Exception as exc:
-            if not self._fault(exc, run):
+            k, owners = chain.index(fn), self._layer_owners  # as they were: a disabled strategy rebuilds them
+            if not self._fault(exc, run, owners[k], "diffaccel_layer_output"):
                 raise
-            out = self._dispatch("diffaccel_layer_output", run, (run, layer, hidden), chain, chain.index(fn) + 1)
+            out = None
+            for j in range(k + 1, len(chain)):  # the rest of the chain, without the strategy just disabled
+                out = self._call(owners[j], "diffaccel_layer_output", run, chain[j], (run, layer, hidden))
+                if out is not None:
+                    break
         if counters.layers_computed == computed:
             counters.layers_skipped += 1
         return out
 
     def denoiser_output(self, run: RunState, output: Any) -> Any:
-        if not self._output_chain:
+        if not self._chains["diffaccel_denoiser_output"]:
             return output
         return self._dispatch("diffaccel_denoiser_output", run, (run, output))
 
     def commit(self, run: RunState, proposal: Any) -> Any:
         """The union of the strategies' commit masks ((B, N) bool), or None when none chose."""
-        if not self._commit_chain:
+        if not self._chains["diffaccel_commit"]:
             return None
         return self._dispatch("diffaccel_commit", run, (run, proposal))
 
@@ -256,18 +289,23 @@ class Accelerator:
             self._dispatch("diffaccel_post_step", run, (run, output))
 
     def finalize(self, run: RunState, final: Any) -> None:
-        try:
-            self.hook.diffaccel_finalize(run=run, final=final)
-        except Exception as exc:
-            if not self._fault(exc, run):
-                raise
-            self.finalize(run, final)  # again, without the strategy just disabled
+        self._dispatch("diffaccel_finalize", run, (run, final))
 
-    def end_run(self, run: RunState) -> None:
+    def run_end(self, run: RunState) -> None:
         self._bypass = False
         self._dispatch("diffaccel_run_end", run, (run,))
 
-    # -- non-finite outputs and the quality guard, called by adapters at each step --
+    def start_run(self, run: RunState) -> None:
+        """Deprecated: ``run_start`` (the hook's name); kept for one minor release."""
+        _renamed("start_run", "run_start")
+        self.run_start(run)
+
+    def end_run(self, run: RunState) -> None:
+        """Deprecated: ``run_end`` (the hook's name); kept for one minor release."""
+        _renamed("end_run", "run_end")
+        self.run_end(run)
+
+    # -- non-finite outputs and the quality guard, called through RunSequence.denoise ----------
     def output_ok(self, run: RunState, output: Any) -> bool:
         """Whether the step's raw denoiser output may be used. False: it holds NaN or inf and
         strategies are active; the adapter recomputes the step inside ``bypassed()``. Raises
@@ -291,11 +329,12 @@ class Accelerator:
         """Layers compute in full, whatever the strategies would say, for the ``with`` block (the
         full step of a non-finite recomputation or of the guard); the step's plan is dropped."""
         run.plan = None
-        self._layer_chain, self._bypass = self._full_layer, True
+        self._layer_chain, self._layer_owners, self._bypass = self._full_layer, [None] * len(self._full_layer), True
         try:
             yield
         finally:
-            self._layer_chain, self._bypass = self._chains["diffaccel_layer_output"], False
+            layer = self._chains["diffaccel_layer_output"]
+            self._layer_chain, self._layer_owners, self._bypass = [fn for _, fn in layer], [o for o, _ in layer], False
 
     def guard_compare(self, run: RunState, accelerated: Any, full: Any) -> None:
         """The guard's comparison of the strategies' raw output with the full one; past the
@@ -308,7 +347,7 @@ class Accelerator:
             return
         rel.guard_trips += 1
         if self.guard.action == "reset":
-            run._states.clear()  # noqa: SLF001 - the core owns strategy state
+            run.clear_states()
             rel.guard_resets += 1
         else:
             for s in list(self.strategies):
@@ -333,8 +372,6 @@ def build_strategies(config, registry: Registry | None = None, info: dict[str, A
             raise ConfigError(f"{config.source}: [[strategy]] #{entry.index}: unknown strategy '{entry.name}'; installed: {installed}")
         where = f"{config.source}: [[strategy]] #{entry.index} ({entry.name})"
         if info is not None and "capabilities" in info:
-            from .capabilities import describe, missing
-
             gone = missing(spec.requires, info["capabilities"])
             if gone:
                 raise ConfigError(f"{where}: the model lacks capability {describe(gone[0])}, which strategy "
@@ -342,9 +379,10 @@ def build_strategies(config, registry: Registry | None = None, info: dict[str, A
         strategy = spec.factory(entry.config)
         strategy.name = entry.name
         check_strategy(strategy, entry.name)
-        if info is not None:
+        setup = own(strategy, "diffaccel_setup") if info is not None else None
+        if setup is not None:
             try:
-                call_guarded(strategy, "setup", lambda: call_own(strategy, "diffaccel_setup", info=info), registry)
+                call_guarded(strategy, "setup", lambda: setup(info), registry)
             except ConfigValueError as exc:
                 raise ConfigError(f"{where}: {exc}") from None
         built.append(strategy)
@@ -373,15 +411,16 @@ def apply(pipe: Any, config: Any = None, *, strategies: Sequence[Any] | None = N
     table apply to them). Leaving the block removes every hook, also after an exception: the
     pipeline then behaves bitwise as if it never had strategies.
     """
-    from .adapters_registry import adapter_for
-    from .config import RunConfig, load_config, parse_config
-
-    adapter = adapter_for(pipe)
     if config is not None and strategies is not None and any(isinstance(s, Mapping) for s in strategies):
         raise ConfigError("diffaccel.apply: give a config or strategy tables, not both")
     cfg = None
     if config is not None:
         cfg = config if isinstance(config, RunConfig) else load_config(config, registry=registry)
+    # the adapter the config names, when it drives the pipeline: probing every installed adapter
+    # would import each one (the diffusers ones import diffusers and transformers' image processors)
+    named = get_adapter(cfg.model.adapter) if cfg is not None else None
+    adapter = named if named is not None and named.accepts(pipe) else adapter_for(pipe)
+    if cfg is not None:
         if cfg.model.adapter != adapter.name:
             raise ConfigError(f"{cfg.source}: [model] key 'adapter': '{cfg.model.adapter}' but the pipeline needs '{adapter.name}'")
     if strategies is not None and any(isinstance(s, Mapping) for s in strategies):

@@ -33,11 +33,13 @@ from .accelerator import apply, build_strategies
 from .adapters_registry import get_adapter
 from .config import RunConfig, load_config
 from .errors import ConfigError, DiffaccelError
+from .grid import expand
 from .plugins import Registry, call_own
+from .stats import finite, mean_ci, ratio_ci
 
 
 def entry_name(config: RunConfig) -> str:
-    return Path(config.source).stem
+    return config.name or Path(config.source).stem
 
 
 def with_batch(config: RunConfig, batch: int) -> RunConfig:
@@ -47,8 +49,12 @@ def with_batch(config: RunConfig, batch: int) -> RunConfig:
     return attrs.evolve(config, model=attrs.evolve(config.model, batch=batch))
 
 
-def load_bench_configs(paths: list[str], registry: Registry) -> list[RunConfig]:
+def load_bench_configs(paths: list[str], registry: Registry, grid: list[Any] | None = None) -> list[RunConfig]:
+    """The configs of ``paths``, each config with strategies expanded over ``grid`` (``grid.Axis``
+    list, ``bench --grid``), all validated; one ``ConfigError`` line for the first problem."""
     configs = [load_config(p, registry) for p in paths]
+    if grid:
+        configs = [g for c, p in zip(configs, paths) for g in (expand(p, grid, registry) if c.strategies else [c])]
     first = configs[0]
     for c in configs[1:]:
         if (c.model, c.options) != (first.model, first.options):
@@ -69,7 +75,8 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
               noise_floor: bool = True, progress: bool = True, registry: Registry | None = None,
               plot_dir: str | None = None, batch: int | None = None, seed: int | None = None,
               judge: str | None = None, judge_noise: bool | None = None,
-              keep_outputs: dict[str, list[Any]] | None = None, timed: bool = True) -> dict[str, Any]:
+              keep_outputs: dict[str, list[Any]] | None = None, timed: bool = True,
+              grid: list[Any] | None = None) -> dict[str, Any]:
     """``batch`` overrides every config's ``[model] batch`` (rows per call; seed k of the bench
     starts at ``seed + k * batch``, so no row is generated twice); ``seed`` their first seed.
     ``judge``: a judge the adapter's ``load_judge`` knows (text: 'smollm2', a causal LM folder or
@@ -77,12 +84,14 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
     not, a note in the result); None or "none": no judge. ``judge_noise`` (default: as
     ``noise_floor``): also score the baseline on as many seeds again for ``gen_ppl_noise``.
     ``keep_outputs``: a dict that receives every entry's outputs (name -> one per seed), for the report.
-    ``timed``: False runs every entry once per seed with no warm-up and no timing (speedup None)."""
+    ``timed``: False runs every entry once per seed with no warm-up and no timing (speedup None).
+    ``grid``: ``diffaccel.grid.Axis`` list (``bench --grid``): each config with strategies becomes
+    one entry per combination of values."""
     if not timed and repeats != 1:
         raise ConfigError(f"--repeats {repeats}: a quality-only bench runs each seed once (--repeats 1)")
     wall0 = time.perf_counter()
     registry = registry or Registry()
-    configs = load_bench_configs(paths, registry)
+    configs = load_bench_configs(paths, registry, grid)
     if batch is not None:
         configs = [with_batch(c, batch) for c in configs]
     if seed is not None:
@@ -149,12 +158,15 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
         }
         if peer:
             entry["peer"] = {"use": peer.name, **attrs.asdict(peer.config)}
+        if timed:
+            entry["speedup_ci"] = ratio_ci(times["baseline"], times[name])
         result["entries"].append(entry)
         if plot_dir:
             for s in strategies:
                 Path(plot_dir).mkdir(parents=True, exist_ok=True)
                 call_own(s, "diffaccel_bench_plot", reports=reports, path=Path(plot_dir) / f"{name}-{s.name}.png")
     _strategy_quality(result, entries, outputs, seed_list)
+    _quality_intervals(result, adapter, outputs, references)
     if judge_obj is not None:
         _judge_quality(result, adapter, judge_obj, pipe, base, outputs, noise_floor if judge_noise is None else judge_noise)
     if judge_info:
@@ -185,6 +197,26 @@ def _strategy_quality(result: dict[str, Any], entries: list[tuple[str, list[Any]
             for q in call_own(s, "diffaccel_bench_quality", outputs=outputs["baseline"], seeds=seeds):
                 for k, v in q.items():
                     by_name["baseline"]["quality"].setdefault(k, v)
+
+
+def _quality_intervals(result: dict[str, Any], adapter: Any, outputs: dict[str, list[Any]], references: list[Any] | None) -> None:
+    """Each entry's quality keys seed by seed (the adapter's ``quality`` on one seed's pair), then
+    ``quality_ci``: a bootstrap interval of each key's mean over the seeds, and
+    ``quality_ratio_ci``: of the entry's mean over the baseline's, paired by seed, for the keys
+    both report. Nothing with fewer than 2 seeds; the judge's gen_ppl (scored over all lines) has none."""
+    n = len(result["seeds"])
+    if n < 2:
+        return
+    per_seed = {name: [adapter.quality([outputs["baseline"][i]], [outs[i]], [references[i]] if references else None)
+                       for i in range(n)] for name, outs in outputs.items()}
+    base = per_seed["baseline"]
+    for e in result["entries"]:
+        rows = per_seed[e["name"]]
+        keys = [k for k in rows[0] if all(finite(r.get(k)) for r in rows)]
+        e["quality_ci"] = {k: mean_ci([r[k] for r in rows]) for k in keys}
+        if e["name"] != "baseline":
+            both = [k for k in keys if all(finite(b.get(k)) for b in base)]
+            e["quality_ratio_ci"] = {k: ratio_ci([r[k] for r in rows], [b[k] for b in base]) for k in both}
 
 
 def _load_judge(adapter: Any, spec: str | None) -> tuple[Any, dict[str, Any]]:
@@ -254,14 +286,18 @@ def format_table(result: dict[str, Any]) -> str:
     rows = [head]
     for e in result["entries"]:
         computed = "-" if e["fraction_computed"] is None else f"{e['fraction_computed']:.0%}"
-        speed = "-" if e["speedup"] is None else f"{e['speedup']:.2f}x"
-        rows.append([e["name"], speed, computed, *[_fmt(e["quality"].get(k)) for k in keys]])
+        speed = "-" if e["speedup"] is None else f"{e['speedup']:.2f}x" + _ci(e.get("speedup_ci"), "{:.2f}")
+        qci = e.get("quality_ci") or {}
+        rows.append([e["name"], speed, computed, *[_fmt(e["quality"].get(k)) + _ci(qci.get(k)) for k in keys]])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
     m = result["model"]
     how = f"{result['repeats']} repeat(s), interleaved" if result.get("timed", True) else "quality only (not timed)"
     lines.insert(0, f"{m['adapter']} model {m['checkpoint']}, seeds {result['seeds']}, {how}")
     lines.insert(2, "  ".join("-" * w for w in widths))
+    if any(e.get("speedup_ci") or e.get("quality_ci") for e in result["entries"]):
+        lines.append("[lo-hi]: 95% bootstrap interval over the seeds, paired with the baseline's (JSON: speedup_ci, "
+                     "quality_ci, quality_ratio_ci)")
     j = result.get("judge")
     if j and j.get("note"):
         lines.append(f"gen_ppl: not reported: {j['note']}")
@@ -270,6 +306,13 @@ def format_table(result: dict[str, Any]) -> str:
         lines.append(f"gen_ppl: judge {j['name']}, {j['lines']} lines, {j['tokens']} tokens, loading and scoring "
                      f"{j['share_of_wall']:.0%} of the bench's wall time{noise}")
     return "\n".join(lines)
+
+
+def _ci(ci: Any, fmt: str | None = None) -> str:
+    if not ci:
+        return ""
+    lo, hi = ci
+    return f" [{fmt.format(lo)}-{fmt.format(hi)}]" if fmt else f" [{_fmt(lo)}-{_fmt(hi)}]"
 
 
 def _fmt(v: Any) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .plugins import hookimpl
+from .hookspecs import hookimpl
 
 
 class DefaultBehaviour:

@@ -24,18 +24,18 @@ their cached outputs; ``layer.cached_output``, ``layer.step_positions`` and ``la
 MASK_CONFIDENCES = "mask-confidences"
 """An absorbing (masked) sampler: a mask token, per-position confidences of the drawn tokens,
 ``masked`` (still-masked positions) in the step output, and a sequence that only changes where a
-token was committed. ``run.info["sampler"] == "masked"`` on the runs that use it."""
+token was committed. ``run.info.sampler == "masked"`` on the runs that use it."""
 
 TOKEN_LOGITS = "token-logits"
 """The denoiser's output is per-position logits over a vocabulary (B, N, V): ``denoiser_output``
-may replace them, densely or truncated (``run.info["truncated_logits"](values, indices,
+may replace them, densely or truncated (``run.info.truncated_logits(values, indices,
 vocab_size)`` builds the adapter's truncated form, k (value, token) pairs per position, which its
 sampler draws from without a dense tensor), ``finalize`` may choose the tokens, ``run.info`` has
 ``vocab_size``, ``tokenizer``, ``seeds``, ``prompt_lengths``."""
 
 PINNED_TOKENS = "pinned-tokens"
 """``run.pinned`` (tokens held fixed) and ``run.condition`` (an external condition vector, for
-models with ``run.info["cond_dim"]`` > 0) set in ``run_start`` are honoured."""
+models with ``run.info.cond_dim`` > 0) set in ``run_start`` are honoured."""
 
 BLOCK_STACK = "block-stack"
 """Layers are blocks of an encoder-decoder stack with a skippable middle: each layer has a

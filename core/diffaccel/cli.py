@@ -8,7 +8,7 @@ import shlex
 import sys
 import textwrap
 
-from .errors import ConfigError, DiffaccelError, NonFiniteError, StrategyError
+from .errors import ConfigError, DiffaccelError, ModelError, NonFiniteError, StrategyError
 
 EXAMPLES = {
     "generate": """
@@ -26,6 +26,8 @@ EXAMPLES = {
           diffaccel bench configs/text-default.toml configs/text-time-anchor.toml --seeds 6 --batch 8
           diffaccel bench configs/digits-dct.toml --seeds 2 --report report/digits
           diffaccel bench configs/dit-digits-time-anchor.toml configs/dit-digits-dct.toml --quality-only --seeds 10
+          diffaccel bench configs/text-swd.toml --grid tau=0.005,0.01,0.02 --seeds 4
+          diffaccel bench configs/digits-dct.toml --grid threshold=0.01,0.02 --grid band=2,4 --quality-only --seeds 10
         All configs must share one [model] table. The baseline is that model with no strategy;
         every entry runs on the same seeds, interleaved. Speedup = baseline wall time / entry
         wall time. Quality columns compare each entry with the baseline of the same seed.
@@ -35,7 +37,13 @@ EXAMPLES = {
         (opens offline): the table, speedup against quality, the images or samples of each entry
         beside the baseline's, the strategies' plots, the command, versions and machine.
         --quality-only runs each entry once per seed with no warm-up and no clock: quality over
-        more seeds than a timed bench affords, on a busy machine too (speedup shows "-").""",
+        more seeds than a timed bench affords, on a busy machine too (speedup shows "-").
+        --grid KEY=V1,V2 runs each config's strategy once per value (several --grid: every
+        combination), as entries named config[KEY=V]; each point is validated as a config file
+        with that value would be, before the model loads. STRATEGY.KEY picks the strategy
+        when several have KEY. Values are TOML: 0.05, 3, true, "text".
+        With 2 seeds or more every ratio has a 95% bootstrap interval [lo, hi], resampling
+        seeds paired with the baseline's (JSON: speedup_ci, quality_ci).""",
     "overhead": """
         examples:
           diffaccel overhead configs/text-default.toml
@@ -71,10 +79,9 @@ EXAMPLES = {
     "train": """
         examples:
           diffaccel train text --kind masked --out runs/text-masked
-          diffaccel train text --kind continuous --tokenizer runs/text-masked/tokenizer.json --out runs/text-continuous
           diffaccel train digits --out runs/digits --max-minutes 27
-        Trains the reference text diffusion LM on WordNet glosses (apt-get install wordnet-base), or
-        the default image model (a 1.7M-parameter class-conditional UNet) on scikit-learn's digits.""",
+        The models come from the installed adapters (their diffaccel_register_commands hook);
+        'diffaccel train MODEL --help' shows a model's options.""",
     "scale-bench": """
         examples:
           diffaccel scale-bench configs/digits.toml --prompts configs/prompts/digits-64.txt
@@ -105,8 +112,24 @@ EXAMPLES = {
 }
 
 
-def _parser() -> argparse.ArgumentParser:
+CORE_CHECKED = ("generate", "bench", "overhead", "partial", "check", "tune", "scale-bench", "fluency")
+"""Core commands whose paths, files and counts ``outputs.precheck`` checks first."""
+
+
+def add_command(sub, c, common: argparse.ArgumentParser) -> None:
+    """A registered command (``diffaccel.commands.Command``) as a subparser that runs it."""
+    epilog = f"{textwrap.dedent(c.examples).strip()}\n(from {c.source})" if c.examples else f"(from {c.source})"
+    p = sub.add_parser(c.name, help=c.help, description=c.help, epilog=epilog,
+                       formatter_class=argparse.RawDescriptionHelpFormatter, parents=[common])
+    if c.arguments is not None:
+        c.arguments(p)
+    p.set_defaults(registered=c.run)
+
+
+def _parser(extra: list | None = None) -> argparse.ArgumentParser:
     from . import __version__
+
+    extra = extra or []
 
     p = argparse.ArgumentParser(
         prog="diffaccel",
@@ -146,6 +169,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="language model scoring text samples (gen_ppl): smollm2 (default), none, a causal LM folder or hub id, a .gguf file")
     b.add_argument("--quality-only", action="store_true",
                    help="no timing, no warm-up: each entry once per seed, quality only (more seeds; no quiet machine needed)")
+    b.add_argument("--grid", action="append", default=[], metavar="[STRATEGY.]KEY=V1,V2",
+                   help="run each config's strategy at each value (repeat for a product grid); entries named by their values")
     b.add_argument("--no-progress", action="store_true")
     b.add_argument("--prompts", metavar="FILE", help="one item per line instead of --seeds; shared by the processes of 'accelerate launch'")
 
@@ -171,28 +196,11 @@ def _parser() -> argparse.ArgumentParser:
     c = cmd("check", "validate configs")
     c.add_argument("configs", nargs="+")
 
-    t = cmd("train", "train a default model")
-    t.add_argument("what", choices=["text", "digits"], help="which model family")
-    t.add_argument("--kind", choices=["masked", "continuous"], default="masked")
-    t.add_argument("--out", required=True, help="output folder")
-    t.add_argument("--steps", type=int, help="optimiser steps (text default 1400; digits: as many as --max-minutes allow)")
-    t.add_argument("--max-minutes", type=float, help="stop after this many minutes (text default 0: no limit; digits default 27)")
-    t.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
-    t.add_argument("--tokenizer", help="reuse this tokenizer.json")
-    t.add_argument("--freq-weight", type=float, default=0.0, help="rare-token loss weighting exponent")
-    t.add_argument("--schedule", choices=["linear", "cosine", "scaled-linear"], default="cosine")
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--latent-norm", type=float, help="continuous: norm of the token latents (default sqrt(64) = 8)")
-    t.add_argument("--init-embeddings", metavar="BERT", help="masked: initialise frozen token embeddings from this BERT")
-    t.add_argument("--init", metavar="FOLDER", help="continue from this model's weights (text: a folder or shipped name, its tokenizer too)")
-    t.add_argument("--lr", type=float, help="peak learning rate (digits default 1e-3, text 3e-3)")
-    t.add_argument("--batch", type=int, help="text: sequences per step (default 32)")
-    t.add_argument("--conditions", metavar="FILE", help="text, masked: per-line condition vectors (python -m diffaccel_bert_cond.conditions)")
-    t.add_argument("--cond-dropout", type=float, default=0.15, help="text: share of sequences trained without their condition")
-    t.add_argument("--cond-only", action="store_true", help="text: with --init and --conditions, train the condition path alone")
-    t.add_argument("--cond-line-weight", type=float, default=1.0, help="text: loss weight of the conditioned line (1 elsewhere)")
-    t.add_argument("--cond-term-weight", type=float, default=1.0, help="text: loss weight of the line's key-term tokens")
-    t.add_argument("--cond-term-mask", type=float, default=0.0, help="text: chance a key-term token is masked whatever the noise level")
+    t = cmd("train", "train a model an adapter offers: diffaccel train MODEL --help")
+    models = t.add_subparsers(dest="model", required=True, metavar="MODEL")
+    for c in extra:
+        if c.group == "train":
+            add_command(models, c, common)
 
     sb = cmd("scale-bench", "throughput of generate --prompts on N processes against one")
     sb.add_argument("config")
@@ -220,7 +228,35 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("config")
     f.add_argument("--seeds", type=int, default=4)
     f.add_argument("--judge", default="default", metavar="NAME_OR_PATH", help="as bench's --judge: gen_ppl's language model, or none")
+    for c in extra:
+        if c.group is None:
+            add_command(sub, c, common)
     return p
+
+
+CORE = ("generate", "bench", "overhead", "partial", "plugins", "check", "train", "tune", "scale-bench", "fluency")
+"""The core's commands: parsed without importing any plugin or adapter, except ``train`` (its
+models come from adapters)."""
+
+
+def _wants_registered(argv: list[str]) -> bool:
+    """Whether parsing ``argv`` needs the plugins' and adapters' commands: a command that is not a
+    core one, ``train``, or the top-level ``--help`` (which lists them)."""
+    words = [a for a in argv if not a.startswith("-")]
+    if not words:
+        return "-h" in argv or "--help" in argv
+    return words[0] not in CORE or words[0] == "train"
+
+
+def _registered(argv: list[str]) -> list:
+    if not _wants_registered(argv):
+        return []
+    from .commands import collect
+
+    found, problems = collect(CORE)
+    for line in problems:
+        _say(f"diffaccel: warning: {line}")
+    return found
 
 
 def _generate(args) -> int:
@@ -269,11 +305,13 @@ def _bench(args) -> int:
     if args.prompts is not None:
         from .prompt_bench import main_bench
 
-        for option, given in (("--report", args.report_dir), ("--plots", args.plot_dir), ("--quality-only", args.quality_only or None)):
+        for option, given in (("--report", args.report_dir), ("--plots", args.plot_dir), ("--quality-only", args.quality_only or None),
+                              ("--grid", args.grid or None)):
             if given is not None:
                 raise ConfigError(f"{option}: not available with --prompts (the sharded bench writes --json only)")
         return main_bench(args)
     from .bench import format_table, run_bench
+    from .grid import parse_grid
 
     if args.quality_only and args.report_dir:
         raise ConfigError("--report: not available with --quality-only (a report plots speedup against quality)")
@@ -282,7 +320,7 @@ def _bench(args) -> int:
     result = run_bench(args.configs, seeds=args.seeds, repeats=args.repeats, json_path=args.json_path,
                        noise_floor=not args.no_noise_floor, progress=not args.no_progress, plot_dir=plot_dir,
                        batch=args.batch, seed=args.seed, judge=args.judge, keep_outputs=outputs,
-                       timed=not args.quality_only)
+                       timed=not args.quality_only, grid=parse_grid(args.grid))
     print(format_table(result))
     if args.json_path:
         print(f"wrote {args.json_path}")
@@ -393,55 +431,29 @@ def _tune(args) -> int:
     return 0 if result.path is not None else 1
 
 
-def _train(args) -> int:
-    if args.what == "digits":
-        from diffaccel.adapters.unet.digits import TrainDigitsConfig, train_digits
-
-        given = {k: v for k, v in (("lr", args.lr), ("steps", args.steps), ("max_minutes", args.max_minutes)) if v is not None}
-        cfg = TrainDigitsConfig(out=args.out, seed=args.seed, threads=args.threads, init=args.init, **given)
-        _threads(cfg.threads)
-        print(f"wrote {train_digits(cfg)}")
-        return 0
-    from diffaccel.adapters.text.train import TrainConfig, train
-
-    cfg = TrainConfig(kind=args.kind, out=args.out, steps=1400 if args.steps is None else args.steps,
-                      max_minutes=args.max_minutes or 0.0,
-                      tokenizer=args.tokenizer, freq_weight=args.freq_weight, schedule=args.schedule, seed=args.seed,
-                      init_embeddings=args.init_embeddings, latent_norm=args.latent_norm, threads=args.threads,
-                      init_from=args.init, conditions=args.conditions, cond_dropout=args.cond_dropout, cond_only=args.cond_only,
-                      cond_line_weight=args.cond_line_weight, cond_term_weight=args.cond_term_weight,
-                      cond_term_mask=args.cond_term_mask,
-                      **{k: v for k, v in (("lr", args.lr), ("batch", args.batch)) if v is not None})
-    _threads(cfg.threads)
-    out = train(cfg)
-    print(f"wrote {out}")
-    return 0
-
-
-def _threads(n: int) -> None:
-    """torch CPU threads: set by command-line entry points only, never by library code."""
-    import torch
-
-    torch.set_num_threads(n)
-
-
 def main(argv: list[str] | None = None) -> int:
     import os
 
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = _parser().parse_args(argv)
+    _warnings_as_lines()
+    args = _parser(_registered(argv)).parse_args(argv)
     args.command_line = "diffaccel " + shlex.join(argv)  # as the report records it
     debug = getattr(args, "debug", False) or os.environ.get("DIFFACCEL_DEBUG", "") not in ("", "0")
-    _warnings_as_lines()
-    handlers = {"generate": _generate, "bench": _bench, "plugins": _plugins, "check": _check, "train": _train, "tune": _tune,
+    handlers = {"generate": _generate, "bench": _bench, "plugins": _plugins, "check": _check, "tune": _tune,
                 "scale-bench": _scale_bench}
     try:
+        if args.command in CORE_CHECKED:
+            from .outputs import precheck
+
+            precheck(args)  # before any adapter, plugin or model library is imported
+        if getattr(args, "registered", None) is not None:
+            return args.registered(args)
         if args.command in handlers:
             return handlers[args.command](args)
         from . import tools
 
         return getattr(tools, args.command)(args)
-    except (StrategyError, NonFiniteError) as exc:  # a plugin's fault or broken numbers: exit 1
+    except (StrategyError, NonFiniteError, ModelError) as exc:  # a plugin's fault or broken numbers: exit 1
         if debug:
             import traceback
 

@@ -92,6 +92,8 @@ class RunConfig:
     """``[[peer]]`` tables in file order; only ``bench`` runs them."""
     guard: GuardConfig = GuardConfig()
     """The ``[guard]`` table: non-finite check and quality guard (``diffaccel.guard``)."""
+    name: str | None = None
+    """Its ``bench`` entry name when not the file's stem (``bench --grid``: the stem and the values)."""
 
     def without_strategies(self) -> "RunConfig":
         return attrs.evolve(self, strategies=())
@@ -216,10 +218,9 @@ NO_ADAPTERS = ("none installed (adapters register in the 'diffaccel.adapters' en
                "an install older than that has none: reinstall diffaccel, e.g. make setup)")
 
 
-def parse_config(data: dict[str, Any], source: str = "<config>", registry=None) -> RunConfig:
-    from .adapters_registry import adapter_names, get_adapter
-    from .capabilities import describe, missing
-    from .plugins import Registry
+def _model_table(data: dict[str, Any], source: str) -> tuple[dict[str, Any], str]:
+    """The tables of a config and its ``[model]`` adapter name, checked without importing any adapter."""
+    from .adapters_registry import adapter_names
 
     unknown = [k for k in data if k not in ("model", "strategy", "peer", "guard")]
     if unknown:
@@ -229,18 +230,56 @@ def parse_config(data: dict[str, Any], source: str = "<config>", registry=None) 
     if not isinstance(data["model"], dict):
         raise ConfigError(f"{source}: 'model' must be a table, written [model]")
     model_table = dict(data["model"])
-    where = f"{source}: [model]"
     adapter = model_table.get("adapter")
     names = adapter_names()
     if adapter not in names:
         shown = "missing" if adapter is None else repr(adapter)
-        raise ConfigError(f"{where}: key 'adapter': {shown}; allowed: {', '.join(map(repr, names)) or NO_ADAPTERS}")
-    adapter_obj = get_adapter(adapter, where=where)
-    options_cls = adapter_obj.Options
+        raise ConfigError(f"{source}: [model]: key 'adapter': {shown}; allowed: {', '.join(map(repr, names)) or NO_ADAPTERS}")
+    return model_table, adapter
+
+
+def _model(model_table: dict[str, Any], options_cls: type, where: str) -> tuple[ModelConfig, Any]:
     option_keys = tuple(f.name for f in attrs.fields(options_cls))
     common = {k: v for k, v in model_table.items() if k not in option_keys}
     model = structure(ModelConfig, common, where, extra_ok=option_keys)
     options = structure(options_cls, {k: v for k, v in model_table.items() if k in option_keys}, where)
+    return model, options
+
+
+@attrs.frozen
+class Precheck:
+    """What a config says before any adapter or plugin is imported (``precheck_config``)."""
+
+    source: str
+    adapter: str
+    spec: Any
+    """The adapter's light spec (``adapters_registry.adapter_spec``: ``Options``, ``output_suffix``), or None."""
+    model: ModelConfig | None
+    """``[model]`` decoded, when the adapter has a light spec (else None: its keys are checked at load)."""
+
+
+def precheck_config(path: str | Path) -> Precheck:
+    """The checks of a config that import no adapter, no plugin and no model library: the file,
+    its TOML, its tables, the adapter's name, and ``[model]``'s keys and values where the adapter
+    declares its options lightly. Same ``ConfigError`` lines as ``load_config``, which repeats them."""
+    from .adapters_registry import adapter_spec
+
+    source = str(path)
+    table, adapter = _model_table(read_toml(path), source)
+    spec = adapter_spec(adapter)
+    model = _model(table, spec.Options, f"{source}: [model]")[0] if spec is not None else None
+    return Precheck(source=source, adapter=adapter, spec=spec, model=model)
+
+
+def parse_config(data: dict[str, Any], source: str = "<config>", registry=None) -> RunConfig:
+    from .adapters_registry import get_adapter
+    from .capabilities import describe, missing
+    from .plugins import Registry
+
+    model_table, adapter = _model_table(data, source)
+    where = f"{source}: [model]"
+    adapter_obj = get_adapter(adapter, where=where)
+    model, options = _model(model_table, adapter_obj.Options, where)
 
     raw = data.get("strategy", [])
     if not isinstance(raw, list) or not all(isinstance(t, dict) for t in raw):

@@ -50,6 +50,23 @@ class StrategyError(DiffaccelError):
         self.step = step
 
 
+class ModelError(DiffaccelError):
+    """The model's own computation raised (an out-of-memory in a layer, say), also when a
+    strategy's hook had called ``layer.compute``: never blamed on that strategy.
+
+    ``checkpoint`` names the model (None when the adapter did not say), ``step`` the run's step,
+    ``layer`` the layer whose ``compute`` raised. The original exception is ``__cause__``. The CLI
+    prints ``str(e)`` (one line) and exits 1."""
+
+    def __init__(self, checkpoint: str | None, adapter: str, step: int, layer: str, error: BaseException):
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        model = f"model '{checkpoint}'" if checkpoint else f"{adapter or 'the'} model"
+        super().__init__(f"{model} raised {type(error).__name__} at step {step} in layer {layer}{': ' + first if first else ''}")
+        self.checkpoint = checkpoint
+        self.step = step
+        self.layer = layer
+
+
 class NonFiniteError(DiffaccelError):
     """The denoiser's output held NaN or inf at a step, with no strategy to blame (or also in the
     full recomputation). The CLI prints ``str(e)`` and exits 1."""

@@ -1,10 +1,12 @@
 """Reliability of a run: strategy faults, non-finite outputs and the opt-in quality guard.
 
-* Plugin faults. The accelerator calls every hook inside one ``try``; only when something was
-  raised does ``blame`` walk the traceback for the innermost frame that belongs to a strategy's
-  hook implementation (nothing is paid per call). Such an exception becomes a ``StrategyError``
-  (or, with the strategy's ``on_error = "disable"``, drops that strategy for the rest of the
-  run); an exception raised outside every strategy (the model, the adapter) propagates as it is.
+* Plugin faults, blamed at the call site. The accelerator calls each strategy's implementation
+  inside its own ``try`` (free unless something is raised), so it knows whose call raised; such
+  an exception becomes a ``StrategyError`` (or, with the strategy's ``on_error = "disable"``,
+  drops that strategy for the rest of the run). What a layer's own ``compute`` raises is marked
+  as the model's where it is raised (``diffaccel.state.Layer``), also when a strategy's hook
+  called it, and the step sequence reports it as a ``ModelError`` naming the checkpoint and the
+  step; an exception raised outside every strategy (the adapter) propagates as it is.
 * Non-finite outputs. Each step's raw denoiser output is checked with one sum (``all_finite``;
   ``[guard] finite``, on by default).
 * Quality guard (``[guard] every = N``): every N steps the adapter computes the full step
@@ -16,12 +18,12 @@ What happened goes into the run report under ``reliability`` (only when somethin
 
 from __future__ import annotations
 
-import types
 from typing import Any
 
 import attrs
 
 from .errors import ConfigValueError, DiffaccelError, StrategyError
+from .plugins import Registry
 from .validators import non_negative, one_of, positive
 
 ON_ERROR = ("raise", "disable")
@@ -56,41 +58,11 @@ def on_error_value(value: Any) -> str:
 
 # ---- faults --------------------------------------------------------------------------------------
 
-def hook_codes(strategies: list[Any]) -> dict[types.CodeType, tuple[str, str]]:
-    """code object -> (strategy name, hook name) for every hook implementation of ``strategies``."""
-    codes: dict[types.CodeType, tuple[str, str]] = {}
-    for s in strategies:
-        for attr in dir(type(s)):
-            if not attr.startswith("diffaccel_"):
-                continue
-            fn = getattr(type(s), attr, None)
-            fn = getattr(fn, "__func__", fn)
-            code = getattr(fn, "__code__", None)
-            if code is not None and hasattr(getattr(s, attr), "diffaccel_impl"):
-                codes.setdefault(code, (s.name, attr.removeprefix("diffaccel_")))
-    return codes
-
-
-def blame(exc: BaseException, codes: dict[types.CodeType, tuple[str, str]]) -> tuple[str, str] | None:
-    """(strategy, hook) of the innermost strategy hook frame ``exc`` passed through, or None when
-    it was raised outside every strategy (the model, the adapter, the core)."""
-    found = None
-    tb = exc.__traceback__
-    while tb is not None:
-        hit = codes.get(tb.tb_frame.f_code)
-        if hit is not None:
-            found = hit
-        tb = tb.tb_next
-    return found
-
-
 def origin(name: str, registry: Any = None) -> tuple[str, str]:
     """(distribution, version) of the plugin that registered strategy ``name``; ('-', '-') when
     unknown. Called on the failure path only: loading the registry there costs nothing per step."""
     try:
         if registry is None:
-            from .plugins import Registry
-
             registry = Registry()
         spec = registry.get(name)
         return registry.distribution(spec.plugin) if spec is not None else ("-", "-")
@@ -125,7 +97,7 @@ def all_finite(output: Any) -> bool:
     reduction, no temporary (``torch.isfinite(x).all()`` writes a bool tensor first and is 10 to
     40 times slower on CPU). A non-finite sum may also be an overflow of finite values: only
     then is the element-wise check run, to be sure."""
-    import torch
+    import torch  # deferred: ``import diffaccel`` loads no torch (the CLI's checks run without it)
 
     if bool(torch.isfinite(output.sum())):
         return True

@@ -32,6 +32,7 @@ from typing import Any
 
 import attrs
 
+from .adapter import WritesItems
 from .errors import ConfigError, DiffaccelError
 
 RESULTS = "results.jsonl"
@@ -115,7 +116,7 @@ def check_job_config(cfg, adapter) -> None:
     names = {f.name for f in attrs.fields(type(cfg.options))} if attrs.has(type(cfg.options)) else set()
     if "prompts" not in names:
         raise ConfigError(f"{cfg.source}: [model]: the '{cfg.model.adapter}' adapter has no 'prompts' key; --prompts needs one")
-    if not hasattr(adapter, "write_item"):
+    if not isinstance(adapter, WritesItems):
         raise ConfigError(f"{cfg.source}: [model]: the '{cfg.model.adapter}' adapter cannot write one item (no write_item); "
                           "--prompts needs it")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .adapter import WritesFiles
 from .errors import ConfigError
 
 
@@ -70,8 +71,9 @@ def at_least_one(value: int | None, option: str) -> None:
 def generate_out(adapter, config, out: str | None) -> str | None:
     """Where ``generate`` writes, checked: ``out``, or for adapters that write files of one kind
     (``output_suffix``, e.g. the unet adapter's ``.png``) ``<config name><suffix>`` in the current
-    folder when ``out`` is None. None: the adapter's own default (text: stdout)."""
-    suffix = getattr(adapter, "output_suffix", None)
+    folder when ``out`` is None. None: the adapter's own default (text: stdout). ``adapter`` may be
+    the adapter's light spec (``adapters_registry.adapter_spec``), before the adapter is imported."""
+    suffix = adapter.output_suffix if isinstance(adapter, WritesFiles) else None
     why = f" (the {adapter.name} adapter writes {suffix[1:].upper()} files)" if suffix else ""
     if out is None:
         if suffix is None:
@@ -90,3 +92,33 @@ def check_bench_args(args) -> None:
     for option, attr in (("--plots", "plot_dir"), ("--report", "report_dir")):
         if getattr(args, attr, None) is not None:
             check_folder(getattr(args, attr), option)
+
+
+def precheck(args) -> None:
+    """The command line's own checks of a core command, before any adapter, plugin or model
+    library is imported: config files (TOML, tables, adapter name, ``[model]`` keys where the
+    adapter declares them lightly), prompts files, counts and output paths. One ``ConfigError``
+    or ``DiffaccelError`` line; the commands repeat what needs the adapter once it is imported."""
+    from .config import precheck_config
+
+    command = args.command
+    if command == "bench":
+        from .grid import parse_grid
+
+        check_bench_args(args)
+        parse_grid(args.grid)
+    for name in ("repeats", "threads", "batch", "steps", "processes", "seeds"):
+        if command != "bench":
+            at_least_one(getattr(args, name, None), f"--{name}")
+    configs = getattr(args, "configs", None) or ([args.config] if getattr(args, "config", None) else [])
+    checked = [precheck_config(path) for path in configs]
+    prompts = getattr(args, "prompts", None)
+    if prompts is not None:
+        from .jobs import check_out_dir, read_items
+
+        read_items(prompts, 0)
+        if command == "generate":
+            check_out_dir(args.out)
+    elif command == "generate":
+        pre = checked[0]
+        generate_out(pre.spec, pre, args.out)

@@ -13,8 +13,11 @@ Environment variables:
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata as md
+import inspect
 import os
+import textwrap
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -24,9 +27,10 @@ import pluggy
 
 from . import hookspecs
 from .errors import PluginError
+from .hookspecs import hookimpl, own
 
 GROUP = "diffaccel"
-hookimpl = pluggy.HookimplMarker("diffaccel")
+__all__ = ["GROUP", "Registry", "Strategy", "call_own", "check_strategy", "contract_problems", "hookimpl", "own_impl"]
 
 
 @attrs.frozen(kw_only=True)
@@ -209,15 +213,10 @@ class Registry:
         return rows
 
 
-LEGACY = {"setup": "diffaccel_setup", "new_state": "diffaccel_new_state", "bench_quality": "diffaccel_bench_quality",
-          "bench_plot": "diffaccel_bench_plot", "hooked_modules": "diffaccel_hooked_modules"}
-"""Methods the core once found by name; they are hooks now and a method of the old name is never called."""
-
-
 def contract_problems(strategy: Any) -> list[str]:
     """What keeps ``strategy`` (an instance) from meeting the hook contract, one line each:
     ``diffaccel_*`` methods that are no hook, hookimpls whose arguments the hook does not have,
-    unmarked hook methods, methods under a name the core no longer calls."""
+    unmarked hook methods, wrappers on a hook whose rule has none."""
     problems = []
     pm = new_plugin_manager()
     try:
@@ -225,12 +224,17 @@ def contract_problems(strategy: Any) -> list[str]:
         pm.check_pending()
     except pluggy.PluginValidationError as exc:
         problems.append(" ".join(str(exc).split()))
-    specs = {n for n in vars(hookspecs) if n.startswith("diffaccel_")}
     for attr in dir(type(strategy)):
-        if attr in specs and not hasattr(getattr(strategy, attr), "diffaccel_impl"):
+        rule = hookspecs.RULES.get(attr)
+        if rule is None:
+            continue
+        opts = getattr(getattr(strategy, attr), "diffaccel_impl", None)
+        if opts is None:
             problems.append(f"method '{attr}' is not marked @diffaccel.hookimpl, so it is never called")
-        if attr in LEGACY and callable(getattr(strategy, attr, None)):
-            problems.append(f"method '{attr}' is never called: it is the hook '{LEGACY[attr]}' now")
+        elif opts.get("hookwrapper") or (opts.get("wrapper") and not rule.wrappers):
+            problems.append(f"method '{attr}' is marked as a wrapper; {attr} takes none ({rule.describe()})"
+                            if not opts.get("hookwrapper") else
+                            f"method '{attr}' uses hookwrapper=True; use @diffaccel.hookimpl(wrapper=True)")
     return problems
 
 
@@ -242,17 +246,16 @@ def check_strategy(strategy: Any, name: str) -> None:
 
 
 def call_own(strategy: Any, hook: str, **kwargs: Any) -> list[Any]:
-    """Call hook ``hook`` on ``strategy`` alone (the *per strategy* hooks); its results, empty if it
-    does not implement the hook."""
-    pm = new_plugin_manager()
-    pm.register(strategy, name="own")
-    return getattr(pm.hook, hook)(**kwargs) if getattr(pm.hook, hook).get_hookimpls() else []
+    """Call hook ``hook`` on ``strategy`` alone (the *per strategy* hooks): ``[its result]``, or
+    empty if it does not implement the hook. Resolved directly, no plugin manager per call."""
+    fn = own(strategy, hook)
+    result = None if fn is None else fn(**kwargs)
+    return [] if result is None else [result]
 
 
 def own_impl(strategy: Any, hook: str) -> Callable[..., Any] | None:
     """The function implementing ``hook`` on ``strategy`` (resolved once, for the hot path), or None."""
-    fn = getattr(strategy, hook, None)
-    return fn if fn is not None and hasattr(fn, "diffaccel_impl") else None
+    return own(strategy, hook)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -262,10 +265,6 @@ def _first_line(exc: BaseException) -> str:
 
 def field_doc(cls: type, name: str) -> str:
     """The docstring written under an attrs field (``x: int = 1`` then ``\"\"\"doc\"\"\"``)."""
-    import ast
-    import inspect
-    import textwrap
-
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     except (OSError, TypeError, SyntaxError):

@@ -8,12 +8,41 @@ batch dimension, so batch rows never share a cache entry.
 
 from __future__ import annotations
 
+import functools
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import attrs
 
+from .errors import PluginError
 from .guard import Reliability
+from .hookspecs import own
+
+MODEL_FAULT = "diffaccel_layer"
+"""Attribute set on an exception raised inside a ``Layer.compute``: the layer's name. The core
+then reports it as the model's fault, never as the strategy whose hook called ``compute``."""
+
+
+def _model_side(compute: Callable[..., Any]) -> Callable[..., Any]:
+    """``Layer.compute`` of a subclass, marking what it raises as the model's (the call site of
+    the model, whoever called it); a ``positions`` argument a layer cannot take is still the
+    caller's mistake."""
+
+    @functools.wraps(compute)
+    def guarded(self: "Layer", hidden: Any, positions: Any = None) -> Any:
+        if positions is not None and not self.supports_positions:
+            raise ValueError(f"{self.name}: this layer computes every row; positions apply to layers of adapters "
+                             "declaring token-positions")
+        try:
+            return compute(self, hidden, positions)
+        except Exception as exc:
+            if not hasattr(exc, MODEL_FAULT):
+                setattr(exc, MODEL_FAULT, self.name)
+            raise
+
+    guarded.diffaccel_model_side = True
+    return guarded
 
 
 @attrs.define
@@ -72,6 +101,121 @@ class StepPlan:
         return StepPlan(positions=positions, skip=skip, reuse_step=all(p.reuse_step for p in plans))
 
 
+def _deprecated_key(key: str) -> None:
+    new = f"run.info.{key}" if key in RUN_INFO_FIELDS else f"run.info.extra[{key!r}]"
+    warnings.warn(f"run.info[{key!r}] (dict access to run info) is deprecated; use {new}", DeprecationWarning, stacklevel=3)
+
+
+@attrs.define(kw_only=True)
+class RunInfo:
+    """Facts about one run that strategies may read as attributes (``run.info.length``). Adapters
+    fill the fields that apply to them; a field an adapter does not fill is None. Facts beyond
+    these go in ``extra``. Dict access (``run.info["length"]``, ``.get``, ``.update``) still works
+    for one minor release, with a DeprecationWarning naming the attribute."""
+
+    checkpoint: str | None = None
+    """The model's checkpoint (as ``[model] checkpoint`` names it, or the pipeline's name)."""
+    seeds: list[int] | None = None
+    """Per batch row: the seed it was generated from."""
+    n_layers: int | None = None
+    """Layers or blocks the denoiser runs per step (through ``layer_output``)."""
+    layers: list[str] | None = None
+    """Their names, in forward order (text layers: None, ``block.{i}``; DiffusionGemma: ``decoder.{i}``)."""
+    time_conditioned: bool | None = None
+    """Whether the denoiser reads the time step (a step's output can change with equal inputs)."""
+    # text
+    length: int | None = None
+    """Text: positions per row (DiffusionGemma: of the active canvas)."""
+    vocab_size: int | None = None
+    """Text: the vocabulary size (the logits' last dimension)."""
+    kind: str | None = None
+    """Text: the model's kind (``masked``, ``continuous``, ``block``)."""
+    sampler: str | None = None
+    """Text: the sampler of this run (``masked``, ``ddim``, ``ddpm``, ``hybrid``, ``block``)."""
+    temperature: float | None = None
+    """Text: the sampling temperature."""
+    tokenizer: Any = None
+    """Text: the tokenizer (``encode(text)``, ``decode(ids)``)."""
+    prompt_lengths: list[int] | None = None
+    """Text: per row, the prompt's tokens at the start of the sequence."""
+    cond_dim: int | None = None
+    """Text: the width of ``run.condition`` the model takes (0: none)."""
+    truncated_logits: Any = None
+    """Text (``token-logits``): ``truncated_logits(values, indices, vocab_size)`` builds logits a
+    sampler draws from without a dense tensor."""
+    canvas_length: int | None = None
+    """DiffusionGemma: positions per block (canvas)."""
+    blocks: int | None = None
+    """DiffusionGemma: blocks of the generation."""
+    pins: bool | None = None
+    """Whether the adapter honours ``run.pinned`` at this run (False: it ignores it)."""
+    # block stacks (UNet, DiT)
+    depths: list[int] | None = None
+    """Block stacks: per layer, its depth (0 outermost)."""
+    kinds: list[str] | None = None
+    """Block stacks: per layer, ``down``, ``mid`` or ``up``."""
+    modules: list[str] | None = None
+    """Inner modules hooked at this run (``hooked_modules``)."""
+    sample_size: Any = None
+    """Images: the denoiser's latent size."""
+    in_channels: int | None = None
+    """Images: the denoiser's latent channels."""
+    guidance: bool | None = None
+    """Images: whether classifier-free guidance runs."""
+    cfg_mode: str | None = None
+    """Images: ``batched``, ``unbatched`` (two denoiser calls per step) or ``none``."""
+    timesteps: list[float] | None = None
+    """Images: the scheduler's timesteps of the run."""
+    prompts: list[str] | None = None
+    """Images: per row, its prompt."""
+    extra: dict[str, Any] = attrs.Factory(dict)
+    """Adapter facts beyond the fields above."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """The facts given, as a plain dict (fields that are None left out), ``extra`` merged in."""
+        d = {k: v for k, v in attrs.asdict(self, recurse=False).items() if v is not None and k != "extra"}
+        d.update(self.extra)
+        return d
+
+    def set(self, **facts: Any) -> "RunInfo":
+        """Set facts by name (fields, or else ``extra``); returns self (for adapters)."""
+        for k, v in facts.items():
+            if k in RUN_INFO_FIELDS:
+                setattr(self, k, v)
+            else:
+                self.extra[k] = v
+        return self
+
+    # -- the deprecated dict form (one minor release) ---------------------------------------------
+    def __getitem__(self, key: str) -> Any:
+        _deprecated_key(key)
+        value = getattr(self, key) if key in RUN_INFO_FIELDS else self.extra.get(key)
+        if value is None:
+            raise KeyError(key)
+        return value
+
+    def get(self, key: str, default: Any = None) -> Any:
+        _deprecated_key(key)
+        value = getattr(self, key) if key in RUN_INFO_FIELDS else self.extra.get(key)
+        return default if value is None else value
+
+    def __contains__(self, key: str) -> bool:
+        _deprecated_key(key)
+        return (getattr(self, key) if key in RUN_INFO_FIELDS else self.extra.get(key)) is not None
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        _deprecated_key(key)
+        self.set(**{key: value})
+
+    def update(self, *args: Any, **facts: Any) -> None:
+        warnings.warn("run.info.update(...) is deprecated; set the attributes (run.info.length = ...) or use "
+                      "run.info.set(...)", DeprecationWarning, stacklevel=2)
+        self.set(**dict(*args, **facts))
+
+
+RUN_INFO_FIELDS = frozenset(f.name for f in attrs.fields(RunInfo)) - {"extra"}
+
+
 class Layer:
     """Handle for one layer or block, created once per model by its adapter.
 
@@ -84,6 +228,12 @@ class Layer:
     """
 
     supports_positions = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        fn = cls.__dict__.get("compute")
+        if fn is not None and not getattr(fn, "diffaccel_model_side", False):
+            cls.compute = _model_side(fn)
 
     def __init__(self, name: str, index: int, kind: str):
         self.name = name
@@ -121,12 +271,13 @@ class RunState:
     """Per strategy name, what it reports (strategies fill it, mostly at finalize)."""
     positions_per_layer: int = 0
     """Positions (text) or rows (images) one full layer call covers; set by the adapter."""
-    info: dict[str, Any] = attrs.Factory(dict)
-    """Adapter facts strategies may read: ``length``, ``vocab_size``, ``time_conditioned``, ..."""
+    info: RunInfo = attrs.Factory(RunInfo)
+    """Facts about the run strategies may read, as attributes (``RunInfo``)."""
     stop: bool = False
-    """Set by a strategy (in ``post_step``) to end the generation after the current step: the
-    adapter skips the remaining steps and finalises with what it has (``steps_run`` in the report
-    says where it stopped). Text adapter only; the UNet adapter ignores it."""
+    """Set by a strategy (in ``post_step``) to end the generation after the current step, on every
+    adapter: the remaining steps are not computed and the run finalises with what it has
+    (``steps_run`` in the report says where it stopped; ``diffaccel_post_step`` says what each
+    adapter finalises from)."""
     pinned: Any = None
     """Set by a strategy in ``run_start``: tokens to hold fixed, a long tensor (B, N), -1 where
     free. The text adapter writes them into the sequence right after ``run_start``; they are
@@ -150,18 +301,32 @@ class RunState:
         key = (strategy.name, self.branch)
         st = self._states.get(key)
         if st is None:
-            make = factory or self.state_factories.get(strategy.name)
+            make = factory or self.state_factories.get(strategy.name) or own(strategy, "diffaccel_new_state")
             if make is None:
-                from .plugins import own_impl
-
-                make = own_impl(strategy, "diffaccel_new_state")
-            if make is None:
-                from .errors import PluginError
-
                 raise PluginError(f"strategy '{strategy.name}' calls run.state() but implements no diffaccel_new_state hook")
             st = make(self)
             self._states[key] = st
         return st
+
+    def states(self, strategy: Any = None) -> dict[str, Any]:
+        """The per-run states created so far, by guidance branch: those of ``strategy`` (an
+        instance or its name), or of every strategy when None (then keyed ``(name, branch)``).
+        A strategy releasing its tensors at ``run_end`` walks its own branches here."""
+        if strategy is None:
+            return dict(self._states)
+        name = strategy if isinstance(strategy, str) else strategy.name
+        return {branch: st for (n, branch), st in self._states.items() if n == name}
+
+    def clear_states(self) -> None:
+        """Drop every strategy's state (the quality guard's reset: caches start afresh)."""
+        self._states.clear()
+
+    def rename_branch(self, old: str, new: str) -> None:
+        """Move every state of guidance branch ``old`` to ``new`` (an adapter that learns mid-run
+        that its guidance branches run separately)."""
+        for (name, branch) in list(self._states):
+            if branch == old:
+                self._states[(name, new)] = self._states.pop((name, branch))
 
     def report(self) -> dict[str, Any]:
         """A plain-data summary: counters and per-strategy metrics."""

@@ -1,5 +1,6 @@
-"""Helpers for testing strategies, in this repository and in a plugin's own: ``run_with`` and
-the ``install_distribution`` fixture (``pytest_plugins = ["diffaccel.testing"]``).
+"""Helpers for testing strategies and adapters, in this repository and in a plugin's own:
+``run_with``, the adapter conformance suite ``check_adapter`` (``diffaccel.conformance``) and the
+``install_distribution`` fixture (``pytest_plugins = ["diffaccel.testing"]``).
 
 Tiny random models belong to their adapters (the core names none):
 ``diffaccel.adapters.text.testing`` (``tiny_text_pipeline``, ``CharTokenizer``, the
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 
 from diffaccel import apply
+from diffaccel.conformance import CHECKS, check_adapter, same_output  # noqa: F401 - public here (diffaccel.testing)
 
 
 def run_with(pipe, strategies: Sequence[Any] = (), **call_kwargs):

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import statistics
 import time
-
 from typing import Any
 
+import attrs
+
 from .accelerator import Accelerator
+from .adapter import JudgesSamples, MeasuresFluency, TimesPartialSteps
 from .adapters_registry import get_adapter
+from .bench import with_batch
 from .config import load_config
 from .errors import ConfigError, DiffaccelError
-from .guard import GuardConfig
+from .guard import GuardConfig, all_finite
 from .plugins import Registry, hookimpl
+from .sequence import RunSequence, StepModel
+from .state import Layer, RunState
 
 
 def _load(path: str, registry: Registry | None = None):
@@ -39,19 +44,15 @@ def overhead(args) -> int:
     also a pass-through strategy under ``[guard] every = N`` against the same with the guard off.
     Every entry runs once per round, the order rotating between rounds (interleaved)."""
     if getattr(args, "threads", None):
-        import torch
+        import torch  # deferred: the core's import loads no torch
 
         torch.set_num_threads(args.threads)
     registry = Registry()  # loads every installed plugin
     cfg, adapter, pipe = _load(args.config, registry)
     cfg = cfg.without_strategies()
     if getattr(args, "batch", None) is not None:
-        from .bench import with_batch
-
         cfg = with_batch(cfg, args.batch)
     if getattr(args, "steps", None):  # shorter runs, same steps: the costs are per step
-        import attrs
-
         cfg = attrs.evolve(cfg, model=attrs.evolve(cfg.model, steps=args.steps))
     every = getattr(args, "guard", 0) or 0
     empty = Accelerator([], adapter.name)
@@ -118,8 +119,6 @@ def _ratio(times: list[float], base: list[float]) -> str:
 
 def _finite_cost_us(output: Any, calls: int = 200) -> float:
     """Microseconds of one non-finite check of a step's output (best of 5 rounds)."""
-    from .guard import all_finite
-
     def once() -> float:
         t0 = time.perf_counter()
         for _ in range(calls):
@@ -129,10 +128,20 @@ def _finite_cost_us(output: Any, calls: int = 200) -> float:
     return 1e6 * min(once() for _ in range(5)) / calls
 
 
+class _Flat(StepModel):
+    """A denoiser step that does no work (its output: one zero)."""
+
+    def __init__(self):
+        import torch  # deferred: the core's import loads no torch
+
+        self.out = torch.zeros(1)
+
+    def compute(self):
+        return self.out
+
+
 def _dispatch_cost_us(accel: Accelerator, n_layers: int, calls: int = 20000) -> float:
     """Extra microseconds per step that the hooks add, timed on a layer that does no work."""
-    from .state import Layer, RunState
-
     class Noop(Layer):
         def compute(self, hidden, positions=None):
             return hidden
@@ -152,12 +161,16 @@ def _dispatch_cost_us(accel: Accelerator, n_layers: int, calls: int = 20000) -> 
             accel.layer_output(run, layer, x)
         return time.perf_counter() - t0
 
+    # a step's hooks as adapters run them: the core's sequence, its finite check off (the check
+    # on real outputs is timed apart, on the next line of the report)
+    unchecked = Accelerator(accel.configured, accel.adapter, guard=GuardConfig(finite=False))
+    seq, flat = RunSequence(unchecked, run), _Flat()
+
     def step_hooks():
         t0 = time.perf_counter()
         for _ in range(calls):
-            accel.pre_step(run)
-            accel.denoiser_output(run, x)
-            accel.post_step(run, x)
+            seq.denoise(flat)
+            seq.post_step(flat.compute)
         return time.perf_counter() - t0
 
     per_layer = min(hooked() - direct() for _ in range(5)) / calls
@@ -168,22 +181,20 @@ def _dispatch_cost_us(accel: Accelerator, n_layers: int, calls: int = 20000) -> 
 def partial(args) -> int:
     """Time one denoiser step computing 100%, 50%, 25%, 15%, 10%, 5% of the positions, and one per row."""
     if getattr(args, "threads", None):
-        import torch
+        import torch  # deferred: the core's import loads no torch
 
         torch.set_num_threads(args.threads)
     cfg, adapter, pipe = _load(args.config)
-    if not hasattr(adapter, "time_partial_steps"):  # the optional TimesPartialSteps protocol
+    if not isinstance(adapter, TimesPartialSteps):
         raise ConfigError(f"{cfg.source}: [model] key 'adapter': partial computation is benchmarked on adapters "
                           f"declaring 'token-positions' that time partial steps; '{adapter.name}' does not")
     if getattr(args, "batch", None) is not None:
-        from .bench import with_batch
-
         cfg = with_batch(cfg, args.batch)
     B, N = cfg.model.batch, cfg.options.length
     # down to one position per row: the floor, what a step costs whatever a strategy leaves out
     fractions = (1.0, 0.5, 0.25, 0.15, 0.1, 0.05, 1 / N)
     times = adapter.time_partial_steps(pipe, cfg, fractions, args.repeats)
-    import torch
+    import torch  # deferred: the core's import loads no torch
 
     full = statistics.median(times[1.0])
     print(f"{cfg.model.checkpoint}: one denoiser step, batch {B}, {N} positions, {torch.get_num_threads()} thread(s), "
@@ -199,11 +210,11 @@ def partial(args) -> int:
 def fluency(args) -> int:
     """Fluency of the model's samples beside held-out text, random tokens and unigram text."""
     cfg, adapter, pipe = _load(args.config)
-    if not hasattr(adapter, "fluency_rows"):  # the optional MeasuresFluency protocol
+    if not isinstance(adapter, MeasuresFluency):
         raise ConfigError(f"{cfg.source}: [model] key 'adapter': fluency is measured on adapters that score text; "
                           f"'{adapter.name}' does not")
     judge, note = None, ""
-    if getattr(args, "judge", "none") != "none" and hasattr(adapter, "load_judge"):
+    if getattr(args, "judge", "none") != "none" and isinstance(adapter, JudgesSamples):
         try:
             judge = adapter.load_judge(None if args.judge == "default" else args.judge)
         except DiffaccelError as exc:

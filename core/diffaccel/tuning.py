@@ -266,12 +266,13 @@ def tune(config: str | Path, budget: Sequence[str] | str, out: str | Path, *, tr
                     continue
                 fig = figures.setdefault(e["name"], {"speedup": {}, "quality": {}, "met": {}})
                 fig["speedup"][b] = e["speedup"]
+                fig.setdefault("speedup_ci", {})[b] = e.get("speedup_ci")  # the bench's paired bootstrap interval
                 if b == batches[-1]:
                     fig["samples"] = seeds * b
                     for bud in budgets:
                         met, _ = bud.check(e["quality"], base_q)
                         fig["quality"][bud.metric] = {"value": e["quality"].get(bud.metric), "baseline": base_q.get(bud.metric),
-                                                      "interval": (e.get("intervals") or {}).get(bud.metric)}
+                                                      "interval": (e.get("quality_ci") or {}).get(bud.metric)}
                         fig["met"][bud.text] = met
         # a point no faster than the baseline at the configured batch is no acceleration
         accepted = [n for n in points if all(figures[n]["met"].values()) and figures[n]["speedup"][batches[-1]] > 1.0]

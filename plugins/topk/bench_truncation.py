@@ -47,7 +47,7 @@ def one_step(vocab: int, args) -> None:
     logits = torch.randn(1, args.positions, vocab, generator=torch.Generator().manual_seed(0)) * 3
     topk = TopK(TopKConfig(k_keep=args.k_keep, at_finalize=False))
     run = RunState(adapter="text", num_steps=1, batch_size=1)
-    run.info.update(seeds=[0], vocab_size=vocab, sampler="masked")
+    run.info.set(seeds=[0], vocab_size=vocab, sampler="masked")
     topk.diffaccel_run_start(run)
     ctx = {"topk": topk, "run": run, "gen": torch.Generator().manual_seed(1), "all": torch.arange(args.positions)}
     variants = {"full": full, "truncated": truncated}

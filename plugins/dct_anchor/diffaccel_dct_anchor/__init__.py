@@ -22,7 +22,8 @@ from .strategy import DCTAnchor, decide
 @hookimpl
 def diffaccel_register(register):
     register(Strategy(name="dct-anchor", config=DCTAnchorConfig, factory=DCTAnchor, requires=(BLOCK_STACK, (SPATIAL_FEATURES, IMAGE_STEPS)),
-                      description="reuse UNet or DiT blocks while a low-frequency DCT band holds still"))
+                      description="reuse UNet or DiT blocks while a low-frequency DCT band holds still",
+                      reports=("deep_steps",)))
 
 
 @hookimpl

@@ -6,6 +6,7 @@ from typing import Any
 
 import attrs
 
+from diffaccel.capabilities import BLOCK_STACK, BLOCK_TAIL, IMAGE_STEPS, SPATIAL_FEATURES
 from diffaccel.errors import ConfigValueError
 from diffaccel.validators import in_range, non_negative, one_of, positive
 
@@ -100,8 +101,6 @@ def output_sizes(layers: list[str], sample_size: int) -> dict[str, int]:
 
 def check_against_model(config: DCTAnchorConfig, info: dict[str, Any]) -> None:
     """Reject what depends on the model: its capabilities, block names, band vs the maps, tail blocks."""
-    from diffaccel.capabilities import BLOCK_STACK, BLOCK_TAIL, IMAGE_STEPS, SPATIAL_FEATURES
-
     caps = info.get("capabilities")
     if caps is not None:
         if BLOCK_STACK not in caps:

@@ -13,7 +13,7 @@ LABELS = {"W": "warm-up", "C": "computed (change >= threshold)", "R": "anchored 
 def plot_decisions(reports: list[dict[str, Any]], path: str | Path, name: str = "dct-anchor", threshold: float | None = None) -> None:
     """One figure for the first run of ``reports``: per guidance branch, a grid of the decision of
     every anchored block at every step, and the per-block relative low-band change (log scale)."""
-    import matplotlib
+    import matplotlib  # slow to import: only --plots needs it
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

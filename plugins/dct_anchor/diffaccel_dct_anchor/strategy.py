@@ -29,12 +29,13 @@ import attrs
 import torch
 
 from diffaccel import hookimpl
-from diffaccel.capabilities import BLOCK_STACK, IMAGE_STEPS, SPATIAL_FEATURES
+from diffaccel.capabilities import BLOCK_STACK, IMAGE_STEPS, SPATIAL_FEATURES, describe, missing
 from diffaccel.errors import DiffaccelError
 from diffaccel.extrapolate import extrapolated, keep
 
 from .config import DCTAnchorConfig, check_against_model, last_up
 from .dct import CRITERIA, CRITERION_POWER, low_band
+from .plot import plot_decisions
 
 # one character per step and block in the decision trace
 WARMUP, COMPUTED, REUSED, REFRESH, FINAL, NOT_ASKED = "W", "C", "R", "M", "F", "-"
@@ -151,12 +152,10 @@ class DCTAnchor:
     # -- hooks ---------------------------------------------------------------------------------------
     @hookimpl
     def diffaccel_run_start(self, run) -> None:
-        from diffaccel.capabilities import describe, missing
-
         lacking = missing(NEEDS, run.capabilities)
         if lacking:
             raise DiffaccelError(f"dct-anchor: key 'use': this model lacks capability {describe(lacking[0])}")
-        self.diffaccel_setup(run.info)  # instances given to apply(strategies=...) never went through build_strategies
+        self.diffaccel_setup(run.info.as_dict())  # instances given to apply(strategies=...) never went through build_strategies
         run.metrics[self.name] = {"branches": {}}
 
     @hookimpl
@@ -237,18 +236,25 @@ class DCTAnchor:
 
     @hookimpl
     def diffaccel_run_end(self, run) -> None:
-        for key, st in list(run._states.items()):  # noqa: SLF001 - drop our tensors in every branch
-            if key[0] == self.name:
-                for bs in st.blocks.values():
-                    bs.inputs = bs.low = bs.tail_h = bs.out_low = bs.rate = bs.x0_ref = None
-                    bs.kept = []
-                st.x0_low = st.memo = None
+        for st in run.states(self).values():  # drop our tensors in every branch
+            for bs in st.blocks.values():
+                bs.inputs = bs.low = bs.tail_h = bs.out_low = bs.rate = bs.x0_ref = None
+                bs.kept = []
+            st.x0_low = st.memo = None
+
+    @hookimpl
+    def diffaccel_bench_quality(self, outputs: list[Any], seeds: list[int]) -> dict[str, float]:
+        """``deep_steps``: steps per run (mean over runs and guidance branches) whose first anchor
+        block was not served from the cache: how often the deep path was computed. Only on the
+        entries that ran this strategy (the baseline computes it at every step)."""
+        counts = [sum(d != REUSED for d in next(iter(rec.values()))["decisions"])
+                  for out in outputs for rec in out.report.get("strategies", {}).get(self.name, {}).get("branches", {}).values()
+                  if rec]
+        return {"deep_steps": sum(counts) / len(counts)} if counts else {}
 
     @hookimpl
     def diffaccel_bench_plot(self, reports: list[dict[str, Any]], path) -> None:
         """Called by ``diffaccel bench --plots DIR``: the decisions and changes over the steps."""
-        from .plot import plot_decisions
-
         plot_decisions(reports, path, self.name, self.config.threshold)
 
     # -- helpers -------------------------------------------------------------------------------------

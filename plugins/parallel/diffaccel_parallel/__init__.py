@@ -37,3 +37,11 @@ def diffaccel_tunables(strategy):
 
 __all__ = ["RULES", "SCALES", "Parallel", "ParallelConfig", "__version__", "choose", "diffaccel_register", "diffaccel_tunables", "entropies",
            "scaled_confidence", "spaced"]
+
+
+@hookimpl
+def diffaccel_register_commands(commands):
+    """``diffaccel parallel-sweep`` (``sweep.py``; it imports only the core)."""
+    from . import sweep  # the bench machinery, only when the command line asks for commands
+
+    sweep.register(commands)

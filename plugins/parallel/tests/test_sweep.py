@@ -1,16 +1,14 @@
-"""The sweep script's parts: merged into one result, checked to share a baseline, names parsed."""
+"""diffaccel parallel-sweep's parts: merged into one result, checked to share a baseline, names parsed."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-_SPEC = importlib.util.spec_from_file_location("parallel_sweep", Path(__file__).parents[1] / "sweep.py")
-sweep = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(sweep)
+from diffaccel.errors import DiffaccelError
+from diffaccel_parallel import sweep
 
 
 def part(path: Path, names: list[str], base_ppl: float = 100.0, seeds=(5000, 5001)) -> str:
@@ -33,10 +31,10 @@ def test_merge_keeps_one_baseline_and_every_parts_entries_with_their_own_speedup
 def test_merge_refuses_parts_whose_baselines_differ(tmp_path):
     a = part(tmp_path / "a.json", ["factor-factor5"])
     b = part(tmp_path / "b.json", ["entropy-gamma2"], base_ppl=101.0)
-    with pytest.raises(SystemExit, match="baseline"):
+    with pytest.raises(DiffaccelError, match="baseline"):
         sweep.merge([a, b])
     c = part(tmp_path / "c.json", ["entropy-gamma2"], seeds=(6000, 6001))
-    with pytest.raises(SystemExit, match="seeds"):
+    with pytest.raises(DiffaccelError, match="seeds"):
         sweep.merge([a, c])
 
 
@@ -46,3 +44,14 @@ def test_entry_names_carry_rule_scale_knob_and_spacing():
     m = sweep.ENTRY.match("factor-factor2.5")
     assert (m["rule"], bool(m["prob"]), m["value"], m["spacing"]) == ("factor", False, "2.5", None)
     assert sweep.ENTRY.match("steps-32") is None
+
+
+def test_the_sweep_is_a_registered_command(monkeypatch):
+    from diffaccel.cli import CORE
+    from diffaccel.commands import collect
+
+    monkeypatch.setenv("DIFFACCEL_PLUGINS", "parallel")
+    found, problems = collect(CORE)
+    mine = [c for c in found if c.name == "parallel-sweep"]
+    assert problems == [] and len(mine) == 1 and mine[0].source.startswith("plugin 'parallel'")
+    assert mine[0].run is sweep.run

@@ -32,4 +32,13 @@ def diffaccel_tunables(strategy):
     return [Tunable(key="tau", low=0.005, high=0.9, log=True), Tunable(key="K", low=1, high=5, integer=True),
             Tunable(key="R", low=0, high=3, integer=True), Tunable(key="max_age", low=2, high=24, integer=True)]
 
+
 __all__ = ["SWD", "SWDConfig", "SWDState", "__version__", "diffaccel_register", "diffaccel_tunables", "radius_at", "update_stability", "widen"]
+
+
+@hookimpl
+def diffaccel_register_commands(commands):
+    """``diffaccel swd-sweep`` (``sweep.py``; it imports only the core)."""
+    from . import sweep  # the bench machinery, only when the command line asks for commands
+
+    sweep.register(commands)

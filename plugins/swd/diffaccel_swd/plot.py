@@ -18,7 +18,7 @@ def stability_curve(reports: list[dict[str, Any]], path: str | Path) -> None:
 
     One thin line per run, the mean in bold; the legend gives the mean fraction computed.
     """
-    import matplotlib
+    import matplotlib  # slow to import: only --plots needs it
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

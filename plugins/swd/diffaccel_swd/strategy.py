@@ -31,6 +31,8 @@ from diffaccel.errors import ConfigError
 from diffaccel.state import StepPlan
 from diffaccel.validators import in_range, one_of
 
+from .plot import stability_curve
+
 #: Defaults chosen per sampler on the shipped models (see the README's sweeps). In the masked
 #: sampler the masked positions that remain are, by construction, the unconfident ones (the
 #: confident ones are committed first), so a high ``tau`` would only ever mark committed
@@ -158,7 +160,7 @@ class SWD:
 
     @hookimpl
     def diffaccel_new_state(self, run) -> SWDState:
-        return SWDState(**self.resolved(run.info.get("sampler", "masked")))
+        return SWDState(**self.resolved(run.info.sampler or "masked"))
 
     @hookimpl
     def diffaccel_run_start(self, run) -> None:
@@ -222,7 +224,7 @@ class SWD:
         if masked_sampler and not c.widen_committed:
             nxt = (nxt & output.masked) | ~stable  # the widening reaches masked neighbours only
         st.next = nxt
-        st.reuse = bool(c.exact_skip and input_changed is not None and not run.info.get("time_conditioned", True)
+        st.reuse = bool(c.exact_skip and input_changed is not None and run.info.time_conditioned is False
                            and not input_changed.any() and not (top1_changed & computed).any())
         st.computed.append(float(computed.float().mean()))
         st.stable.append(float(stable.float().mean()))
@@ -249,7 +251,7 @@ class SWD:
         steps = len(st.computed)
         run.metrics[self.name] = {
             "tau": st.tau, "K": st.K, "R": st.R, "R_end": st.R_end, "max_age": st.max_age,
-            "sampler": run.info.get("sampler"),
+            "sampler": run.info.sampler,
             "computed_per_step": st.computed,
             "stable_per_step": st.stable,
             "mean_computed": sum(st.computed) / steps if steps else 1.0,
@@ -266,8 +268,6 @@ class SWD:
 
     @hookimpl
     def diffaccel_bench_plot(self, reports: list[dict[str, Any]], path) -> None:
-        from .plot import stability_curve
-
         stability_curve(reports, path)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -106,7 +105,7 @@ def test_first_step_full_then_fewer_positions(masked_pipe):
 def test_first_step_plan_covers_every_position():
     s = swd()
     run = RunState(adapter="text", capabilities=TEXT, num_steps=4, batch_size=1)
-    run.info.update(sampler="masked", time_conditioned=False)
+    run.info.set(sampler="masked", time_conditioned=False)
     run.step = 0
     s.diffaccel_run_start(run)
     plan = s.diffaccel_pre_step(run)
@@ -125,7 +124,7 @@ def _step_output(top1, prob, tokens=None, masked=None, fixed=None, computed=None
 
 def _continuous_run(num_steps=10, batch=2):
     run = RunState(adapter="text", capabilities=TEXT, num_steps=num_steps, batch_size=batch)
-    run.info.update(sampler="ddim", time_conditioned=True)
+    run.info.set(sampler="ddim", time_conditioned=True)
     return run
 
 
@@ -169,7 +168,7 @@ def test_fixed_prompt_positions_are_not_recomputed(masked_pipe):
 def test_committed_positions_are_recomputed_at_the_next_step():
     s = swd(tau=0.01, K=1, R=0, early_stop=False)
     run = RunState(adapter="text", capabilities=TEXT, num_steps=4, batch_size=1)
-    run.info.update(sampler="masked", time_conditioned=False)
+    run.info.set(sampler="masked", time_conditioned=False)
     s.diffaccel_run_start(run)
     M = 2  # mask id
     steps = [[M, M, M, M], [5, M, M, M], [5, M, 6, M]]
@@ -187,7 +186,7 @@ def _window_after_a_flip(R: int, widen_committed: bool) -> list[int]:
     position 2 (masked) flips its top-1 at the last of three steps."""
     s = swd(tau=0.01, K=2, R=R, early_stop=False, widen_committed=widen_committed)
     run = RunState(adapter="text", capabilities=TEXT, num_steps=4, batch_size=1)
-    run.info.update(sampler="masked", time_conditioned=False)
+    run.info.set(sampler="masked", time_conditioned=False)
     s.diffaccel_run_start(run)
     M = 2  # mask id
     for step, top2 in enumerate([7, 7, 8]):
@@ -393,9 +392,7 @@ def test_bench_plot_writes_a_png(masked_pipe, tmp_path):
 
 
 def test_sweep_varies_one_key_at_a_time():
-    spec = importlib.util.spec_from_file_location("swd_sweep", Path(__file__).resolve().parents[1] / "sweep.py")
-    sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sweep)
+    from diffaccel_swd import sweep
     combos = sweep.combinations([0.01, 0.5], [2, 4], [0, 1, 2], vary_one=True)
     assert combos == [(0.01, 2, 0), (0.5, 2, 0), (0.01, 4, 0), (0.01, 2, 1), (0.01, 2, 2)]
     assert len(sweep.combinations([0.01, 0.5], [2, 4], [0, 1, 2], vary_one=False)) == 12
@@ -441,3 +438,12 @@ def test_masked_default_max_age_recomputes_old_logits_and_zero_turns_it_off(mask
     unlimited = run_with(masked_pipe, [swd(max_age=0)], length=32, steps=32, seed=0).report["strategies"]["swd"]
     assert aged["max_age"] == 8 and unlimited["max_age"] == 0
     assert aged["mean_computed"] > unlimited["mean_computed"]
+
+
+def test_the_sweep_is_a_registered_command(monkeypatch, capsys):
+    from diffaccel.cli import main
+
+    monkeypatch.setenv("DIFFACCEL_PLUGINS", "swd")
+    with pytest.raises(SystemExit) as exc:
+        main(["swd-sweep", "configs/text-default.toml", "--seeds", "x"])
+    assert exc.value.code == 2 and "--seeds: invalid int value" in capsys.readouterr().err

@@ -1,6 +1,6 @@
 """time-anchor's policy for models with a ``block-stack``: skip the deep blocks once they settle.
 
-Blocks are grouped by depth (``run.info["depths"]``): a down block and its up counterpart share
+Blocks are grouped by depth (``run.info.depths``): a down block and its up counterpart share
 depth d, the middle is deepest. At depth d, the up block's output (the middle's at the bottom) is
 what the shallower computed blocks read. At each call, below the shallowest depth (from
 ``min_depth``) whose output block is anchored in every row (a block runs on the whole batch, both
@@ -74,7 +74,7 @@ class BlockPolicy:
 
     def _init(self, st: BlockStackState, run, rows: int, device) -> None:
         cfg = self.config
-        names, depth, kinds = run.info["layers"], run.info["depths"], run.info["kinds"]
+        names, depth, kinds = run.info.layers, run.info.depths, run.info.kinds
         L = len(names)
         # depth d (from min_depth): the block whose output the shallower computed blocks read
         # (up block of depth d; the middle at the bottom) and every block of depth >= d below it
@@ -100,7 +100,7 @@ class BlockPolicy:
         live = st.cache.live(st.keys, run.step)  # (rows, blocks)
         st.anchored[:, run.step] = live.float().mean(0)
         ok = live.all(0).tolist()
-        names = run.info["layers"]
+        names = run.info.layers
         for out_block, below in st.levels:
             if ok[out_block]:
                 st.skip = frozenset(names[j] for j in below)

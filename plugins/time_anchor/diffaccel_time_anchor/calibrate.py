@@ -18,7 +18,9 @@ from typing import Any
 import attrs
 import torch
 
+import diffaccel
 from diffaccel import hookimpl
+from diffaccel.adapters_registry import get_adapter
 from diffaccel.capabilities import TOKEN_POSITIONS
 
 from .gate import Gate, fit_gates, schedule_fraction
@@ -67,7 +69,7 @@ class Recorder:
             st = run.state(self, factory=lambda _r: None)
             run.branch = saved
             if st is not None and st.rates:
-                names = layer_names(run.info)
+                names = layer_names(run.info.as_dict())
                 L = len(names)
                 steps = sorted(st.rates[0])
                 # rates: (L, steps, states); step 0 has no predecessor
@@ -83,9 +85,6 @@ def layer_names(info: dict[str, Any]) -> list[str]:
 
 def record(config_path: str, seeds: int = 3) -> tuple[Recorder, Any]:
     """Run the config's [model] without its strategies on ``seeds`` seeds, recording changes."""
-    import diffaccel
-    from diffaccel.adapters_registry import get_adapter
-
     cfg = diffaccel.load_config(config_path)
     adapter = get_adapter(cfg.model.adapter)
     pipe = adapter.load(cfg)

@@ -25,6 +25,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    # after parsing: a bad argument is refused before torch and the adapters load
     from .calibrate import clusters_from_rates, config_threshold, gate_from_rates, record, write_json
 
     try:

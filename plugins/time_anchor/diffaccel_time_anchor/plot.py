@@ -5,13 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 
 def plot_anchored(reports: list[dict[str, Any]], name: str, path: str | Path) -> None:
-    import matplotlib
+    import matplotlib  # slow to import: only --plots needs it
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     runs = [r["strategies"][name] for r in reports if name in r.get("strategies", {})]
     if not runs:

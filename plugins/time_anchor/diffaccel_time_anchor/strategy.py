@@ -24,6 +24,7 @@ from diffaccel.errors import ConfigValueError, DiffaccelError
 from .blocks import BlockPolicy, BlockStackState
 from .config import TimeAnchorConfig, load_clusters
 from .gate import Gate
+from .plot import plot_anchored
 from .state import AnchorState, rel_change
 from .tokens import TokenPolicy, TokenState
 
@@ -103,7 +104,7 @@ class TimeAnchor:
         lookups = sum(s.lookups for s in states)
         per_step = torch.stack([s.anchored.float().cpu() for s in states if s.anchored is not None]).mean(0)
         stats = [s.cache.stats() for s in states if s.cache is not None]
-        layers = run.info.get("layers") or [f"block.{i}" for i in range(per_step.shape[0])]
+        layers = run.info.layers or [f"block.{i}" for i in range(per_step.shape[0])]
         return {
             "hit_rate": hits / lookups if lookups else 0.0,
             "hits": hits,
@@ -120,8 +121,6 @@ class TimeAnchor:
 
     @hookimpl
     def diffaccel_bench_plot(self, reports: list[dict[str, Any]], path) -> None:
-        from .plot import plot_anchored
-
         plot_anchored(reports, self.name, path)
 
 

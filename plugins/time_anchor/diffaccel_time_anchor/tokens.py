@@ -70,7 +70,7 @@ class TokenPolicy:
 
     def run_start(self, run) -> None:
         if self.clusters is not None:
-            n, have = run.info.get("length", 0), len(self.clusters["assign"])
+            n, have = (run.info.length or 0), len(self.clusters["assign"])
             if n > have:
                 raise ConfigValueError("clusters", f"the file assigns {have} positions but the run generates {n}")
 
@@ -96,7 +96,7 @@ class TokenPolicy:
     def _init(self, st: TokenState, run, hidden: torch.Tensor) -> None:
         cfg = self.config
         B, N, D = hidden.shape
-        L = run.info["n_layers"]
+        L = run.info.n_layers
         dev = hidden.device
         pos = torch.arange(N, device=dev)
         if self.clusters is not None:
@@ -169,7 +169,7 @@ class TokenPolicy:
             out = layer.compute(hidden)  # the adapter narrows it to the step's positions itself
         self._record(st, i, step, out, computed)
         st.pending_step = step
-        if i == run.info["n_layers"] - 1:
+        if i == run.info.n_layers - 1:
             self._end_step(st)
         return out
 

@@ -19,7 +19,8 @@ from .strategy import TopK, TopKConfig, draw_topk, self_similarity
 @hookimpl
 def diffaccel_register(register):
     register(Strategy(name="topk", config=TopKConfig, factory=TopK, requires=(TOKEN_LOGITS,),
-                      description="top-k sampling (seeded, per batch row) and top-k logit truncation"))
+                      description="top-k sampling (seeded, per batch row) and top-k logit truncation",
+                      reports=("self_similarity",)))
 
 
 @hookimpl

@@ -127,18 +127,18 @@ class TopK:
 
     @hookimpl
     def diffaccel_new_state(self, run) -> "TopKState":
-        seeds = run.info.get("seeds") or range(run.batch_size)
+        seeds = run.info.seeds or range(run.batch_size)
         return TopKState(gens=[torch.Generator().manual_seed((int(s) + _SALT) % 2**63) for s in seeds])
 
     @hookimpl
     def diffaccel_run_start(self, run) -> None:
-        self.diffaccel_setup(run.info)  # instances passed to apply(strategies=...) never went through build_strategies
+        self.diffaccel_setup(run.info.as_dict())  # instances passed to apply(strategies=...) never went through build_strategies
         run.state(self)  # the per-row generators start fresh with every run
 
     @hookimpl
     def diffaccel_denoiser_output(self, run, output: torch.Tensor) -> Any:
         c = self.config
-        sample = c.at_steps and run.info.get("sampler") == "masked"  # only the masked sampler commits tokens
+        sample = c.at_steps and run.info.sampler == "masked"  # only the masked sampler commits tokens
         if not (c.k_keep or sample):
             return None
         t0 = time.perf_counter()
@@ -160,7 +160,7 @@ class TopK:
         # truncated: hand the sampler the k_keep (values, indices) themselves; it samples from them
         # without ever building the (B, N, V) tensor (-inf elsewhere) that a dense answer would be
         # the adapter's truncated-logits type (token-logits): values and indices, no dense tensor
-        out = run.info["truncated_logits"](vals, idx, output.shape[-1]) if dense else output.scatter(-1, idx, vals)
+        out = run.info.truncated_logits(vals, idx, output.shape[-1]) if dense else output.scatter(-1, idx, vals)
         st.values, st.indices = vals, idx
         st.steps += 1
         st.held += vals.numel()
@@ -176,7 +176,7 @@ class TopK:
         drawn = 0
         if c.at_finalize and final.tokens is None:  # an earlier strategy's choice stands
             todo = ~final.fixed
-            if run.info.get("sampler") == "masked":
+            if run.info.sampler == "masked":
                 # committed tokens stay: the model's outputs at unmasked inputs are not trained
                 todo &= final.draft == final.mask_id
             if bool(todo.any()):
@@ -187,7 +187,7 @@ class TopK:
         steps = max(st.steps, 1)
         m: dict[str, Any] = {
             "k": c.k, "k_keep": c.k_keep or None, "temperature": c.temperature,
-            "vocab_size": run.info.get("vocab_size"), "steps_truncated": st.steps, "steps_sampled": st.steps_sampled,
+            "vocab_size": run.info.vocab_size, "steps_truncated": st.steps, "steps_sampled": st.steps_sampled,
             "finalize_drawn": drawn, "held_values_per_step": st.held // steps, "full_values_per_step": st.full // steps,
             "held_bytes_per_step": st.held_bytes // steps, "full_bytes_per_step": st.full_bytes // steps,
             "held_ratio": st.full_bytes / st.held_bytes if st.held_bytes else 1.0, "seconds": st.seconds,
@@ -201,3 +201,11 @@ class TopK:
     def diffaccel_run_end(self, run) -> None:
         st = run.state(self)
         st.values = st.indices = None
+
+    @hookimpl
+    def diffaccel_bench_quality(self, outputs: list[Any], seeds: list[int]) -> dict[str, float]:
+        """``self_similarity`` of an entry's texts over all its seeds (1: all alike), on this
+        strategy's entry and on the baseline's, beside the bench's distinct-n: what a top-k draw
+        buys in variety (argmax decoding repeats itself across seeds)."""
+        texts = [t for out in outputs for t in getattr(out, "texts", None) or []]
+        return {"self_similarity": self_similarity(texts)} if len(texts) > 1 else {}

@@ -23,6 +23,7 @@ import attrs
 import torch
 
 from diffaccel import Accelerator, Layer, RunState
+from diffaccel.sequence import RunSequence, StepModel
 from diffaccel.capabilities import BLOCK_STACK
 from diffaccel.errors import DiffaccelError
 from diffaccel.validators import positive
@@ -114,6 +115,16 @@ class ToyOutput:
     report: dict[str, Any]
 
 
+class ToyStep(StepModel):
+    """One evaluation of the toy denoiser for ``RunSequence.denoise``."""
+
+    def __init__(self, pipe: "ToyPipeline", seq: RunSequence):
+        self.pipe, self.seq, self.x = pipe, seq, None
+
+    def compute(self) -> torch.Tensor:
+        return self.pipe._eps(self.seq, self.x, self.seq.run.timestep)
+
+
 class ToyPipeline:
     """``pipe(seed=0, batch=1, steps=20)``: DDIM (eta 0) over a linear noise schedule."""
 
@@ -124,8 +135,9 @@ class ToyPipeline:
         self.run: RunState | None = None
         self.blocks = [ToyBlock(name, i, depth, kind, self) for i, (name, depth, kind) in enumerate(BLOCKS)]
 
-    def _eps(self, accel: Accelerator, run: RunState, x: torch.Tensor, t: float) -> torch.Tensor:
-        plan = accel.pre_step(run)
+    def _eps(self, seq: RunSequence, x: torch.Tensor, t: float) -> torch.Tensor:
+        accel, run = seq.accel, seq.run
+        plan = run.plan  # merged by RunSequence.denoise (pre_step)
         skip = plan.skip if plan is not None else frozenset()
         run.positions_per_layer = x.shape[0]
         tt = torch.full((x.shape[0], 1), t)
@@ -133,8 +145,7 @@ class ToyPipeline:
         h = x
         for b in self.blocks:
             if b.name in skip and b.cached_output is not None:
-                run.counters.positions_total += x.shape[0]
-                run.counters.layers_skipped += 1
+                seq.skipped(b)
                 h = b.cached_output
             else:
                 hidden = {"x": h, "t": tt} if b.name == "down.0" else {"x": h}
@@ -142,31 +153,35 @@ class ToyPipeline:
                     hidden["skip"] = outs["down." + b.name.split(".")[1]]
                 h = accel.layer_output(run, b, hidden)
             outs[b.name] = h
-        return accel.denoiser_output(run, h)
+        return h
 
     @torch.no_grad()
     def __call__(self, seed: int = 0, batch: int = 1, steps: int = 20) -> ToyOutput:
         accel = self.accelerator or Accelerator([], "toy")
         run = self.run = RunState(adapter="toy", num_steps=steps, batch_size=batch,
                                   capabilities=ToyAdapter.capabilities)
-        run.info.update(layers=[b.name for b in self.blocks], depths=[b.depth for b in self.blocks],
+        run.info.set(layers=[b.name for b in self.blocks], depths=[b.depth for b in self.blocks],
                         kinds=[b.kind for b in self.blocks], n_layers=len(self.blocks), seeds=[seed + r for r in range(batch)])
         for b in self.blocks:
             b.cached_output = None
         x = torch.stack([torch.randn(self.dim, generator=torch.Generator().manual_seed(seed + r)) for r in range(batch)])
         ab = torch.linspace(0.02, 0.999, steps + 1)  # alpha-bar from noisy (index 0) to clean
-        accel.start_run(run)
+        seq = RunSequence(accel, run)
+        step = ToyStep(self, seq)
+        seq.start()
         try:
             for s in range(steps):
                 run.step, run.timestep = s, 1.0 - s / steps
-                eps = self._eps(accel, run, x, run.timestep)
+                step.x = x
+                eps = seq.denoise(step)
                 x0 = (x - (1 - ab[s]).sqrt() * eps) / ab[s].sqrt()
                 x = ab[s + 1].sqrt() * x0 + (1 - ab[s + 1]).sqrt() * eps
-                accel.post_step(run, ToyStepOutput(latents=x, noise_pred=eps))
-            final = ToyFinal(draft=x)
-            accel.finalize(run, final)
+                seq.post_step(lambda: ToyStepOutput(latents=x, noise_pred=eps))
+                if seq.stopped:
+                    break
+            final = seq.finalize(ToyFinal(draft=x))
         finally:
-            accel.end_run(run)
+            seq.end()
             self.run = None
         return ToyOutput(vectors=final.latents, report=run.report())
 

@@ -1,7 +1,7 @@
 """Sweep swd's tau, K and R against one baseline config; print a markdown table.
 
     OMP_NUM_THREADS=1 flock /tmp/diffaccel-bench.lock \
-        python plugins/swd/sweep.py configs/text-default.toml --tau 0.01,0.5,0.9 --K 3,2,4 --R 1,0,2 --vary-one \
+        diffaccel swd-sweep configs/text-default.toml --tau 0.01,0.5,0.9 --K 3,2,4 --R 1,0,2 --vary-one \
         --config configs/text-swd-time-anchor.toml --seeds 8 --plots runs/swd --out runs/swd/sweep-masked.md
 
 Each (tau, K, R) combination becomes one bench entry (a config file in a temporary folder with
@@ -60,8 +60,15 @@ def combinations(taus, Ks, Rs, vary_one: bool) -> list[tuple[float, int, int]]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+EXAMPLES = "\n    examples:\n      diffaccel swd-sweep configs/text-default.toml --tau 0.01,0.5,0.9 --K 3,2,4 --R 1,0,2 --vary-one --seeds 8\n      diffaccel swd-sweep configs/text-default.toml --only-configs --config configs/text-swd.toml --fewer-steps 64,43,32\n    Each (tau, K, R) combination is one entry of one interleaved bench against the baseline (speedups\n    are wall-clock ratios of the same run); --vary-one changes one key at a time from the first\n    values; --fewer-steps adds the baseline at fewer steps in a second pass. For a plain grid with\n    intervals, 'diffaccel bench CONFIG --grid tau=...' does the same without the table."
+
+
+def register(commands) -> None:
+    """``diffaccel swd-sweep`` (this plugin's ``diffaccel_register_commands``)."""
+    commands.add('swd-sweep', help="sweep swd's tau, K and R against one baseline config; print a markdown table", arguments=add_arguments, run=run, examples=EXAMPLES)
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("baseline", help="config whose [model] all entries share (its strategies are ignored)")
     ap.add_argument("--tau", default="0.01", help="comma-separated values")
     ap.add_argument("--K", default="4", help="comma-separated values")
@@ -81,7 +88,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fewer-steps-seeds", type=int, help="seeds of the fewer-steps pass (default: --seeds)")
     ap.add_argument("--json", help="also write the bench's result (not the fewer-steps pass) as JSON")
     ap.add_argument("--only-configs", action="store_true", help="no (tau, K, R) entries: bench the --config files only")
-    args = ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(ap)
+    return run(ap.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
 
     combos = [] if args.only_configs else combinations(_values(args.tau, float), _values(args.K, int), _values(args.R, int), args.vary_one)
     model = _model_table(args.baseline)
@@ -164,5 +179,3 @@ def fewer_steps(baseline: str, steps: list[int], args) -> tuple[dict, list[tuple
     return rows[0][1], rows[1:]
 
 
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """Sweep the parallel rules' knobs against the baseline and the fewer-steps line; draw the Pareto plot.
 
     OMP_NUM_THREADS=1 flock /tmp/diffaccel-bench.lock \
-        python plugins/parallel/sweep.py configs/text-default.toml --seed 5000 --seeds 6 \
+        diffaccel parallel-sweep configs/text-default.toml --seed 5000 --seeds 6 \
         --factor 1.5,2.5,4 --tau 0.8,0.6,0.4 --gamma 1,3 --steps 64,43,32,24 \
         --out plugins/parallel/figures/pareto-b1.png
 
@@ -33,6 +33,7 @@ from pathlib import Path
 
 from diffaccel.bench import format_table, run_bench
 from diffaccel.config import read_toml
+from diffaccel.errors import DiffaccelError
 
 RULE_KNOB = {"factor": "factor", "threshold": "tau", "entropy": "gamma"}
 # entry names: <rule>[-prob]-<knob><value>[-s<spacing>] (scale ratio unless -prob)
@@ -148,11 +149,11 @@ def merge(paths: list[str]) -> dict:
     names = {"baseline"}
     for path, part in zip(paths, parts):
         if (part["model"], part["seeds"]) != (first["model"], first["seeds"]):
-            raise SystemExit(f"{path}: model or seeds differ from {paths[0]}'s; merge parts of one sweep")
+            raise DiffaccelError(f"{path}: model or seeds differ from {paths[0]}'s; merge parts of one sweep")
         pb = next(e for e in part["entries"] if e["name"] == "baseline")
         if any(abs(pb["quality"][k] - v) > 1e-6 * max(1.0, abs(v)) for k, v in base["quality"].items()
                if k in pb["quality"] and k != "gen_ppl_noise"):
-            raise SystemExit(f"{path}: its baseline's quality differs from {paths[0]}'s (other seeds or code?)")
+            raise DiffaccelError(f"{path}: its baseline's quality differs from {paths[0]}'s (other seeds or code?)")
         for e in part["entries"]:
             if e["name"] in names:
                 continue
@@ -161,8 +162,15 @@ def merge(paths: list[str]) -> dict:
     return merged
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+EXAMPLES = "\n    examples:\n      diffaccel parallel-sweep configs/text-default.toml --seed 5000 --seeds 6 --factor 1.5,2.5,4 --tau 0.8,0.6,0.4 --gamma 1,3 --steps 64,43,32,24 --out runs/pareto.png\n      diffaccel parallel-sweep --merge runs/partA.json runs/partB.json --out runs/pareto.png\n    Each knob value is one entry of one interleaved bench, each --steps value a 'steps' peer (the\n    fewer-steps line); the plot shows speedup against gen_ppl (or perplexity) and distinct-2; the\n    bench's JSON goes beside the PNG."
+
+
+def register(commands) -> None:
+    """``diffaccel parallel-sweep`` (this plugin's ``diffaccel_register_commands``)."""
+    commands.add('parallel-sweep', help="sweep the parallel rules' knobs against the fewer-steps line; draw the Pareto plot", arguments=add_arguments, run=run, examples=EXAMPLES)
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("baseline", nargs="?", help="config whose [model] every entry shares (its strategies are ignored)")
     ap.add_argument("--seed", type=int, default=None, help="replaces [model] seed: held-out seeds for the sweep")
     ap.add_argument("--seeds", type=int, default=4)
@@ -178,11 +186,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--metric", default=None, help="quality key on the plot's left panel (default: gen_ppl if reported, else perplexity)")
     ap.add_argument("--out", required=True, help="PNG path; the bench JSON goes beside it")
     ap.add_argument("--merge", nargs="+", metavar="JSON", help="no bench: plot these parts' JSONs as one sweep")
-    args = ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(ap)
+    return run(ap.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
     if args.merge:
         result = merge(args.merge)
     elif args.baseline is None:
-        ap.error("a baseline config, or --merge with a sweep's JSONs")
+        raise DiffaccelError("a baseline config, or --merge with a sweep's JSONs")
     else:
         with tempfile.TemporaryDirectory() as tmp:
             paths = write_configs(Path(tmp), args)
@@ -197,5 +213,3 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
