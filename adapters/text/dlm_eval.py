@@ -30,6 +30,7 @@ from pathlib import Path
 
 from . import metrics
 from . import smollm2_dlm as dlm
+from .loading import load_pipeline
 
 #: the fixed shuffle of the held-out lines that sample i imitates
 SHUFFLE_SEED = 38
@@ -163,8 +164,8 @@ def load(checkpoint: Path):
         run = checkpoint if checkpoint.is_dir() else checkpoint.parent.parent
         cfg = json.loads((run / "adapt.json").read_text())["config"] if (run / "adapt.json").is_file() else {}
         with tempfile.TemporaryDirectory() as tmp:
-            return dlm.load_dlm(export(checkpoint, Path(tmp) / run.name, cfg.get("base", "smollm2")))
-    return dlm.load_dlm(checkpoint)
+            return load_pipeline(str(export(checkpoint, Path(tmp) / run.name, cfg.get("base", "smollm2"))))
+    return load_pipeline(str(checkpoint))
 
 
 def main(argv: list[str] | None = None) -> int:

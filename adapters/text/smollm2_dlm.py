@@ -200,13 +200,6 @@ def load_delta(folder: Path, name: str | None = None) -> Loaded:
     return Loaded(denoiser=den, tokenizer=tok, name=name or folder.name, weights=model, where=folder / DELTA_FILE)
 
 
-def load_dlm(folder: Path):
-    """The ``TextDiffusionPipeline`` of a delta folder, through the text loaders' dispatch."""
-    from .loading import load_pipeline
-
-    return load_pipeline(str(folder))
-
-
 class DeltaLoader:
     """A folder whose config.json says ``"diffaccel_delta": "smollm2-dlm"``."""
 
@@ -238,5 +231,5 @@ class DeltaLoader:
 
 LOADER = DeltaLoader()
 
-__all__ = ["LOADER", "NAME", "MASK_TOKEN", "START_TOKEN", "TARGETS", "is_delta_config", "load_delta", "load_dlm", "read_delta",
+__all__ = ["LOADER", "NAME", "MASK_TOKEN", "START_TOKEN", "TARGETS", "is_delta_config", "load_delta", "read_delta",
            "merge_delta"]
