@@ -164,18 +164,25 @@ class _Trials:
                     outs.append(out)
         base = [self.base_out[s] for s in seeds]
         quality = dict(self.adapter.quality(base, outs))
-        baseline = dict(self.adapter.quality(base, base))
+        baseline = dict(self._baseline(tuple(seeds)))
         for s in strategies:  # what the strategies measure themselves (bert-cond's recall, ...)
             quality.update(_own_quality(s, outs, list(seeds)))
             for k, v in _own_quality(s, base, list(seeds)).items():
                 baseline.setdefault(k, v)
         if self.judge is not None:
             quality["gen_ppl"] = self._ppl(outs)
-            key = tuple(seeds)
-            if key not in self.base_quality:
-                self.base_quality[key] = {"gen_ppl": self._ppl(base)}
-            baseline.update(self.base_quality[key])
         return Measured(speedup=t_base / t_trial, quality=quality, baseline=baseline)
+
+    def _baseline(self, seeds: tuple[int, ...]) -> dict[str, float]:
+        """The baseline's quality on ``seeds`` (its outputs never change, so scored once per set
+        of seeds, not once per trial): the adapter's keys and, with a judge, gen_ppl."""
+        if seeds not in self.base_quality:
+            base = [self.base_out[s] for s in seeds]
+            q = dict(self.adapter.quality(base, base))
+            if self.judge is not None:
+                q["gen_ppl"] = self._ppl(base)
+            self.base_quality[seeds] = q
+        return self.base_quality[seeds]
 
     def _ppl(self, outputs: list[Any]) -> float:
         scores = self.judge.score(self.adapter.judge_lines(outputs))
