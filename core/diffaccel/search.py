@@ -164,6 +164,8 @@ def run_trials(study: Any, space: Space, budgets: Sequence[Budget], evaluate: Ev
                 _constrain(trial, budgets, [b.check(m.quality, m.baseline)[1] for b in budgets])
                 trial.set_user_attr("pruned_after", chunk)
                 raise optuna.TrialPruned(f"far over budget after {chunk} seeds")
+            # all seeds again, the first chunk included: pooled metrics (perplexity over every
+            # sample, distinct-n) cannot be merged from two partial measurements
             m = evaluate(point, list(seeds))
         margins = [b.check(m.quality, m.baseline)[1] for b in budgets]
         _constrain(trial, budgets, margins)
