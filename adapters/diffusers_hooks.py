@@ -80,6 +80,13 @@ class _Patch:
         self.prev = obj.__dict__.get(attr, None)  # an instance-level value (another wrapper), or None
         self.original = getattr(obj, attr)  # what a call would have run
         self.new = make(self.original)
+        if getattr(obj, "_compiled_call_impl", None) is not None:
+            # a module compiled in place (module.compile()): its compiled call would trace the
+            # hooks and the strategies (Python state, per-step guards); they run eagerly, the
+            # module's own forward with them (docs/compile.md). Uncompiled modules pay nothing.
+            import torch
+
+            self.new = torch.compiler.disable(self.new)
         setattr(obj, attr, self.new)
 
     def restore(self) -> None:

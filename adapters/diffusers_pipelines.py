@@ -22,6 +22,7 @@ import torch
 from diffusers import DDIMScheduler
 
 from diffaccel.errors import ConfigError, ModelLoadError
+from diffaccel.placement import torch_dtype
 from diffaccel.state import RunState
 
 from .checkpoints import check_component_files, check_module_finite, precheck_folder, quiet_loading
@@ -131,7 +132,7 @@ def load_for_config(config, source: PipelineSource, *, accepts: Callable[[Any], 
     if opts.negative_prompt is not None and type(pipe) is source.own_class:
         raise ConfigError(f"{where}: key 'negative_prompt': {negative_refused}")
     try:
-        pipe = pipe.to(m.device)
+        pipe = pipe.to(m.device, torch_dtype(m.dtype))
     except (RuntimeError, AssertionError) as exc:
         raise ModelLoadError(f"{where}: key 'device': '{m.device}' is not usable ({first_line(exc)})") from None
     return pipe

@@ -7,6 +7,7 @@ import torch
 
 import diffaccel
 from diffaccel.adapters_registry import get_adapter
+from diffaccel.adapters.text.testing import tiny_llama_folder
 from diffaccel.testing import check_adapter
 
 MODELS = {
@@ -21,24 +22,7 @@ MODELS = {
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
     """A tiny random LLaMA causal LM saved as a masked-DLM folder (LLaDA-class loader)."""
-    import json
-
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *[f"w{i}" for i in range(27)]]
-    tk = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="[UNK]"))
-    tk.pre_tokenizer = pre_tokenizers.Whitespace()
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                         num_key_value_heads=2, intermediate_size=48, max_position_embeddings=64))
-    path = tmp_path_factory.mktemp("tiny-llama")
-    model.save_pretrained(path)
-    PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="[UNK]", pad_token="[PAD]", mask_token="[MASK]").save_pretrained(path)
-    cfg = json.loads((path / "config.json").read_text())
-    cfg["mask_token_id"] = 4
-    (path / "config.json").write_text(json.dumps(cfg))
-    return str(path)
+    return tiny_llama_folder(tmp_path_factory.mktemp("tiny-llama"))
 
 
 def _load(model):

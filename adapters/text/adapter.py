@@ -11,6 +11,7 @@ import attrs
 
 from diffaccel.capabilities import MASK_CONFIDENCES, PINNED_TOKENS, TOKEN_LOGITS, TOKEN_POSITIONS
 from diffaccel.errors import ConfigError, ConfigValueError, DiffaccelError
+from diffaccel.placement import torch_dtype
 from diffaccel.validators import in_range, one_of, positive
 
 from . import commands, judge, measure, metrics
@@ -112,7 +113,8 @@ class TextAdapter:
         if problem:  # a DiffusionGemma folder's options, checked before its weights load
             key, _, message = problem.partition(": ")
             raise ConfigError(f"{where}: key '{key}': {message}")
-        pipe = load_pipeline(config.model.checkpoint, config.model.allow_pickle).to(config.model.device)
+        pipe = load_pipeline(config.model.checkpoint, config.model.allow_pickle).to(config.model.device,
+                                                                                    torch_dtype(config.model.dtype))
         if isinstance(pipe, DiffusionGemmaPipeline):
             if opts.prefix_cache:
                 raise ConfigError(f"{where}: key 'prefix_cache': DiffusionGemma serves its finished blocks from its own exact "

@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 from diffaccel.capabilities import TOKEN_LOGITS, TOKEN_POSITIONS
 from diffaccel.sequence import RunSequence, StepModel
 from diffaccel.state import Layer, RunState
+from diffaccel.hygiene import deliberate
 
 from .logits import TopKLogits, most_probable
 from .pipeline import CommitProposal, TextFinal, TextOutput, TextStepOutput
@@ -252,9 +253,13 @@ class DiffusionGemmaPipeline:
     def device(self) -> torch.device:
         return self.model.device
 
-    def to(self, device) -> "DiffusionGemmaPipeline":
-        self.model.to(torch.device(device))
+    def to(self, device=None, dtype=None) -> "DiffusionGemmaPipeline":
+        self.model.to(device=None if device is None else torch.device(device), dtype=dtype)
         return self
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
 
     # -- inputs ----------------------------------------------------------------------------------
     def prompt_ids(self, prompts: list[str | None]) -> list[list[int]]:
@@ -466,7 +471,10 @@ class DiffusionGemmaPipeline:
         """``post_step``; the top-1's probability (a softmax over the vocabulary) only if read."""
         def output() -> TextStepOutput:
             computed = None if ctx.step_sel is None else ctx.step_sel.mask()
-            return TextStepOutput(tokens=argmax, top1=argmax, top1_of=lambda: tuple(logits.float().softmax(-1).max(-1)),
+            def top1_of():  # float32 as the model's own sampler computes its probabilities (line 53)
+                with deliberate("DiffusionGemma's top-1 probability: a float32 softmax, as its own sampler takes it"):
+                    return tuple(logits.float().softmax(-1).max(-1))
+            return TextStepOutput(tokens=argmax, top1=argmax, top1_of=top1_of,
                                   logits=logits, computed=computed, masked=None, fixed=held)
 
         seq.post_step(output)

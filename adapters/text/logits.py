@@ -58,8 +58,9 @@ def clean_estimate(logits: "torch.Tensor | TopKLogits", latents: torch.Tensor, t
     """Expected token latent under softmax(logits / T): (B, N, E) from (V, E) ``latents``."""
     if isinstance(logits, TopKLogits):
         p = (logits.values.float() / temperature).softmax(-1)
-        return torch.einsum("bnk,bnke->bne", p, latents[logits.indices])
-    return (logits.float() / temperature).softmax(-1) @ latents
+        return torch.einsum("bnk,bnke->bne", p, latents[logits.indices].to(p.dtype))
+    # float32: the continuous samplers' latents are (their updates); a bfloat16 model's table is cast
+    return (logits.float() / temperature).softmax(-1) @ latents.to(torch.float32)
 
 
 def _without_banned(logits: "torch.Tensor | TopKLogits", banned: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -93,7 +94,7 @@ def _blocked(x: torch.Tensor, w: int, fill: float) -> torch.Tensor:
 
 
 def most_probable(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(probability, token) of the largest entry of each row of float logits (..., V): what
+    """(probability, token) of the largest entry of each row of logits (..., V), in any float dtype: what
     ``logits.softmax(-1).max(-1)`` gives, without the softmax's full-size output. The argmax is
     taken per block of about sqrt(V) entries, then within the best block: on a CPU, ``max`` with
     indices over 4096 entries cost six times a plain ``amax``."""
@@ -104,7 +105,9 @@ def most_probable(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     blocks = _blocked(lg, w, -math.inf)
     best, j = blocks.amax(-1).max(-1)  # the best block per row
     i = blocks[torch.arange(R, device=lg.device), j].max(-1).indices
-    prob = (lg - best[:, None]).exp_().sum(-1).reciprocal_()
+    # summed in float32, without a float32 copy of bfloat16 logits: the probability of a row
+    # whose top entry is near 1 needs more than bfloat16's 8 bits
+    prob = (lg - best[:, None]).exp_().sum(-1, dtype=torch.float32).reciprocal_()
     return prob.view(lead), (j * w + i).view(lead)
 
 
@@ -259,7 +262,9 @@ class CdfCache:
         u = torch.cat([torch.rand(n, 1, generator=gen) for n, gen in zip(counts, gens)]).to(logits.device)
         j, below, total, target = _find_block(self.cdf.C.index_select(0, rows), u)
         # the chosen block's probabilities, recomputed from the logits as ``_cdf`` computed them
-        block = _exp_from_max_(_logit_blocks(flat_logits, rows, j, self.w), self.cdf.m.index_select(0, rows), temperature)
+        # in float32 as ``_without_banned`` gave ``_cdf`` its rows (a no-op for float32 logits; a
+        # (rows, w) copy for bfloat16 ones), so that the draw is the unhooked run's in every dtype
+        block = _exp_from_max_(_logit_blocks(flat_logits, rows, j, self.w).float(), self.cdf.m.index_select(0, rows), temperature)
         block.masked_fill_(self._banned_blocks(banned, V, logits.device)[j.squeeze(1)], 0.0)
         conf, choice = _pick_in_block(block, j, below, total, target)
         confs = torch.zeros(B * N, device=logits.device).index_copy_(0, rows, conf)

@@ -265,7 +265,8 @@ class TextDiffusionLM(nn.Module):
             pos = self.pos_emb.index_select(0, positions.pos)
         else:
             pos = self.pos_emb[: x.shape[1]].unsqueeze(0)
-        h = self.tok_emb(x) if self.config.kind == "masked" else self.in_proj(x)
+        # continuous latents stay float32 in the sampler (its DDIM/DDPM updates); the model reads them in its dtype
+        h = self.tok_emb(x) if self.config.kind == "masked" else self.in_proj(x.to(self.in_proj.weight.dtype))
         return h + pos
 
     def condition(self, t: torch.Tensor | None, batch: int, cond: torch.Tensor | None = None) -> torch.Tensor:
@@ -278,9 +279,11 @@ class TextDiffusionLM(nn.Module):
             if t is None:
                 raise ValueError("this model is time-conditioned: pass the time step")
             t = t.expand(batch) if t.dim() == 0 or t.numel() == 1 else t
-            c = c + self.time_mlp(timestep_embedding(t.reshape(batch), self.config.dim))
+            # the sinusoid is formed in float32 (large arguments), then meets the MLP in its dtype
+            emb = timestep_embedding(t.reshape(batch), self.config.dim)
+            c = c + self.time_mlp(emb.to(self.cond_bias.dtype))
         if cond is not None and self.config.cond_dim:
-            c = c + self.cond_proj(cond) * cond.ne(0).any(-1, keepdim=True)
+            c = c + self.cond_proj(cond.to(c.dtype)) * cond.ne(0).any(-1, keepdim=True)
         return c
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:

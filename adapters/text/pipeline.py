@@ -395,10 +395,20 @@ class TextDiffusionPipeline:
         self.accelerator = None
         self.device = torch.device("cpu")
 
-    def to(self, device) -> "TextDiffusionPipeline":
-        self.device = torch.device(device)
-        self.denoiser.model.to(self.device)
+    def to(self, device=None, dtype=None) -> "TextDiffusionPipeline":
+        """Move the denoiser to ``device`` and/or cast its floating weights to ``dtype`` (as
+        ``diffusers`` pipelines' ``to``); the sampler's tensors follow the model's."""
+        if device is not None:
+            self.device = torch.device(device)
+        model = self.denoiser.model.to(self.device)
+        if dtype is not None:  # real floating tensors only: Module.to(dtype) would make the complex RoPE tables real
+            model._apply(lambda t: t.to(dtype) if t.is_floating_point() else t)
         return self
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the denoiser's floating weights."""
+        return next(p.dtype for p in self.denoiser.model.parameters() if p.is_floating_point())
 
     @property
     def kind(self) -> str:
@@ -593,7 +603,7 @@ class TextDiffusionPipeline:
             top1_of = topk.top1
         else:
             def top1_of():
-                top1_prob, top1 = _refresh_computed(ctx, logits, prev, lambda lg: most_probable(lg.float()))
+                top1_prob, top1 = _refresh_computed(ctx, logits, prev, most_probable)
                 if logits is ctx.logits:
                     ctx.top1 = (top1_prob.clone(), top1.clone())
                 return top1_prob, top1

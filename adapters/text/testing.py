@@ -69,3 +69,27 @@ def tiny_text_pipeline(kind: str = "masked", *, seed: int = 0, vocab_size: int =
 def tiny_text_pipe():
     """A tiny random masked text pipeline (2 layers, 64 tokens, 32 positions)."""
     return tiny_text_pipeline("masked")
+
+
+def tiny_llama_folder(path) -> str:
+    """A tiny random LLaMA causal LM saved as a masked-DLM folder (the LLaDA-class loader reads it:
+    ``mask_token_id`` in its config); returns the folder."""
+    import json
+    from pathlib import Path
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *[f"w{i}" for i in range(27)]]
+    tk = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                         num_key_value_heads=2, intermediate_size=48, max_position_embeddings=64))
+    path = Path(path)
+    model.save_pretrained(path)
+    PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="[UNK]", pad_token="[PAD]", mask_token="[MASK]").save_pretrained(path)
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["mask_token_id"] = 4
+    (path / "config.json").write_text(json.dumps(cfg))
+    return str(path)

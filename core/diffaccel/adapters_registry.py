@@ -98,6 +98,11 @@ def adapter_for(pipe: Any) -> Any:
         adapter = get_adapter(name)
         if adapter.accepts(pipe):
             return adapter
+    compiled = [k for k, v in vars(pipe).items() if type(v).__name__ == "OptimizedModule"] if hasattr(pipe, "__dict__") else []
+    if compiled:  # torch.compile(pipe.unet): the blocks diffaccel routes are inside one compiled graph
+        raise DiffaccelError(f"pipe.{compiled[0]} is torch.compile'd as a whole; diffaccel routes its blocks through "
+                             f"the strategies: compile the blocks in place instead (block.compile() for each block, "
+                             f"docs/compile.md), or apply diffaccel to the uncompiled pipeline")
     raise DiffaccelError(f"no diffaccel adapter drives a {type(pipe).__name__}; adapters: {', '.join(names)}")
 
 

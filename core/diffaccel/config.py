@@ -33,7 +33,8 @@ import attrs
 
 from .errors import ConfigError, ConfigValueError
 from .guard import GuardConfig, on_error_value
-from .validators import non_empty, positive
+from .placement import DTYPES, check_placement
+from .validators import non_empty, one_of, positive
 
 
 @attrs.frozen(kw_only=True)
@@ -52,7 +53,10 @@ class ModelConfig:
     batch: int = attrs.field(default=1, validator=positive)
     """Samples generated together."""
     device: str = attrs.field(default="cpu", validator=non_empty)
-    """torch device, e.g. ``cpu`` or ``cuda``."""
+    """torch device, e.g. ``cpu``, ``cuda`` or ``cuda:1``; checked before loading (``diffaccel.placement``)."""
+    dtype: str = attrs.field(default="float32", validator=one_of(DTYPES))
+    """The denoiser's weights and activations: ``float32``, ``bfloat16`` or ``float16`` (where the device
+    has its kernels). Strategies' caches follow it; the text adapter's judge keeps its own (float32)."""
     allow_pickle: bool = False
     """Read a pickled checkpoint (``.bin``, ``.pt``, ``.ckpt``) where no safetensors exist, through
     ``torch.load(weights_only=True)`` only; by default such a checkpoint is refused."""
@@ -280,6 +284,9 @@ def parse_config(data: dict[str, Any], source: str = "<config>", registry=None) 
     where = f"{source}: [model]"
     adapter_obj = get_adapter(adapter, where=where)
     model, options = _model(model_table, adapter_obj.Options, where)
+    problem = check_placement(model.device, model.dtype)
+    if problem:
+        raise ConfigError(f"{where}: {problem}")
 
     raw = data.get("strategy", [])
     if not isinstance(raw, list) or not all(isinstance(t, dict) for t in raw):

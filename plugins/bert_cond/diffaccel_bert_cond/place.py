@@ -103,7 +103,7 @@ def force(output: Any, rows: torch.Tensor, cols: torch.Tensor, ids: torch.Tensor
     (B, N, V) or truncated (``values`` and ``indices``, as topk hands on). Not modified in place."""
     if isinstance(output, torch.Tensor):
         sub = torch.full((rows.shape[0], output.shape[-1]), -math.inf, dtype=output.dtype, device=output.device)
-        sub[torch.arange(rows.shape[0]), ids] = 0.0
+        sub[torch.arange(rows.shape[0], device=output.device), ids.to(output.device)] = 0.0
         return output.index_put((rows, cols), sub)
     k = output.values.shape[-1]
     vals = torch.full((rows.shape[0], k), -math.inf, dtype=output.values.dtype, device=output.values.device)

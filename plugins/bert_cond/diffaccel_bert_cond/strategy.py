@@ -27,6 +27,7 @@ import torch
 from diffaccel import hookimpl
 from diffaccel.capabilities import PINNED_TOKENS, TOKEN_LOGITS
 from diffaccel.errors import ConfigError, ConfigValueError
+from diffaccel.hygiene import deliberate
 
 from .candidates import candidates
 from .config import BertCondConfig
@@ -234,7 +235,9 @@ class BertCond:
     def diffaccel_denoiser_output(self, run, output: Any) -> Any:
         st = run.state(self)
         if st.placers is not None:
-            self._place(run, st, output)
+            # the placers are Python, one row at a time, on that row's log-probabilities: on the host by design
+            with deliberate("bert-cond's term placement (pin = 'model') runs on the host, per row, in float32"):
+                self._place(run, st, output)
         if st.after is None and (st.forced is None or not bool((st.forced >= 0).any())):
             return None
         t0 = time.perf_counter()

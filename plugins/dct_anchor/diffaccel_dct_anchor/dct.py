@@ -14,16 +14,19 @@ from functools import lru_cache
 
 import torch
 
+from diffaccel.hygiene import deliberate
+
 
 @lru_cache(maxsize=64)
 def dct_basis(n: int, rows: int | None = None, device: str = "cpu", dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The first ``rows`` rows (default all n) of the orthonormal DCT-II matrix of size n, (rows, n)."""
     rows = n if rows is None else rows
-    k = torch.arange(rows, dtype=torch.float64)[:, None]
-    i = torch.arange(n, dtype=torch.float64)[None, :]
-    basis = torch.cos(math.pi * (i + 0.5) * k / n) * math.sqrt(2.0 / n)
-    basis[0] /= math.sqrt(2.0)
-    return basis.to(device=device, dtype=dtype)
+    with deliberate("the DCT basis: built once per size, device and dtype in float64 on the host, then cached"):
+        k = torch.arange(rows, dtype=torch.float64)[:, None]
+        i = torch.arange(n, dtype=torch.float64)[None, :]
+        basis = torch.cos(math.pi * (i + 0.5) * k / n) * math.sqrt(2.0 / n)
+        basis[0] /= math.sqrt(2.0)
+        return basis.to(device=device, dtype=dtype)
 
 
 def _basis_for(x: torch.Tensor, n: int, rows: int) -> torch.Tensor:
@@ -47,7 +50,11 @@ def low_band(x: torch.Tensor, band: int) -> torch.Tensor:
     if band > h or band > w:
         raise ValueError(f"band {band} is larger than the {h}x{w} map")
     if x.dtype in (torch.float16, torch.bfloat16):
-        x = x.float()
+        # the thresholds (0.01 by default) are relative changes of sums of squares, near bfloat16's
+        # resolution; the maps measured are the latents (B, C, H, W), not activations
+        with deliberate("DCT low band of float16/bfloat16 latents in float32: its energies' relative changes are thresholded"):
+            x = x.float()
+            return _basis_for(x, h, band) @ x @ _basis_for(x, w, band).T
     return _basis_for(x, h, band) @ x @ _basis_for(x, w, band).T
 
 

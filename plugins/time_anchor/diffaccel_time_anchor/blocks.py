@@ -20,6 +20,7 @@ import torch
 
 from diffaccel.errors import ConfigValueError
 from diffaccel.extrapolate import extrapolated, keep
+from diffaccel.hygiene import deliberate
 
 from .cache import LatentCache
 from .state import AnchorState, rel_change
@@ -72,7 +73,7 @@ class BlockPolicy:
         m["skipped_per_block"] = [sum(s.skipped[j] for s in states if s.skipped) for j in range(len(m["layers"]))]
         m["tail_only"] = sum(s.tailed for s in states)  # calls where the last up block ran its tail alone
 
-    def _init(self, st: BlockStackState, run, rows: int, device) -> None:
+    def _init(self, st: BlockStackState, run, rows: int, device, dtype: torch.dtype = torch.float32) -> None:
         cfg = self.config
         names, depth, kinds = run.info.layers, run.info.depths, run.info.kinds
         L = len(names)
@@ -82,7 +83,7 @@ class BlockPolicy:
         st.levels = [(outputs[d], [j for j in range(L) if depth[j] >= d]) for d in sorted(outputs) if d >= cfg.min_depth]
         st.keys = torch.arange(rows * L, device=device).view(rows, L)
         st.cache = LatentCache(rows * L, cfg.sketch, 1, max_entries=cfg.max_entries, max_bytes=cfg.max_bytes,
-                               max_age=cfg.max_age, fp16=cfg.fp16, device=device)
+                               max_age=cfg.max_age, fp16=cfg.fp16, device=device, dtype=dtype)
         st.anchored = torch.zeros(L, run.num_steps, device=device)
         st.skipped = [0] * L
         st.tailed = 0
@@ -136,7 +137,7 @@ class BlockPolicy:
                 st.kept[layer.index] = keep(st.kept.get(layer.index, []), run.step, layer.kept)  # stored by compute()
         main = out[0] if isinstance(out, tuple) else out
         if st.cache is None:
-            self._init(st, run, main.shape[0], main.device)
+            self._init(st, run, main.shape[0], main.device, main.dtype)
         self._record(st, layer.index, run.step, main)
         return out
 
@@ -165,9 +166,10 @@ class BlockPolicy:
         if coords is None:
             g = torch.Generator().manual_seed(7919 + j)
             n = min(flat.shape[1], self.config.sketch)
-            coords = st.coords[j] = torch.randperm(flat.shape[1], generator=g)[:n].sort().values.to(flat.device)
-        sk = torch.zeros(flat.shape[0], self.config.sketch, device=flat.device)
-        sk[:, : coords.numel()] = flat[:, coords].float()
+            with deliberate("sketch coordinates: drawn once per block and run from a CPU generator, the same on every device"):
+                coords = st.coords[j] = torch.randperm(flat.shape[1], generator=g)[:n].sort().values.to(flat.device)
+        sk = flat.new_zeros(flat.shape[0], self.config.sketch)  # in the model's dtype, like the cache
+        sk[:, : coords.numel()] = flat[:, coords]
         keys = st.keys[:, j]
         cache = st.cache
         ref, has = cache.read(keys)

@@ -29,12 +29,14 @@ import torch
 
 class LatentCache:
     def __init__(self, n_keys: int, width: int, per_key: int = 1, *, max_entries: int, max_bytes: int,
-                 max_age: int, fp16: bool = False, device: torch.device | str = "cpu"):
+                 max_age: int, fp16: bool = False, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32):
         self.n_keys, self.width, self.per_key = n_keys, width, per_key
         self.max_age = max_age
         self.max_entries, self.max_bytes = max_entries, max_bytes
-        self.dtype = torch.float16 if fp16 else torch.float32
-        self.entry_bytes = per_key * width * (2 if fp16 else 4)
+        # the model's dtype (``dtype``: that of the states it caches), or float16 where asked
+        self.dtype = torch.float16 if fp16 else dtype
+        self.entry_bytes = per_key * width * (torch.finfo(self.dtype).bits // 8)
         self.capacity = min(n_keys, max_entries, max_bytes // self.entry_bytes)
         self.device = torch.device(device)
         self.values: torch.Tensor | None = None  # (capacity, per_key, width), allocated at the first write
@@ -86,17 +88,17 @@ class LatentCache:
         return live
 
     def read(self, keys: torch.Tensor, ranks: torch.Tensor | int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """Reference states (``keys.shape + (width,)``, float32, zeros where none) and a mask of
-        where an entry exists."""
+        """Reference states (``keys.shape + (width,)``, in the cache's dtype, zeros where none)
+        and a mask of where an entry exists."""
         valid = keys >= 0
         rows = self._take(self.row_of, keys.clamp(min=0))
         has = valid & (rows >= 0)
         if self.values is None:
-            return torch.zeros(*keys.shape, self.width, device=self.device), has
+            return torch.zeros(*keys.shape, self.width, device=self.device, dtype=self.dtype), has
         if isinstance(ranks, int) and keys.dim() == 1:  # one state per key: whole rows of the pool
-            vals = self.values[:, ranks].index_select(0, rows.clamp(min=0)).float()
+            vals = self.values[:, ranks].index_select(0, rows.clamp(min=0))
         else:
-            vals = self.values[rows.clamp(min=0), ranks].float()
+            vals = self.values[rows.clamp(min=0), ranks]
         return vals * has.unsqueeze(-1), has
 
     def age(self, keys: torch.Tensor, step: int) -> torch.Tensor:

@@ -29,6 +29,8 @@ class AnchorState:
 
 
 def rel_change(new: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    """||new - ref|| / ||ref|| over the last dimension."""
-    new = new.float()
-    return torch.linalg.vector_norm(new - ref, dim=-1) / torch.linalg.vector_norm(ref, dim=-1).clamp(min=1e-6)
+    """||new - ref|| / ||ref|| over the last dimension, in ``new``'s dtype (the model's: a float16
+    cache is read back into it); the norms accumulate in float32 without a float32 copy of the states."""
+    ref = ref.to(new.dtype)
+    f32 = torch.float32
+    return torch.linalg.vector_norm(new - ref, dim=-1, dtype=f32) / torch.linalg.vector_norm(ref, dim=-1, dtype=f32).clamp(min=1e-6)

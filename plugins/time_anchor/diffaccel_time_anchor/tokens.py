@@ -116,7 +116,7 @@ class TokenPolicy:
         st.ranks = rank
         st.all_valid = bool((slot >= 0).all())
         st.cache = LatentCache(B * L * S, D, P, max_entries=cfg.max_entries, max_bytes=cfg.max_bytes,
-                               max_age=cfg.max_age, fp16=cfg.fp16, device=dev)
+                               max_age=cfg.max_age, fp16=cfg.fp16, device=dev, dtype=hidden.dtype)
         st.anchored = torch.zeros(L, run.num_steps, device=dev)
         if self.gate is not None:
             st.gate_open = (self.gate.probs(run.num_steps) > cfg.gate_threshold).to(dev)
@@ -216,11 +216,12 @@ class TokenPolicy:
             flat = computed.flat
             new, keys = computed.gather(out), st.keys[i].reshape(-1).index_select(0, flat)
             ranks = 0 if single else st.ranks.index_select(0, computed.pos)
-        new = new.float()
         ref, has = cache.read(keys, ranks)
+        ref = ref.to(new.dtype)  # a float16 cache, read back in the model's dtype
         age = cache.age(keys, step).clamp(min=1)
-        d2 = (new - ref).square_().sum(-1)
-        r2 = ref.square().sum(-1).clamp_(min=1e-12)
+        # in the model's dtype, summed in float32: no float32 copy of the states (bfloat16 models)
+        d2 = (new - ref).square_().sum(-1, dtype=torch.float32)
+        r2 = ref.square().sum(-1, dtype=torch.float32).clamp_(min=1e-12)
         # per-position change: positions that moved make the layer above recompute them
         moved = ~has | (torch.sqrt(d2 / r2) / age >= self.config.threshold)
         dirty = moved.view(B, N) if flat is None else torch.zeros(B * N, dtype=torch.bool, device=out.device).index_put_((flat,), moved).view(B, N)

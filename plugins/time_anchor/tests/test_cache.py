@@ -94,7 +94,18 @@ def test_fp16_storage_halves_the_bytes():
         put(c, [0, 1], 0, value=1.5)
     assert c16.values.dtype == torch.float16 and c32.values.dtype == torch.float32
     assert c16.nbytes * 2 == c32.nbytes
-    assert c16.read(torch.tensor([0]))[0].dtype == torch.float32  # compared in float32
+    # read back as stored: the strategy compares in the model's dtype (state.rel_change casts)
+    assert c16.read(torch.tensor([0]))[0].dtype == torch.float16
+
+
+def test_the_cache_holds_the_models_dtype():
+    """A bfloat16 model's states are cached in bfloat16 (issue 39): half the bytes of float32,
+    and the capacity a byte bound allows doubles."""
+    c32 = make(width=8, max_bytes=8 * 4 * 3)
+    cb = LatentCache(4, 8, max_entries=100, max_bytes=8 * 4 * 3, max_age=10, dtype=torch.bfloat16)
+    assert (cb.capacity, c32.capacity) == (4, 3)
+    put(cb, [0, 1], 0, value=1.5)
+    assert cb.values.dtype == torch.bfloat16 and cb.read(torch.tensor([0]))[0].dtype == torch.bfloat16
 
 
 def test_rows_do_not_share_entries():
