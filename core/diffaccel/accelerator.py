@@ -24,6 +24,7 @@ from .config import RunConfig, load_config, parse_config
 from .errors import ConfigError, ConfigValueError, DiffaccelError, NonFiniteError
 from .guard import GuardConfig, all_finite, call_guarded, relative_error, strategy_error
 from .hookspecs import COLLECT, EACH, FIRST, PIPE, RULES, RUN_HOOKS, UNION, implementation, own
+from .memory import state_bytes
 from .plugins import Registry, check_strategy
 from .state import MODEL_FAULT, Layer, RunState, StepPlan
 
@@ -124,6 +125,7 @@ class Accelerator:
             self._wrappers[hook] = [(owner, impl.call) for impl, owner in found if impl.wrapper]
         # per strategy, resolved once: ``run.state(s)`` creates states through these
         self._state_factories = {s.name: fn for s in self.strategies if (fn := own(s, "diffaccel_new_state"))}
+        self._memory_hooks = {s.name: fn for s in self.strategies if (fn := own(s, "diffaccel_memory"))}
         # the hot path: a plain list of callables, and who owns each (read only when one raised)
         layer = self._chains["diffaccel_layer_output"]
         self._layer_chain = [fn for _, fn in layer]
@@ -290,6 +292,17 @@ class Accelerator:
 
     def finalize(self, run: RunState, final: Any) -> None:
         self._dispatch("diffaccel_finalize", run, (run, final))
+        self._measure_memory(run)
+
+    def _measure_memory(self, run: RunState) -> None:
+        """Each strategy's bytes for this run (``diffaccel_memory``, else its ``run.state``
+        tensors), at its last step, before ``run_end`` releases them: ``run.memory``."""
+        for s in self.strategies:
+            fn = self._memory_hooks.get(s.name)
+            held = self._call(s.name, "diffaccel_memory", run, fn, (run,)) if fn is not None else None
+            if s.name in self._disabled:
+                continue
+            run.memory[s.name] = int(held) if held is not None else state_bytes(list(run.states(s).values()))
 
     def run_end(self, run: RunState) -> None:
         self._bypass = False

@@ -35,6 +35,8 @@ from .adapters_registry import get_adapter
 from .config import RunConfig, load_config
 from .errors import ConfigError, DiffaccelError
 from .grid import expand
+from .memory import DevicePeak, memory_cell, process_peak_rss_mb
+from .placement import DeviceClock
 from .plugins import Registry, call_own
 from .stats import finite, mean_ci, ratio_ci
 
@@ -112,6 +114,9 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
     peer_configs = {name: peer_run(base, p.config) for name, p in peers.items()} if peer_run else {}
     seed_list = [base.model.seed + k * base.model.batch for k in range(seeds)]
 
+    clock = DeviceClock(base.model.device, warmup_runs=1 if timed else 0)
+    peak = DevicePeak(base.model.device)
+    device_peaks: dict[str, int] = {}
     if timed:
         adapter.run(pipe, base, seed_list[0], progress=False)  # warm-up, untimed
     times: dict[str, list[float]] = {name: [] for name, _ in entries}
@@ -128,9 +133,12 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
                 run_cfg = peer_configs.get(name, base)
                 with (adapter.peer_context(pipe, peer.config) if peer else apply(pipe, policies.get(name), strategies=strategies,
                                                                                     registry=registry)):
-                    t0 = time.perf_counter()
-                    out = adapter.run(pipe, run_cfg, seed, progress=False)
-                    times[name].append(time.perf_counter() - t0)
+                    peak.reset()
+                    with clock.region() as r:
+                        out = adapter.run(pipe, run_cfg, seed, progress=False)
+                    times[name].append(r.seconds)
+                    if (p := peak.read()) is not None:
+                        device_peaks[name] = max(device_peaks.get(name, 0), p)
                 if rep == 0:
                     outputs[name].append(out)
                 bar.update(1)
@@ -145,6 +153,9 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
     result: dict[str, Any] = {"model": {"adapter": base.model.adapter, "checkpoint": base.model.checkpoint,
                                         "steps": base.model.steps, "batch": base.model.batch},
                               "seeds": seed_list, "repeats": repeats, "timed": timed, "entries": []}
+    result["model"].update(device=base.model.device, dtype=base.model.dtype)
+    if timed:
+        result["timing"] = clock.describe()
     base_time = sum(times["baseline"])
     for name, strategies in entries:
         reports = [o.report for o in outputs[name]]
@@ -157,6 +168,7 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
             "strategies": [s.name for s in strategies],
             "reports": reports,
         }
+        entry["memory"] = _entry_memory(reports, device_peaks, name)
         if peer:
             entry["peer"] = {"use": peer.name, **attrs.asdict(peer.config)}
         if timed:
@@ -172,6 +184,8 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
         _judge_quality(result, adapter, judge_obj, pipe, base, outputs, noise_floor if judge_noise is None else judge_noise)
     if judge_info:
         result["judge"] = {**judge_info, **result.get("judge", {})}
+    result["memory"] = {"process_peak_rss_mb": process_peak_rss_mb(),
+                        "device_peak": "torch.cuda.max_memory_allocated per run" if device_peaks else None}
     result["wall_s"] = time.perf_counter() - wall0
     if keep_outputs is not None:
         keep_outputs.update(outputs)
@@ -184,6 +198,19 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
         tmp.write_text(json.dumps(result, indent=2, default=float))
         tmp.replace(json_path)
     return result
+
+
+def _entry_memory(reports: list[dict[str, Any]], device_peaks: dict[str, int], name: str) -> dict[str, Any]:
+    """An entry's memory cost: ``state_mb``, the largest over its seeds of what its strategies held
+    at their last step (``RunState.memory``; 0 for the baseline), and on a CUDA device
+    ``device_peak_mb`` and ``over_baseline_mb`` (the allocator's peak in its runs, less the
+    baseline's)."""
+    held = [sum(r.get("memory", {}).get("state_bytes", {}).values()) for r in reports]
+    out: dict[str, Any] = {"state_mb": max(held, default=0) / 2**20}
+    if name in device_peaks:
+        out["device_peak_mb"] = device_peaks[name] / 2**20
+        out["over_baseline_mb"] = (device_peaks[name] - device_peaks.get("baseline", 0)) / 2**20
+    return out
 
 
 def _strategy_quality(result: dict[str, Any], entries: list[tuple[str, list[Any]]], outputs: dict[str, list[Any]],
@@ -283,13 +310,15 @@ def format_table(result: dict[str, Any]) -> str:
     keys: list[str] = []
     for e in result["entries"]:
         keys += [k for k in e["quality"] if k not in keys]
-    head = ["entry", "speedup", "computed", *keys]
+    measured = any("memory" in e for e in result["entries"])  # benches before issue 39 have no memory
+    head = ["entry", "speedup", "computed", *(["state MB"] if measured else []), *keys]
     rows = [head]
     for e in result["entries"]:
         computed = "-" if e["fraction_computed"] is None else f"{e['fraction_computed']:.0%}"
         speed = "-" if e["speedup"] is None else f"{e['speedup']:.2f}x" + _ci(e.get("speedup_ci"), "{:.2f}")
         qci = e.get("quality_ci") or {}
-        rows.append([e["name"], speed, computed, *[_fmt(e["quality"].get(k)) + _ci(qci.get(k)) for k in keys]])
+        rows.append([e["name"], speed, computed, *([memory_cell(e.get("memory"))] if measured else []),
+                     *[_fmt(e["quality"].get(k)) + _ci(qci.get(k)) for k in keys]])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
     m = result["model"]

@@ -306,6 +306,19 @@ def diffaccel_finalize(run: "RunState", final: Any) -> None:
     """
 
 
+@contract(OWN)
+def diffaccel_memory(run: "RunState") -> "int | None":
+    """Per strategy, once per generation, after ``diffaccel_finalize`` and before
+    ``diffaccel_run_end`` releases per-run memory: the bytes this strategy holds for the run
+    beyond the model's own (caches, anchors, every guidance branch), on whatever device they
+    live. Return None (or implement nothing) to let the core count the tensors in the strategy's
+    ``run.state`` states, each storage once (``diffaccel.memory.state_bytes``); implement it when
+    the strategy holds memory elsewhere or pre-allocates beyond what it uses. Merge: the
+    strategy's own answer; the run report lists each under ``memory.state_bytes`` and ``bench``
+    reports the largest over its seeds (``state_mb``).
+    """
+
+
 @contract(EACH)
 def diffaccel_run_end(run: "RunState") -> None:
     """Called once when the generation ends, also after an error, every strategy. Release

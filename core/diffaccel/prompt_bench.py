@@ -31,6 +31,7 @@ def run_prompt_bench(paths: list[str], prompts: str, *, noise_floor: bool = True
     from .adapters_registry import get_adapter
     from .bench import _judge_quality, _load_judge, _peer_entries, _strategy_quality, entry_name, load_bench_configs, with_seed
     from .jobs import check_job_config, on_own_device, process_state, item_config, load_problem, raise_if_any, read_items
+    from .placement import DeviceClock
     from .plugins import Registry
 
     wall0 = time.perf_counter()
@@ -75,6 +76,7 @@ def run_prompt_bench(paths: list[str], prompts: str, *, noise_floor: bool = True
     times: dict[str, float] = {name: 0.0 for name, _ in entries}
     outputs: dict[str, dict[int, Any]] = {name: {} for name, _ in entries}
     refs: dict[int, Any] = {}
+    clock = DeviceClock(base.model.device, warmup_runs=1)
     with state.split_between_processes(items) as mine:
         if mine:
             adapter.run(pipe, item_config(base, mine[0]), mine[0].seed, progress=False)  # warm-up, untimed
@@ -86,9 +88,9 @@ def run_prompt_bench(paths: list[str], prompts: str, *, noise_floor: bool = True
                 peer = peers.get(name)
                 cfg = run_config(name, item)
                 with (adapter.peer_context(pipe, peer.config) if peer else apply(pipe, strategies=strategies)):
-                    t0 = time.perf_counter()
-                    out = adapter.run(pipe, cfg, item.seed, progress=False)
-                    times[name] += time.perf_counter() - t0
+                    with clock.region() as r:
+                        out = adapter.run(pipe, cfg, item.seed, progress=False)
+                    times[name] += r.seconds
                 outputs[name][item.line] = out
                 bar.update(1)
             if noise_floor:
@@ -111,7 +113,8 @@ def run_prompt_bench(paths: list[str], prompts: str, *, noise_floor: bool = True
     result: dict[str, Any] = {"model": {"adapter": base.model.adapter, "checkpoint": base.model.checkpoint,
                                         "steps": base.model.steps, "batch": 1},
                               "seeds": [it.seed for it in items], "repeats": 1, "items": len(items),
-                              "prompts": str(prompts), "processes": state.num_processes, "entries": []}
+                              "prompts": str(prompts), "processes": state.num_processes, "entries": [],
+                              "timing": clock.describe()}
     for name, strategies in entries:
         reports = [o.report for o in ordered[name]]
         peer = peers.get(name)

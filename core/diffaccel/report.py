@@ -29,6 +29,7 @@ from typing import Any
 
 from .errors import DiffaccelError
 from .jobs import atomic_write
+from .memory import memory_cell
 
 # quality measures, in the order the Pareto plot prefers them; True: higher is better
 MEASURES = {"gen_ppl": False, "psnr": True, "perplexity": False, "ssim": True, "agreement": True}
@@ -194,7 +195,8 @@ def pareto_plot(result: dict[str, Any], path: Path) -> bool:
     for e in result["entries"]:
         y = e["quality"][key]
         kind = "baseline" if e["name"] == "baseline" else ("peer" if "peer" in e else "diffaccel")
-        label = e["name"]
+        held = (e.get("memory") or {}).get("state_mb")
+        label = e["name"] + (f" ({memory_cell(e['memory'])} MB)" if held else "")  # memory: the price of a cache
         if not _finite(y):
             if kind == "baseline":  # e.g. PSNR of the baseline against itself: a line at 1x
                 ax.axvline(1.0, color="#555555", ls="--", lw=1)
@@ -302,11 +304,13 @@ def table(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     keys: list[str] = []
     for e in result["entries"]:
         keys += [k for k in e["quality"] if k not in keys]
-    head = ["entry", "speedup", "computed", *keys]
+    measured = any("memory" in e for e in result["entries"])  # benches before issue 39 have no memory
+    head = ["entry", "speedup", "computed", *(["state MB"] if measured else []), *keys]
     rows = []
     for e in result["entries"]:
         computed = "-" if e["fraction_computed"] is None else f"{e['fraction_computed']:.0%}"
-        rows.append([e["name"], f"{e['speedup']:.2f}x", computed, *[fmt(e["quality"].get(k)) for k in keys]])
+        mem = [memory_cell(e.get("memory"))] if measured else []
+        rows.append([e["name"], f"{e['speedup']:.2f}x", computed, *mem, *[fmt(e["quality"].get(k)) for k in keys]])
     return head, rows
 
 

@@ -291,6 +291,9 @@ class RunState:
     reliability: Reliability = attrs.Factory(Reliability)
     """What the core did for this run's reliability (strategies disabled, steps recomputed, guard
     checks); in the report under ``reliability`` when anything happened."""
+    memory: dict[str, int] = attrs.Factory(dict)
+    """Strategy name -> the bytes its state held at the run's last step (``diffaccel_memory``);
+    in the report under ``memory`` when a strategy ran."""
     state_factories: dict[str, Callable[["RunState"], Any]] = attrs.Factory(dict)
     """Strategy name -> its ``diffaccel_new_state`` implementation (set by the accelerator)."""
     _states: dict[tuple[str, str], Any] = attrs.Factory(dict)
@@ -340,4 +343,6 @@ class RunState:
         reliability = self.reliability.as_dict()
         if reliability is not None:
             report["reliability"] = reliability
+        if self.memory:
+            report["memory"] = {"state_bytes": dict(self.memory)}
         return report

@@ -15,6 +15,7 @@ from .bench import with_batch
 from .config import load_config
 from .errors import ConfigError, DiffaccelError
 from .guard import GuardConfig, all_finite
+from .placement import DeviceClock
 from .plugins import Registry, hookimpl
 from .sequence import RunSequence, StepModel
 from .state import Layer, RunState
@@ -69,6 +70,7 @@ def overhead(args) -> int:
     adapter.detach(pipe)
     empty.output_ok = check
     times: dict[str, list[float]] = {name: [] for name in entries}
+    clock = DeviceClock(cfg.model.device, warmup_runs=1)
     reports: dict[str, dict] = {}
     order = list(entries)
     for i in range(args.repeats):
@@ -78,9 +80,9 @@ def overhead(args) -> int:
                 adapter.detach(pipe)
             else:
                 adapter.attach(pipe, accel)
-            t0 = time.perf_counter()
-            out = adapter.run(pipe, cfg, cfg.model.seed, progress=False)
-            times[name].append(time.perf_counter() - t0)
+            with clock.region() as r:
+                out = adapter.run(pipe, cfg, cfg.model.seed, progress=False)
+            times[name].append(r.seconds)
             adapter.detach(pipe)
             if accel is not None:  # untouched runs may carry no report (the UNet's has no run state)
                 reports[name] = out.report
