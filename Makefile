@@ -3,6 +3,7 @@
 # make test-plugin PLUGIN=topk : one plugin's tests
 # make soak   : 500 generations in one process (memory, determinism); writes docs/reliability.md
 # make layers : import-linter's contracts (layers, no import circles; pyproject.toml), as CI checks them
+# make gpu-check : on a CUDA machine, every adapter x strategy in bfloat16 on the GPU and the sd-medium and text speed benches (scripts/gpu-check.sh)
 # make docs   : regenerate docs/writing-a-plugin.md (tests/test_docs.py checks it is up to date)
 # make benchmarks [NOTE="..."] : rerun the headline benches, regenerate docs/benchmarks.md (a few minutes, one thread)
 PY ?= python3
@@ -11,7 +12,7 @@ BIN := $(VENV)/bin
 PLUGIN_DIRS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml))
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup demo test test-core layers test-plugin soak docs benchmarks bench-overhead bench-partial fluency train-text train-text-cond clean
+.PHONY: gpu-check setup demo test test-core layers test-plugin soak docs benchmarks bench-overhead bench-partial fluency train-text train-text-cond clean
 
 $(VENV)/.installed: pyproject.toml $(addsuffix /pyproject.toml,$(PLUGIN_DIRS))
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -93,3 +94,7 @@ train-text-cond: setup
 
 clean:
 	rm -rf $(VENV) build *.egg-info core/*.egg-info plugins/*/*.egg-info
+
+# issue 39: installs nothing; ARGS="--device cpu --tiny" runs its CPU variant
+gpu-check: setup
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-4} scripts/gpu-check.sh $(ARGS)
