@@ -102,3 +102,34 @@ def test_bench_entries_carry_their_memory_and_timing(tmp_path):
 def test_the_cell_shows_the_device_peak_over_the_baseline():
     assert memory_cell({"state_mb": 1.5, "device_peak_mb": 900.0, "over_baseline_mb": 12.4}) == "1.50 (+12)"
     assert memory_cell(None) == "-"
+
+
+def test_max_cache_mb_drops_a_strategy_that_outgrows_it_and_says_so():
+    """A step's layer inputs are 16 KiB here (4 x 16 x 32 float32, two layers): a bound of 0.05 MiB
+    holds three steps' worth; before step 4 the strategy holds four and is dropped."""
+    from diffaccel.accelerator import Accelerator
+
+    pipe = tiny_text_pipeline("masked", max_len=16)
+    hoarder = Hoarder()
+    pipe.accelerator = Accelerator([hoarder], "text", max_cache_mb={"hoarder": 0.05})
+    try:
+        out = pipe(length=16, steps=6, seed=0, progress=False, batch=4)
+    finally:
+        pipe.accelerator = None
+    (dropped,) = out.report["reliability"]["disabled"]
+    assert dropped["strategy"] == "hoarder" and dropped["hook"] == "pre_step" and dropped["step"] == 4
+    assert dropped["error"].startswith("max_cache_mb: its state held 0.06 MiB, over the bound of 0.05 MiB")
+    assert "memory" not in out.report  # dropped and released: nothing held at the end
+
+
+def test_max_cache_mb_in_a_config(tmp_path):
+    cfg = diffaccel.parse_config({"model": {"adapter": "text", "checkpoint": "wordnet-masked", "length": 16, "steps": 6},
+                                  "strategy": [{"use": "time-anchor", "warmup": 1, "max_cache_mb": 0.0001}]})
+    assert cfg.strategies[0].max_cache_mb == 0.0001
+    pipe = diffaccel.load_pipeline(cfg)
+    with diffaccel.apply(pipe, cfg) as p:
+        out = p(length=16, steps=6, seed=0, progress=False)
+    assert [d["strategy"] for d in out.report["reliability"]["disabled"]] == ["time-anchor"]
+    with pytest.raises(diffaccel.ConfigError, match=r"\[\[strategy\]\] #1 \(swd\): key 'max_cache_mb': must be a positive "
+                                                    r"number of MiB, got 0$"):
+        diffaccel.parse_config({"model": {"adapter": "text"}, "strategy": [{"use": "swd", "max_cache_mb": 0}]})

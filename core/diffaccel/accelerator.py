@@ -97,12 +97,15 @@ class Accelerator:
     """
 
     def __init__(self, strategies: Sequence[Any] = (), adapter: str = "", *, on_error: Mapping[str, str] | None = None,
-                 guard: GuardConfig | None = None, registry: Registry | None = None):
+                 guard: GuardConfig | None = None, registry: Registry | None = None,
+                 max_cache_mb: Mapping[str, float] | None = None):
         self.configured = list(strategies)
         self.adapter = adapter
         for s in self.configured:
             check_strategy(s, s.name)
         self.on_error = dict(on_error or {})
+        self.max_cache_mb = dict(max_cache_mb or {})
+        """Strategy name -> its ``max_cache_mb`` bound (checked after each step, only when given)."""
         self.guard = guard or GuardConfig()
         self.finite = self.guard.finite
         """Check each step's raw denoiser output for NaN and inf (``output_ok``)."""
@@ -249,6 +252,8 @@ class Accelerator:
         self._dispatch("diffaccel_run_start", run, (run,))
 
     def pre_step(self, run: RunState) -> StepPlan | None:
+        if self.max_cache_mb and run.step > 0:  # what the steps so far left (every adapter plans each step)
+            self._check_bounds(run)
         run.plan = StepPlan.merge(self._dispatch("diffaccel_pre_step", run, (run,))) if self.strategies else None
         return run.plan
 
@@ -290,6 +295,25 @@ class Accelerator:
         if self.strategies:
             self._dispatch("diffaccel_post_step", run, (run, output))
 
+    def _held(self, run: RunState, s: Any) -> int:
+        fn = self._memory_hooks.get(s.name)
+        held = self._call(s.name, "diffaccel_memory", run, fn, (run,)) if fn is not None else None
+        return int(held) if held is not None else state_bytes(list(run.states(s).values()))
+
+    def _check_bounds(self, run: RunState) -> None:
+        """``max_cache_mb``, before each step after the first: a strategy whose state outgrew its
+        bound is dropped for the rest of the generation (full compute from this step on) and its
+        state released."""
+        for s in list(self.strategies):
+            bound = self.max_cache_mb.get(s.name)
+            if bound is None or s.name in self._disabled:
+                continue
+            held = self._held(run, s)
+            if held > bound * 2**20:
+                run.drop_states(s.name)
+                self._disable(run, s.name, "pre_step", f"max_cache_mb: its state held {held / 2**20:.2f} MiB, over "
+                              f"the bound of {bound:g} MiB; the rest of the run is computed in full")
+
     def finalize(self, run: RunState, final: Any) -> None:
         self._dispatch("diffaccel_finalize", run, (run, final))
         self._measure_memory(run)
@@ -297,12 +321,10 @@ class Accelerator:
     def _measure_memory(self, run: RunState) -> None:
         """Each strategy's bytes for this run (``diffaccel_memory``, else its ``run.state``
         tensors), at its last step, before ``run_end`` releases them: ``run.memory``."""
-        for s in self.strategies:
-            fn = self._memory_hooks.get(s.name)
-            held = self._call(s.name, "diffaccel_memory", run, fn, (run,)) if fn is not None else None
-            if s.name in self._disabled:
-                continue
-            run.memory[s.name] = int(held) if held is not None else state_bytes(list(run.states(s).values()))
+        for s in list(self.strategies):
+            held = self._held(run, s)
+            if s.name not in self._disabled:
+                run.memory[s.name] = held
 
     def run_end(self, run: RunState) -> None:
         self._bypass = False
@@ -406,7 +428,9 @@ def accelerator_for(config: Any, strategies: Sequence[Any], adapter: str, regist
     """The ``Accelerator`` of built ``strategies`` with the policies of ``config`` (a
     ``RunConfig``, or None for the defaults): each strategy's ``on_error`` and the ``[guard]``."""
     on_error = {e.name: e.on_error for e in config.strategies} if config is not None else {}
-    return Accelerator(strategies, adapter, on_error=on_error, guard=getattr(config, "guard", None), registry=registry)
+    bounds = {e.name: e.max_cache_mb for e in config.strategies if e.max_cache_mb} if config is not None else {}
+    return Accelerator(strategies, adapter, on_error=on_error, guard=getattr(config, "guard", None), registry=registry,
+                       max_cache_mb=bounds)
 
 
 @contextmanager

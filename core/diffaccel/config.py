@@ -62,6 +62,10 @@ class ModelConfig:
     ``torch.load(weights_only=True)`` only; by default such a checkpoint is refused."""
 
 
+CORE_STRATEGY_KEYS = ("on_error", "max_cache_mb")
+"""Keys of every ``[[strategy]]`` table that the core reads, beside ``use`` (not the strategy's)."""
+
+
 @attrs.frozen(kw_only=True)
 class StrategyEntry:
     """One ``[[strategy]]`` table, decoded."""
@@ -73,6 +77,11 @@ class StrategyEntry:
     on_error: str = "raise"
     """The table's ``on_error`` key: ``raise`` (an exception in one of its hooks ends the run
     with one line naming it) or ``disable`` (the run goes on without it; the report says so)."""
+    max_cache_mb: float | None = None
+    """The table's ``max_cache_mb`` key: the most MiB the strategy's state may hold in a
+    generation (``diffaccel_memory``, else its ``run.state`` tensors, checked before each step).
+    Past it the strategy is dropped for the rest of the generation, its state released: the
+    remaining steps are computed in full and the run report's ``reliability`` says when and why."""
 
 
 @attrs.frozen(kw_only=True)
@@ -317,12 +326,15 @@ def parse_config(data: dict[str, Any], source: str = "<config>", registry=None) 
         seen.add(name)
         params = {k: v for k, v in table.items() if k != "use"}
         on_error = table.get("on_error", "raise")
+        bound = table.get("max_cache_mb")
         try:
             on_error_value(on_error)
+            if bound is not None and (not isinstance(bound, (int, float)) or isinstance(bound, bool) or bound <= 0):
+                raise ConfigValueError("max_cache_mb", f"must be a positive number of MiB, got {bound!r}")
         except ConfigValueError as exc:
             raise ConfigError(f"{where}: {exc}") from None
-        entries.append(StrategyEntry(name=name, index=i, config=structure(spec.config, params, where, extra_ok=("on_error",)),
-                                     on_error=on_error))
+        entries.append(StrategyEntry(name=name, index=i, on_error=on_error, max_cache_mb=bound,
+                                     config=structure(spec.config, params, where, extra_ok=CORE_STRATEGY_KEYS)))
     peers = _parse_peers(data.get("peer", []), adapter, source)
     _check_peers(model, options, peers, source)
     raw_guard = data.get("guard", {})

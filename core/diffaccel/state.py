@@ -320,6 +320,11 @@ class RunState:
         name = strategy if isinstance(strategy, str) else strategy.name
         return {branch: st for (n, branch), st in self._states.items() if n == name}
 
+    def drop_states(self, name: str) -> None:
+        """Release every state of strategy ``name`` (a strategy dropped mid-run: ``max_cache_mb``)."""
+        for key in [k for k in self._states if k[0] == name]:
+            del self._states[key]
+
     def clear_states(self) -> None:
         """Drop every strategy's state (the quality guard's reset: caches start afresh)."""
         self._states.clear()
