@@ -58,7 +58,7 @@ CASES = [
     ("strategy-no-use", GOOD_MODEL + "[[strategy]]\ntau = 0.5\n", "[[strategy]] #1: missing key 'use' (the strategy name); installed: demo"),
     ("strategy-unknown", GOOD_MODEL + '[[strategy]]\nuse = "warp"\n', "[[strategy]] #1: unknown strategy 'warp'; installed: demo"),
     ("strategy-use-type", GOOD_MODEL + "[[strategy]]\nuse = 3\n", "[[strategy]] #1: key 'use': expected a string, got 3"),
-    ("strategy-unknown-key", GOOD_MODEL + '[[strategy]]\nuse = "demo"\ntaus = 0.5\n', "[[strategy]] #1 (demo): unknown key 'taus'; allowed keys: on_error, tau, window"),
+    ("strategy-unknown-key", GOOD_MODEL + '[[strategy]]\nuse = "demo"\ntaus = 0.5\n', "[[strategy]] #1 (demo): unknown key 'taus'; allowed keys: max_cache_mb, on_error, tau, window"),
     ("strategy-range", GOOD_MODEL + '[[strategy]]\nuse = "demo"\ntau = 1.5\n', "[[strategy]] #1 (demo): key 'tau': must be in (0.0, 1.0], got 1.5"),
     ("strategy-type", GOOD_MODEL + '[[strategy]]\nuse = "demo"\nwindow = "wide"\n', "[[strategy]] #1 (demo): key 'window': expected an integer, got 'wide'"),
     ("strategy-bool-for-int", GOOD_MODEL + '[[strategy]]\nuse = "demo"\nwindow = true\n', "key 'window': expected an integer, got True"),

@@ -91,6 +91,11 @@ class Probe:
         run.metrics[self.name] = {"steps": run.state(self).steps}
 
     @hookimpl
+    def diffaccel_memory(self, run):
+        self._rec("diffaccel_memory")
+        return 4096
+
+    @hookimpl
     def diffaccel_run_end(self, run):
         self._rec("diffaccel_run_end")
 
@@ -146,7 +151,9 @@ def test_every_hook_is_exercised_through_the_core(tmp_path):
     assert (tmp_path / "plots" / "probe-probe.png").read_text() == "1"
     # one run, in order: the state is made on first use, in the first post_step
     run = log[log.index("diffaccel_run_start"):log.index("diffaccel_run_end") + 1]
-    assert run[0] == "diffaccel_run_start" and run[1] == "diffaccel_pre_step" and run[-2:] == ["diffaccel_finalize", "diffaccel_run_end"]
+    assert run[0] == "diffaccel_run_start" and run[1] == "diffaccel_pre_step"
+    assert run[-3:] == ["diffaccel_finalize", "diffaccel_memory", "diffaccel_run_end"]
+    assert probe["reports"][0]["memory"] == {"state_bytes": {"probe": 4096}} and probe["memory"]["state_mb"] == 4096 / 2**20
     assert run.count("diffaccel_new_state") == 1 and run.count("diffaccel_pre_step") == 2
     from diffaccel.tuning import tunable_space
 

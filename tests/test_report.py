@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from diffaccel.cli import main
+from diffaccel.memory import memory_cell
 from diffaccel.report import combine, pareto_front, to_markdown
 
 DIGITS = ('[model]\nadapter = "unet"\ncheckpoint = "digits"\nsteps = 6\nbatch = 3\nguidance_scale = 2.0\n'
@@ -42,7 +43,11 @@ def assert_table_matches_json(table: list[list[str]], result: dict) -> None:
             assert row[2] == "-"
         else:
             assert float(row[2].rstrip("%")) == pytest.approx(100 * e["fraction_computed"], abs=0.51)
-        for key, cell in zip(head[3:], row[3:]):
+        q = 3
+        if head[3] == "state MB":  # the entry's memory cost (issue 39)
+            assert row[3] == memory_cell(e.get("memory")) and e["memory"]["state_mb"] >= 0
+            q = 4
+        for key, cell in zip(head[q:], row[q:]):
             value = e["quality"].get(key)
             if value is None:
                 assert cell == "-"

@@ -323,7 +323,7 @@ def test_parallel_swd_time_anchor_together(pipe):
     ("gamma = -1", "key 'gamma': must be 0 or more, got -1.0"),
     ("max_per_step = 0", "key 'max_per_step': must be positive, got 0"),
     ("spacing = -1", "key 'spacing': must be 0 or more, got -1"),
-    ("threshold = 0.9", "unknown key 'threshold'; allowed keys: factor, gamma, max_per_step, on_error, rule, scale, spacing, tau"),
+    ("threshold = 0.9", "unknown key 'threshold'; allowed keys: factor, gamma, max_cache_mb, max_per_step, on_error, rule, scale, spacing, tau"),
 ])
 def test_bad_config(table, message):
     import tomllib
