@@ -80,7 +80,8 @@ EXAMPLES = {
         examples:
           diffaccel train text --kind masked --out runs/text-masked
           diffaccel train digits --out runs/digits --max-minutes 27
-        The models come from the installed adapters (their diffaccel_register_commands hook);
+        The models come from the installed adapters (their diffaccel_register_commands hook,
+        declared as train.MODEL in the diffaccel.commands entry points);
         'diffaccel train MODEL --help' shows a model's options.""",
     "scale-bench": """
         examples:
@@ -264,24 +265,50 @@ CORE = ("generate", "bench", "overhead", "partial", "plugins", "check", "train",
 models come from adapters)."""
 
 
-def _wants_registered(argv: list[str]) -> bool:
-    """Whether parsing ``argv`` needs the plugins' and adapters' commands: a command that is not a
-    core one, ``train``, or the top-level ``--help`` (which lists them)."""
-    words = [a for a in argv if not a.startswith("-")]
-    if not words:
-        return "-h" in argv or "--help" in argv
-    return words[0] not in CORE or words[0] == "train"
-
-
 def _registered(argv: list[str]) -> list:
-    if not _wants_registered(argv):
+    """The registered commands parsing ``argv`` needs: none for a core command (``train``
+    aside); for ``diffaccel --help`` (and ``train --help``) each declared command as a listing
+    entry, from the distributions' metadata, importing nothing; for a registered command, that
+    command's registration alone (and the others as listing entries, for usage messages). A
+    command typed but declared by no distribution asks every registration (the slow way)."""
+    words = [a for a in argv if not a.startswith("-")]
+    if words and words[0] in CORE and words[0] != "train":
         return []
-    from .commands import collect
+    if not words and not ("-h" in argv or "--help" in argv):
+        return []
+    from .commands import collect, declared, load_declared
 
-    found, problems = collect(CORE)
+    found, problems = declared(CORE)
     for line in problems:
         _say(f"diffaccel: warning: {line}")
-    return found
+    if words[:1] == ["train"]:
+        want = ("train", words[1]) if len(words) > 1 else None
+    else:
+        want = (None, words[0]) if words else None
+    match = next((d for d in found if (d.group, d.name) == want), None)
+    if want is not None and want[0] is None and match is None:
+        found, problems = collect(CORE)  # not declared: every registration is asked for its commands
+        for line in problems:
+            _say(f"diffaccel: warning: {line}")
+        return found
+    try:
+        loaded = load_declared(match, CORE) if match is not None else None
+    except DiffaccelError as exc:
+        _say(f"diffaccel: error: {exc}")
+        sys.exit(2)
+    return [loaded if d is match else _listed(d) for d in found]
+
+
+def _listed(d) -> object:
+    """A declared command, not imported, as an entry of the usage lists: its help says where it
+    comes from; typing it imports its registration (``_registered``)."""
+    from .commands import Command
+
+    def not_loaded(args):  # only reachable if _registered did not import the typed command
+        raise ConfigError(f"command '{d.typed}' ({d.source}) was not loaded")
+
+    return Command(name=d.name, group=d.group, help=f"from {d.source}: 'diffaccel {d.typed} --help'", run=not_loaded,
+                   source=d.source)
 
 
 def _generate(args) -> int:
