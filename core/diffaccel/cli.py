@@ -42,8 +42,10 @@ EXAMPLES = {
         combination), as entries named config[KEY=V]; each point is validated as a config file
         with that value would be, before the model loads. STRATEGY.KEY picks the strategy
         when several have KEY. Values are TOML: 0.05, 3, true, "text".
-        With 2 seeds or more every ratio has a 95% bootstrap interval [lo, hi], resampling
-        seeds paired with the baseline's (JSON: speedup_ci, quality_ci).""",
+        With 2 seeds or more every figure has a 95% bootstrap interval [lo, hi], resampling
+        seeds paired with the baseline's; a metric pooled over all samples (distinct-n, gen_ppl)
+        is computed again on each resample (JSON: speedup_ci, quality_ci, quality_ratio_ci; the
+        judge's nll and tokens seed by seed: judge_per_seed).""",
     "overhead": """
         examples:
           diffaccel overhead configs/text-default.toml
