@@ -32,6 +32,12 @@ def ratio_ci(numerator: Sequence[float], denominator: Sequence[float], *, seed: 
     return _percentiles(top / bottom)
 
 
+def resample(n: int, *, seed: int = 0, resamples: int = RESAMPLES) -> np.ndarray:
+    """The seeds (indices below ``n``) of each resample, one row each: what ``pooled_ci`` draws,
+    for a caller that wants other figures from the same resamples."""
+    return np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+
+
 def pooled_ci(n: int, statistic: Callable[[tuple[int, ...]], dict[str, float]], *, seed: int = 0,
               resamples: int = RESAMPLES) -> dict[str, tuple[float, float]]:
     """Intervals of metrics pooled over ``n`` seeds (distinct-n over every output, a perplexity
@@ -61,7 +67,7 @@ def pooled_ci(n: int, statistic: Callable[[tuple[int, ...]], dict[str, float]], 
         return memo[key]
 
     point = at(tuple(range(n)))
-    draws = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+    draws = resample(n, seed=seed, resamples=resamples)
     keys = [k for k, v in point.items() if finite(v)]
     values: dict[str, list[float]] = {k: [] for k in keys}
     for row in draws:
