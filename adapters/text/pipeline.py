@@ -546,7 +546,7 @@ class TextDiffusionPipeline:
         run.info.set(checkpoint=self.name, seeds=seeds, temperature=temperature, length=length, vocab_size=den.vocab_size, kind=den.kind, sampler=sampler,
                         time_conditioned=den.time_conditioned, n_layers=den.n_layers,
                         tokenizer=tok, prompt_lengths=[len(p) for p in prompt_ids], cond_dim=den.cond_dim,
-                        truncated_logits=TopKLogits)
+                        truncated_logits=TopKLogits, draw_tokens=_draw_tokens(list(den.special_ids)))
         ctx = _RunContext(den, run)
         fixed = torch.zeros(batch, length, dtype=torch.bool, device=self.device)
         base = torch.full((batch, length), den.mask_id, dtype=torch.long, device=self.device)
@@ -715,3 +715,10 @@ class TextDiffusionPipeline:
             if seq.stopped:  # a strategy ended the run early
                 break
         return logits.argmax(-1)
+
+
+def _draw_tokens(banned: list[int]):
+    """``run.info.draw_tokens``: the sampler's ``draw`` with this model's special tokens banned."""
+    def draw_tokens(logits, temperature: float, generator: torch.Generator):
+        return draw(logits, banned, temperature, generator)
+    return draw_tokens
