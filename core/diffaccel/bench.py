@@ -30,7 +30,7 @@ import attrs
 from tqdm.auto import tqdm
 
 from .accelerator import apply, build_strategies
-from .adapter import JudgesSamples, PeersRunOtherConfigs
+from .adapter import JudgesSamples, PeersRunOtherConfigs, PoolsQuality
 from .adapters_registry import get_adapter
 from .config import RunConfig, load_config
 from .errors import ConfigError, DiffaccelError
@@ -211,12 +211,15 @@ def _quality_intervals(result: dict[str, Any], adapter: Any, outputs: dict[str, 
     if n < 2:
         return
     memo: dict[tuple[str, tuple[int, ...]], dict[str, float]] = {}
+    parts = ({name: adapter.quality_parts(outputs["baseline"], outs, references) for name, outs in outputs.items()}
+             if isinstance(adapter, PoolsQuality) else None)  # each seed's own work once
 
     def quality(name: str, idx: tuple[int, ...]) -> dict[str, float]:
         if (name, idx) not in memo:  # the baseline's is shared by every entry's ratio
             pick = lambda xs: [xs[i] for i in idx]  # noqa: E731
-            memo[name, idx] = adapter.quality(pick(outputs["baseline"]), pick(outputs[name]),
-                                              pick(references) if references else None)
+            memo[name, idx] = (adapter.quality_of_parts(pick(parts[name])) if parts is not None else
+                               adapter.quality(pick(outputs["baseline"]), pick(outputs[name]),
+                                           pick(references) if references else None))
         return memo[name, idx]
 
     for e in result["entries"]:
