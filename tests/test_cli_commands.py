@@ -91,12 +91,23 @@ def test_help_lists_declared_commands_without_importing_them(site, capsys):
     assert "good_cmds" not in sys.modules and "bad_cmds" not in sys.modules
 
 
-def test_an_undeclared_command_is_found_by_asking_every_registration(site, capsys, monkeypatch):
-    """A registration whose command the metadata does not declare still runs when typed."""
+def test_an_undeclared_command_is_unknown_and_plugins_check_names_it(site, capsys, monkeypatch):
+    """A registration whose command the metadata does not declare: typing it is argparse's
+    invalid choice (no registration imported), and ``plugins --check`` names it, exit 2."""
+    import sys
+
     info = site / "good_cmds-0.1.dist-info"
     (info / "entry_points.txt").write_text("[diffaccel]\ngood-cmds = good_cmds\n")
     importlib.invalidate_caches()
-    assert main(["hello", "--times", "1"]) == 7
+    sys.modules.pop("good_cmds", None)
+    with pytest.raises(SystemExit) as exc:
+        main(["hello", "--times", "1"])
+    assert exc.value.code == 2 and "good_cmds" not in sys.modules
+    assert "invalid choice: 'hello'" in capsys.readouterr().err
+    monkeypatch.setenv("DIFFACCEL_PLUGINS", "good-cmds")
+    assert main(["plugins", "--check"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "plugin 'good-cmds'" in err[0] and "'hello'" in err[0] and "diffaccel.commands" in err[0]
 
 
 def test_a_declared_command_its_registration_does_not_add_is_one_line(site, capsys):

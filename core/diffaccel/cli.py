@@ -156,13 +156,14 @@ def _registered(argv: list[str]) -> list:
     aside); for ``diffaccel --help`` (and ``train --help``) each declared command as a listing
     entry, from the distributions' metadata, importing nothing; for a registered command, that
     command's registration alone (and the others as listing entries, for usage messages). A
-    command typed but declared by no distribution asks every registration (the slow way)."""
+    command no distribution declares is unknown (``plugins --check`` names registrations that
+    add undeclared ones), so a mistyped command fails at once."""
     words = [a for a in argv if not a.startswith("-")]
     if words and words[0] in CORE and words[0] != "train":
         return []
     if not words and not ("-h" in argv or "--help" in argv):
         return []
-    from .commands import collect, declared, load_declared
+    from .commands import declared, load_declared
 
     found, problems = declared(CORE)
     for line in problems:
@@ -172,11 +173,6 @@ def _registered(argv: list[str]) -> list:
     else:
         want = (None, words[0]) if words else None
     match = next((d for d in found if (d.group, d.name) == want), None)
-    if want is not None and want[0] is None and match is None:
-        found, problems = collect(CORE)  # not declared: every registration is asked for its commands
-        for line in problems:
-            _say(f"diffaccel: warning: {line}")
-        return found
     try:
         loaded = load_declared(match, CORE) if match is not None else None
     except DiffaccelError as exc:
@@ -319,7 +315,12 @@ def _plugins_check(registry, adapters) -> int:
     against the Adapter protocol when ``describe_adapters`` loaded them."""
     from .plugins import contract_problems
 
+    from .commands import undeclared
+
     bad = 0
+    for line in undeclared(CORE, registry):  # a command --help would not list and typing would not find
+        print(line, file=sys.stderr)
+        bad += 1
     for a in adapters:
         print(f"adapter {a['name']}: ok")
     for name, spec in sorted(registry.strategies.items()):

@@ -18,9 +18,9 @@ registration that adds it)::
 
 so that ``diffaccel --help`` lists every command from the metadata alone, importing no plugin,
 adapter or model library (a plugin package imports torch), and ``diffaccel swd-sweep ...``
-imports that one registration only. A registration whose commands are not declared still works
-when its command is typed (every registration is then asked, the slow way), but is not listed.
-Core commands never import a plugin or adapter to parse their options. A registration that
+imports that one registration only. A command its distribution does not declare is unknown to
+the command line; ``diffaccel plugins --check`` asks every registration (``collect``) and names
+the commands left undeclared. Core commands never import a plugin or adapter to parse their options. A registration that
 raises, or a name already taken, is one warning line naming the plugin or adapter; its commands
 are left out and every other command works.
 """
@@ -206,3 +206,18 @@ def load_declared(d: Declared, core: tuple[str, ...]) -> Command:
             return c
     raise PluginError(f"command '{d.typed}' ({d.source}): declared in {ENTRY_GROUP}, but {d.target} did not add it "
                       f"(it added: {', '.join(c.name for c in commands.added) or 'nothing'})")
+
+
+def undeclared(core: tuple[str, ...], registry: Any = None) -> list[str]:
+    """One line per problem ``diffaccel plugins --check`` reports about commands: a registration
+    that fails, or a command it adds that no ``diffaccel.commands`` entry point declares."""
+    found, problems = collect(core, registry)
+    names = {(d.group, d.name) for d in declared(core)[0]}
+    lines = [f"commands: {p}" for p in problems]
+    for c in found:
+        if (c.group, c.name) not in names:
+            shown = f"{c.group}.{c.name}" if c.group else c.name
+            lines.append(f"commands: {c.source} adds '{shown}', which no {ENTRY_GROUP} entry point declares: "
+                         f"'diffaccel --help' does not list it and the command line does not find it; declare "
+                         f'{shown} = "module:diffaccel_register_commands" in its pyproject.toml')
+    return lines

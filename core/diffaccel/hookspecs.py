@@ -346,10 +346,11 @@ def diffaccel_register_commands(commands: Any) -> None:
     """Called by the ``diffaccel`` command line, once per process, when the command it was given
     is a registered one: on the registration its distribution declares for that command (entry
     point ``NAME = "module:diffaccel_register_commands"`` in group ``diffaccel.commands``,
-    ``train.NAME`` for ``diffaccel train NAME``), which alone is imported; a command declared
-    nowhere asks every plugin module of the ``diffaccel`` group and every adapter (group
-    ``diffaccel.adapters``) that has the attribute. ``diffaccel --help`` lists the declared
-    names from the metadata without calling it. Add subcommands with ``commands.add(name,
+    ``train.NAME`` for ``diffaccel train NAME``), which alone is imported; ``diffaccel --help``
+    lists the declared names from the metadata without calling it, and a command declared nowhere
+    is unknown. ``diffaccel plugins --check`` calls it on every plugin module of the ``diffaccel``
+    group and every adapter (group ``diffaccel.adapters``) that has the attribute, and reports
+    commands added but not declared. Add subcommands with ``commands.add(name,
     help=..., run=..., arguments=..., examples=..., group=None)`` (a
     ``diffaccel.commands.Commands``). ``group="train"`` makes it ``diffaccel train NAME`` (how
     adapters offer training). A plugin's command imports only the core (``diffaccel``), never an
