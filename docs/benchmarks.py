@@ -138,9 +138,11 @@ def _tuned_cell(out: Path, sets: list[frozenset[str]]) -> str:
         if not data.get("chosen") or used not in sets:
             continue
         f = data["figures"][data["chosen"]]
-        speed = " / ".join(f"{v:.2f}x" for _, v in sorted(f["speedup"].items(), key=lambda kv: int(kv[0])))
+        items = sorted(f["speedup"].items(), key=lambda kv: int(kv[0]))
+        speed = " / ".join(f"{v:.2f}x" for _, v in items) + f" (batch {' / '.join(str(b) for b, _ in items)})"
         combo = f" ({' + '.join(sorted(used))})" if len(used) > 1 else ""
-        cells.append(f"{name.removeprefix('tune-')}{combo} {speed} at {', '.join(data['budgets'])} ([`{Path(cfg).name}`]({cfg}))")
+        cells.append(f"{name.removeprefix('tune-')}{combo} {speed} within {', '.join(data['budgets'])} "
+                     f"([`{Path(cfg).name}`]({cfg}))")
     return "; ".join(cells) or "-"
 
 
