@@ -3,7 +3,7 @@
 Public API (``__all__``), for adapters of diffusers pipelines (the shipped ``unet``, ``dit`` and
 ``unet2d`` adapters use it, and so may a third party's)::
 
-    from diffaccel.adapters.diffusers_hooks import DenoiserBlock, DenoiserSession, attach, detach, session_of
+    from diffaccel.adapters.diffusers_hooks import DenoiserBlock, DenoiserSession, attach, call_pipeline, detach
 
     class MyBlock(DenoiserBlock):            # one block of the denoiser, as a diffaccel.Layer
         family = "MyNet"                      # named in its error lines
