@@ -83,7 +83,8 @@ _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_O
 
 @attrs.define
 class UNetStepOutput:
-    """What ``diffaccel_post_step`` receives from the UNet and DiT adapters after each scheduler step."""
+    """What ``diffaccel_post_step`` receives from a session after each scheduler step (the ``unet``,
+    ``dit`` and ``unet2d`` adapters)."""
 
     step: int
     """Index of the step (``run.step``)."""
@@ -382,6 +383,7 @@ class DenoiserSession:
 
     # -- the wrappers (installed by ``install``; an adapter does not call them) ---------------------
     def denoiser_forward(self, original):
+        """The wrapper of the denoiser's ``forward`` (``original``): one call, one evaluation."""
         step = _DenoiserCall(self, original)
 
         def forward(*args, **kwargs):
@@ -417,6 +419,7 @@ class DenoiserSession:
         return forward
 
     def block_forward(self, layer: DenoiserBlock):
+        """The wrapper maker of ``layer``'s block ``forward``: through ``layer_output``, or served when skipped."""
         accel = self.accel
         name = layer.name
         served, hooked = layer.served, layer.hooked  # resolved once: the hot path
@@ -446,6 +449,7 @@ class DenoiserSession:
         return make
 
     def scheduler_set_timesteps(self, original):
+        """The wrapper of ``scheduler.set_timesteps``: a pipeline call begins."""
         def set_timesteps(*args, **kwargs):
             if self.run is not None:  # the previous call never reached its last step
                 self.end_run()
@@ -456,6 +460,7 @@ class DenoiserSession:
         return set_timesteps
 
     def scheduler_step(self, original):
+        """The wrapper of ``scheduler.step``: ``post_step``; at the last timestep (or ``run.stop``) ``finalize``, ``run_end``."""
         def step(model_output, timestep, sample, *args, **kwargs):
             if self.stopped is not None:  # after run.stop: the final latents, whatever the step
                 return self.stopped
