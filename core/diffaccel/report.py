@@ -428,9 +428,11 @@ def summary_blocks(sections: list[tuple[str, dict[str, Any], dict[str, Any]]]) -
     return [("table", ["model", "batch", "entry", "speedup", "quality measure"], rows)]
 
 
-def combine(report_dirs: list[str | Path], md_path: str | Path, html_path: str | Path, *, title: str, intro: str) -> None:
+def combine(report_dirs: list[str | Path], md_path: str | Path, html_path: str | Path, *, title: str, intro: str,
+            extra: list[tuple[str | Path, list[tuple]]] = ()) -> None:
     """One page (Markdown and HTML) from several report folders: a summary table, then each
-    bench's section; image links relative to each page."""
+    bench's section, then ``extra`` sections (a folder and its blocks, images relative to that
+    folder: e.g. ``tune_report.tune_blocks``); image links relative to each page."""
     md_path, html_path = Path(md_path), Path(html_path)
     sections = [(str(d), *load_section(d)) for d in report_dirs]
     head = [("h1", title), ("p", intro), ("h2", "Summary"), *summary_blocks(sections)]
@@ -439,5 +441,8 @@ def combine(report_dirs: list[str | Path], md_path: str | Path, html_path: str |
         for d, result, meta in sections:
             prefix = os.path.relpath(d, page.parent).replace(os.sep, "/") + "/"
             blocks += section_blocks(result, meta, prefix=prefix, level=2)
+        for d, more in extra:
+            prefix = os.path.relpath(d, page.parent).replace(os.sep, "/") + "/"
+            blocks += [(b[0], prefix + b[1], *b[2:]) if b[0] == "img" else b for b in more]
         page.parent.mkdir(parents=True, exist_ok=True)
         _write_text(page, render(blocks))

@@ -72,3 +72,57 @@ def write_report(folder: Path, study: Any, budgets: Sequence[Budget], figures: d
     path = folder / "index.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def tune_blocks(folder: Path, title: str, command: str) -> list[tuple]:
+    """A tune report folder (its ``tune.json``) as report blocks for a combined page
+    (``diffaccel.report.combine``'s ``extra``): the command, the budget, the held-out figures of
+    every re-measured point and the config as given, and the trial plots (paths relative to
+    ``folder``)."""
+    import json
+
+    data = json.loads((folder / "tune.json").read_text())
+    chosen, shipped, figures = data.get("chosen"), data.get("shipped"), data.get("figures", {})
+    budgets = data["budgets"]
+    metrics = [_metric(t) for t in budgets]
+    trials = data.get("trials")
+    what = (f"{trials} trials on {len(data['tune_seeds'])} tuning seed batches" if trials is not None and data.get("tune_seeds")
+            else "the trials of its study")
+    blocks: list[tuple] = [("h2", title), ("pre", command),
+                           ("p", f"Budget: {' and '.join(budgets)}. {what}; the points below were then re-measured by the "
+                                 "ordinary bench on held-out seeds the search never saw"
+                                 + (f" (from {data['heldout_seed']}, {data['heldout']} samples)" if data.get("heldout") else "")
+                                 + ". Acceptance reads the held-out point estimate at the configured batch against the budget; "
+                                   "the interval beside it is the bench's 95% bootstrap interval over the seeds.")]
+    if not figures:
+        return blocks + [("p", "No trial met the budget on the tuning seeds: nothing was re-measured.")]
+    batches = sorted({int(b) for f in figures.values() for b in f["speedup"]})
+    head = ["entry", *[f"speedup b{b}" for b in batches], *metrics, "within budget"]
+    rows = []
+    for name, f in figures.items():
+        tag = " (chosen)" if name == chosen else " (as given)" if name == shipped else ""
+        cells = [f"{name}{tag}"]
+        for b in batches:
+            v = f["speedup"].get(str(b), f["speedup"].get(b))
+            iv = (f.get("speedup_ci") or {}).get(str(b)) or (f.get("speedup_ci") or {}).get(b)
+            cells.append("-" if v is None else f"{v:.2f}x" + (f" [{iv[0]:.2f}-{iv[1]:.2f}]" if iv else ""))
+        for m in metrics:
+            q = f["quality"].get(m, {})
+            iv = q.get("interval")
+            cells.append("-" if q.get("value") is None else f"{q['value']:.4g} (baseline {q['baseline']:.4g})"
+                         + (f" [{iv[0]:.4g}-{iv[1]:.4g}]" if iv else ""))
+        cells.append("yes" if all(f["met"].values()) else "no")
+        rows.append(cells)
+    blocks.append(("table", head, rows))
+    if chosen is None:
+        blocks.append(("p", "None of the re-measured points met the budget faster than the baseline: no config was written."))
+    for m in metrics:
+        if (folder / f"trials-{m}.png").is_file():
+            blocks.append(("img", f"trials-{m}.png", f"{m} against speedup, every trial"))
+    return blocks
+
+
+def _metric(budget_text: str) -> str:
+    from .budget import parse
+
+    return parse(budget_text).metric

@@ -286,8 +286,11 @@ def tune(config: str | Path, budget: Sequence[str] | str, out: str | Path, *, tr
         accepted = [n for n in points if all(figures[n]["met"].values()) and figures[n]["speedup"][batches[-1]] > 1.0]
         chosen = max(accepted, key=lambda n: figures[n]["speedup"][batches[-1]]) if accepted else None
     shipped = Path(config).stem
-    (report / "tune.json").write_text(json.dumps({"budgets": [b.text for b in budgets], "points": points, "figures": figures,
-                                                  "chosen": chosen, "shipped": shipped}, indent=2, default=str))
+    (report / "tune.json").write_text(json.dumps({
+        "budgets": [b.text for b in budgets], "points": points, "figures": figures, "chosen": chosen, "shipped": shipped,
+        "trials": len(study.trials), "stopped_early": sum("pruned_after" in t.user_attrs for t in study.trials),
+        "tune_seeds": tune_seed_list, "batch": cfg.model.batch, "heldout": heldout, "heldout_seed": heldout_seed},
+        indent=2, default=str))
     write_report(report, study, budgets, figures, chosen, shipped)
     if chosen is None:
         why = "no trial met the budget on the tuning seeds" if not points else \

@@ -8,8 +8,10 @@ requests queue up, so under load a batch forms as soon as the previous one ends.
 ``Work`` stay queued, in order, for later batches. A request is never split over batches.
 
 A request whose client went away before its batch starts is dropped from the queue (its rows are
-never computed); once its batch runs, its rows finish with the batch (an adapter run cannot give
-back single rows) and the result is discarded. ``drain`` (SIGTERM) refuses every queued request
+never computed). Once its batch runs, an adapter run cannot give back single rows: if every
+request of the running batch has gone away, the batch stops at its next step (``run.stop``, the
+steps left are never computed); if some remain, the gone requests' rows finish with the batch and
+are discarded. ``drain`` (SIGTERM) refuses every queued request
 with 503 ``shutting_down`` and lets the running batch finish and answer.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -51,6 +54,7 @@ class Batcher:
         self.pending: list[Job] = []
         self.draining = False
         self.running: list[Job] = []
+        self._stop = threading.Event()  # set when every client of the running batch went away
         self.last_batch_s = engine.warmup_s
         self._wake = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diffaccel-serve")
@@ -97,6 +101,10 @@ class Batcher:
             self.metrics.dropped_rows += job.rows
         if not job.future.done():
             job.future.cancel()
+        if job in self.running and all(j.future.done() for j in self.running) and not self._stop.is_set():
+            self._stop.set()
+            self.metrics.stopped_batches += 1
+            self.metrics.dropped_rows += sum(j.rows for j in self.running)
 
     def drain(self) -> None:
         """Refuse every queued request and every new one; the running batch finishes."""
@@ -160,16 +168,18 @@ class Batcher:
         work = jobs[0].work
         batch = Batch(work, [p for j in jobs for p in j.prompts], [s for j in jobs for s in j.seeds])
         self.running = jobs
+        self._stop = threading.Event()
         self.metrics.rows_in_flight = len(batch.seeds)
         t0 = time.perf_counter()
         try:
-            out = await loop.run_in_executor(self._executor, self.engine.run, batch)
+            out = await loop.run_in_executor(self._executor, self.engine.run, batch, self._stop)
         except Exception as exc:  # noqa: BLE001 - every failure becomes the batch's error responses
             out, error = None, exc
         else:
             error = None
         finally:
-            self.last_batch_s = time.perf_counter() - t0
+            if not self._stop.is_set():  # a stopped batch's time says nothing of a batch's pace
+                self.last_batch_s = time.perf_counter() - t0
             self.metrics.rows_in_flight = 0
             self.running = []
         if error is not None and isinstance(error, ValueError) and len(jobs) > 1:
@@ -177,6 +187,8 @@ class Batcher:
             # bad request does not fail the others
             for job in jobs:
                 await self._run(loop, [job])
+            return
+        if self._stop.is_set():  # stopped part-way: nobody is left to answer
             return
         report = getattr(out, "report", None) if out is not None else None
         self.metrics.batch_done(work.preset, len(batch.seeds), (report or {}).get("counters"))

@@ -21,11 +21,13 @@ and reads outputs through two structural protocols (``TextRows``, ``ImageRows``)
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
+from .. import hookimpl
 from ..accelerator import apply, build_strategies
 from ..adapters_registry import get_adapter
 from ..config import RunConfig, load_config
@@ -175,17 +177,35 @@ class Engine:
             options = attrs.evolve(options, **dict(batch.work.options))
         return attrs.evolve(base, model=model, options=options)
 
-    def run(self, batch: Batch) -> Any:
+    def run(self, batch: Batch, stop: threading.Event | None = None) -> Any:
         """Generate ``batch``; raises ``StrategyError``, ``NonFiniteError``, ``ValueError`` (the
-        adapter refused a row's input) or whatever the model raised."""
+        adapter refused a row's input) or whatever the model raised. Once ``stop`` is set (every
+        client of the batch went away), the run ends at its next step through ``run.stop``, as a
+        strategy would end it: the steps left are not computed and the output is discarded."""
         preset = self.presets[batch.work.preset]
         cfg = self.batch_config(batch)
         extra = {"seeds": list(batch.seeds)} if self.row_seeds else {}
-        with apply(self.pipe, cfg, strategies=preset.strategies, registry=self.registry):  # on_error, [guard]
+        strategies = preset.strategies if stop is None else [*preset.strategies, StopWhenSet(stop)]
+        with apply(self.pipe, cfg, strategies=strategies, registry=self.registry):  # on_error, [guard]
             out = self.adapter.run(self.pipe, cfg, batch.seeds[0], progress=False, **extra)
         if isinstance(out, ImageRows) and not bool(out.images.isfinite().all()):
             raise NonFiniteError("the generated images hold NaN or inf values", step=-1)
         return out
+
+
+class StopWhenSet:
+    """Ends a run at its next step once ``event`` is set: the server's way to stop a batch whose
+    clients all went away. Only ``pre_step``: it plans nothing, so outputs are unchanged until then."""
+
+    name = "serve-stop"
+
+    def __init__(self, event: threading.Event):
+        self.event = event
+
+    @hookimpl
+    def diffaccel_pre_step(self, run) -> None:
+        if self.event.is_set():
+            run.stop = True
 
 
 def error_of(exc: BaseException) -> RequestError:

@@ -50,6 +50,7 @@ class Metrics:
         # per preset: layer calls and positions, computed and in all (RunState counters)
         self.compute: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.dropped_rows = 0
+        self.stopped_batches = 0
 
     def request_done(self, endpoint: str, status: int, seconds: float, error_type: str | None = None) -> None:
         self.requests[(endpoint, status)] += 1
@@ -80,8 +81,12 @@ class Metrics:
         out.append(f"diffaccel_queue_depth {self.queue_depth}")
         family("diffaccel_rows_in_flight", "gauge", "Rows of the batch being generated")
         out.append(f"diffaccel_rows_in_flight {self.rows_in_flight}")
-        family("diffaccel_dropped_rows_total", "counter", "Rows dropped before generation: their client disconnected")
+        family("diffaccel_dropped_rows_total", "counter",
+               "Rows dropped before or during generation: their client disconnected")
         out.append(f"diffaccel_dropped_rows_total {self.dropped_rows}")
+        family("diffaccel_stopped_batches_total", "counter",
+               "Batches stopped part-way: every client of the batch disconnected")
+        out.append(f"diffaccel_stopped_batches_total {self.stopped_batches}")
         family("diffaccel_batch_rows", "histogram", "Rows per generated batch")
         out.extend(self.batch_rows.lines("diffaccel_batch_rows"))
         family("diffaccel_request_latency_seconds", "histogram", "Seconds from a request's arrival to its response")
