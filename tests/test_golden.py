@@ -39,7 +39,7 @@ def shrink(cfg):
         options = attrs.evolve(o, length=32)
     elif m.checkpoint.startswith("synthetic"):
         model = attrs.evolve(m, steps=6, batch=1)
-        options = attrs.evolve(o, size=32)
+        options = attrs.evolve(o, size=32) if hasattr(o, "size") else o  # unet2d: the model's own size
     else:  # digits: enough steps for the anchors to settle past their warm-up
         model = attrs.evolve(m, steps=16, batch=min(m.batch, 4))
         options = o

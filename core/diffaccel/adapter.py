@@ -2,8 +2,9 @@
 
 An adapter is a plugin like a strategy: a distribution names it in the ``diffaccel.adapters``
 entry-point group (``text = "pkg.module:TextAdapter"``); the entry-point name is what
-``[model] adapter = "..."`` selects. The shipped ``text`` and ``unet`` adapters register that way,
-from diffaccel's own pyproject.toml, and nothing in the core knows their names.
+``[model] adapter = "..."`` selects. The shipped adapters (``text``, ``unet``, ``dit``, ``unet2d``)
+register that way, from diffaccel's own pyproject.toml, and nothing in the core knows their names.
+docs/writing-an-adapter.md is the guide (generated in part from this module).
 
 The object the entry point names (a class with static methods, or an instance) must provide every
 member of ``Adapter``; ``diffaccel plugins --check`` and the first use verify it
