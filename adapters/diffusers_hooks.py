@@ -157,12 +157,8 @@ class DenoiserBlock(Layer):
         s = self.session
         out = self.call(hidden)
         run = s.run
-        if run is not None:
-            c = run.counters
-            c.layers_computed += 1
-            c.positions_computed += run.positions_per_layer
-            if s.keep:
-                s.block_cache[(run.branch, self.name)] = self.to_cache(hidden, out)
+        if run is not None and s.keep:  # counted by the core (diffaccel.sequence)
+            s.block_cache[(run.branch, self.name)] = self.to_cache(hidden, out)
         return out
 
 

@@ -4,8 +4,10 @@ Each case runs an adapter (text: masked, continuous, the prefix cache, a tiny LL
 DiffusionGemma; UNet and DiT, batched and unbatched guidance; the toy adapter from outside)
 with and without strategies that skip layers, positions or whole steps, under the guard's
 recomputations and ``run.stop``, and compares the report's counters with those recorded in
-``golden/counters.json`` (recorded when the adapters still counted by hand, so the move of the
-counting into the core changed no figure)::
+``golden/counters.json``, recorded when the adapters still counted by hand: the move of the
+counting into the core changed one figure, ``positions_total`` of a text run without ``apply``
+(0 then: the null accelerator did not count layer calls; now it counts them as every other run
+does, 1536)::
 
     .venv/bin/python tests/test_counters.py --write     # only when a figure is meant to change
 """
@@ -110,12 +112,16 @@ def _checkpoints(tmp: Path) -> dict[str, str]:
     """The tiny random folders some cases load by path (built, never downloaded)."""
     from diffaccel.adapters.text.diffusion_gemma_build import build
 
-    sys.path.insert(0, str(ROOT))
-    from test_llama_denoiser import tiny_decoder
+    import importlib.util
+
+    # a helper of another test file (``--import-mode=importlib`` keeps tests/ off sys.path)
+    spec = importlib.util.spec_from_file_location("_counters_llama", ROOT / "test_llama_denoiser.py")
+    llama = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(llama)
 
     (tmp / "llama").mkdir(exist_ok=True)
     gemma = str(build(tmp / "gemma", "tiny", seed=0))
-    return {"<llama>": str(tiny_decoder(tmp / "llama")[0]), "<gemma>": gemma, "<gemma-peaky>": gemma}
+    return {"<llama>": str(llama.tiny_decoder(tmp / "llama")[0]), "<gemma>": gemma, "<gemma-peaky>": gemma}
 
 
 def toy_site(tmp: Path) -> str:

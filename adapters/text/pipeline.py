@@ -191,6 +191,7 @@ class _RunContext:
         self.prefix_done = 0
         self.rows_done: torch.Tensor | None = None  # (B,) bool: rows with nothing left to commit, not computed
         self.step_model: Any = None  # the run's ``_TextStep`` (RunSequence.denoise)
+        self.seq: RunSequence | None = None  # the run's sequence (counts the prefix pass)
         self.layers = [TextLayer(i, self) for i in range(den.n_layers)]
 
 
@@ -230,17 +231,14 @@ class TextLayer(Layer):
         cached outputs, keys and values. With no position left the block does not run."""
         ctx, i = self.ctx, self.index
         sel = ctx.step_sel if positions is None else Positions.coerce(positions, hidden.shape[1])
-        counters = ctx.run.counters
         if sel is None:
-            counters.layers_computed += 1
             ctx.out[i] = ctx.den.block(i, hidden, ctx.c, ctx.kv[i])
-            counters.positions_computed += hidden.shape[0] * hidden.shape[1]
-        elif sel.count:
-            counters.layers_computed += 1
-            y = ctx.den.block(i, sel.gather(hidden), ctx.c, ctx.kv[i], sel)
-            # in place: copying the whole cache every layer would eat the saving at small models
-            sel.scatter_(ctx.out[i], y)
-            counters.positions_computed += sel.count
+        else:
+            self.computed_positions = sel.count  # the core counts them (0: the block does not run)
+            if sel.count:
+                y = ctx.den.block(i, sel.gather(hidden), ctx.c, ctx.kv[i], sel)
+                # in place: copying the whole cache every layer would eat the saving at small models
+                sel.scatter_(ctx.out[i], y)
         if i == len(ctx.layers) - 1:
             ctx.last_layer_sel = sel
         return ctx.out[i]
@@ -467,7 +465,7 @@ class TextDiffusionPipeline:
         sequence of their own (they attend among themselves only); their outputs, keys, values
         and logits go into the run's caches, where the block's steps read them. Not hooked: a
         strategy sees the steps, whose positions are the active block and what follows it."""
-        den, run = ctx.den, ctx.run
+        den = ctx.den
         B = x_in.shape[0]
         h = den.embed(x_in[:, :lo])
         ctx.h0[:, :lo] = h
@@ -479,8 +477,7 @@ class TextDiffusionPipeline:
             kv.k, kv.v = kv.k.contiguous(), kv.v.contiguous()  # partial steps write into them in place
             kv.k[:, :, :lo] = tmp.k
             kv.v[:, :, :lo] = tmp.v
-            run.counters.layers_computed += 1
-            run.counters.positions_computed += B * lo
+            ctx.seq.computed_unhooked(B * lo)
         if getattr(den, "logit_shift", 0):  # logits 0..lo read hidden states 0, 0, 1, .., lo - 1
             ctx.logits[:, : lo + 1] = den.logits(torch.cat([h[:, :1], h], dim=1))[:, : ctx.logits.shape[1]]
         else:
@@ -554,7 +551,7 @@ class TextDiffusionPipeline:
             base[r, : len(ids)] = torch.tensor(ids, dtype=torch.long)
             fixed[r, : len(ids)] = True
         seq = RunSequence(self.accelerator, run)
-        ctx.step_model = _TextStep(self, ctx, seq.accel)
+        ctx.seq, ctx.step_model = seq, _TextStep(self, ctx, seq.accel)
         pinned = seq.start()
         if pinned is not None:  # tokens a strategy planned (e.g. key terms): held like the prompt
             pin = pinned.to(self.device)
