@@ -1,7 +1,8 @@
-"""Generate docs/writing-a-plugin.md from its template and the code that is the contract.
+"""Generate docs/writing-a-plugin.md from its template and the code that is the contract, and the
+tables of docs/architecture.md from what the installed adapters and strategies declare.
 
-    python docs/generate.py           # rewrite the guide
-    python docs/generate.py --check   # exit 1 if the guide is out of date (tests/test_docs.py)
+    python docs/generate.py           # rewrite the generated docs
+    python docs/generate.py --check   # exit 1 if one is out of date (tests/test_contract.py)
 
 The reference part comes from ``diffaccel.hookspecs`` (lifecycle, exceptions, every hook with its
 merge rule), ``diffaccel.capabilities``, the installed adapters (their capabilities and layer
@@ -18,6 +19,8 @@ from pathlib import Path
 DOCS = Path(__file__).resolve().parent
 TEMPLATE = DOCS / "templates" / "writing-a-plugin.md"
 GUIDE = DOCS / "writing-a-plugin.md"
+ARCHITECTURE = DOCS / "architecture.md"
+"""Hand-written, but for its tables between ``<!-- generated: NAME -->`` and ``<!-- end generated -->``."""
 
 
 def _module_docs(module) -> list[tuple[str, str]]:
@@ -103,15 +106,48 @@ def render() -> str:
     return TEMPLATE.read_text().replace("{{REFERENCE}}\n", reference())
 
 
+# ---- the tables of docs/architecture.md ------------------------------------------------------------
+
+def _needs(requires) -> str:
+    """A strategy's ``requires`` as ``diffaccel plugins`` writes it (a tuple: alternatives)."""
+    return ", ".join(r if isinstance(r, str) else " or ".join(r) for r in requires) or "nothing"
+
+
+def architecture_tables() -> dict[str, str]:
+    """Table name -> its markdown: ``adapters`` (each installed adapter's capabilities) and
+    ``strategies`` (what each installed strategy declares it requires)."""
+    from diffaccel import Registry
+    from diffaccel.adapters_registry import describe_adapters
+
+    adapters = ["| adapter | distribution | capabilities |", "| --- | --- | --- |"]
+    adapters += [f"| {a['name']} | {a['distribution']} | {', '.join(a['capabilities'])} |" for a in describe_adapters()]
+    strategies = ["| strategy | requires |", "| --- | --- |"]
+    strategies += [f"| {r['name']} | {_needs(r['requires'])} |" for r in Registry().describe()]
+    return {"adapters": "\n".join(adapters) + "\n", "strategies": "\n".join(strategies) + "\n"}
+
+
+def render_architecture() -> str:
+    """docs/architecture.md with its generated tables rewritten."""
+    text = ARCHITECTURE.read_text()
+    for name, table in architecture_tables().items():
+        start, end = f"<!-- generated: {name} -->\n", "<!-- end generated -->"
+        head, found, rest = text.partition(start)
+        if not found:
+            raise SystemExit(f"{ARCHITECTURE}: no '{start.strip()}' marker")
+        text = head + start + table + rest[rest.index(end):]
+    return text
+
+
 def main(argv: list[str]) -> int:
-    text = render()
+    generated = {GUIDE: render(), ARCHITECTURE: render_architecture()}
     if argv == ["--check"]:
-        if GUIDE.read_text() != text:
-            print(f"{GUIDE} is out of date: run 'make docs'", file=sys.stderr)
-            return 1
-        return 0
-    GUIDE.write_text(text)
-    print(f"wrote {GUIDE}")
+        stale = [path for path, text in generated.items() if path.read_text() != text]
+        for path in stale:
+            print(f"{path} is out of date: run 'make docs'", file=sys.stderr)
+        return 1 if stale else 0
+    for path, text in generated.items():
+        path.write_text(text)
+        print(f"wrote {path}")
     return 0
 
 
