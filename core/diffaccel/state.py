@@ -47,34 +47,42 @@ def _model_side(compute: Callable[..., Any]) -> Callable[..., Any]:
     the model, whoever called it), and counting the computation in the current run (a
     ``positions`` argument a layer cannot take is still the caller's mistake)."""
 
+    current = CURRENT_RUN.get  # the hot path: one call per layer, no global lookup
+
     @functools.wraps(compute)
     def guarded(self: "Layer", hidden: Any, positions: Any = None) -> Any:
         if positions is not None and not self.supports_positions:
             raise ValueError(f"{self.name}: this layer computes every row; positions apply to layers of adapters "
                              "declaring token-positions")
-        run = CURRENT_RUN.get()
-        if run is not None:
-            counters = run.counters
-            # what the core counts during the call: a block's inner modules hooked as layers too
-            before, core = counters.layers_computed, run._core_counted
-            self.computed_positions = None
+        run = current()
+        if run is None:  # no step is computing (a layer called on its own): nothing to count
+            try:
+                return compute(self, hidden, positions)
+            except Exception as exc:
+                if not hasattr(exc, MODEL_FAULT):
+                    setattr(exc, MODEL_FAULT, self.name)
+                raise
+        counters = run.counters
+        # the counts made during the call: the core's (a block's inner modules hooked as layers
+        # too) and any the layer made itself (the deprecated form)
+        before, core = counters.layers_computed, run._core_counted
+        self.computed_positions = None
         try:
             out = compute(self, hidden, positions)
         except Exception as exc:
             if not hasattr(exc, MODEL_FAULT):
                 setattr(exc, MODEL_FAULT, self.name)
             raise
-        if run is not None:
-            if counters.layers_computed - before != run._core_counted - core:
-                _hand_counted(type(self))  # the pre-0.2 form: the layer counted itself
-                return out
-            n = self.computed_positions
-            if n is None:
-                n = run.positions_per_layer
-            if n:  # 0: the layer had no position to compute and did not run
-                counters.layers_computed += 1
-                counters.positions_computed += n
-                run._core_counted += 1
+        if counters.layers_computed - before != run._core_counted - core:
+            _hand_counted(type(self))
+            return out
+        n = self.computed_positions
+        if n is None:
+            n = run.positions_per_layer
+        if n:  # 0: the layer had no position to compute and did not run
+            counters.layers_computed += 1
+            counters.positions_computed += n
+            run._core_counted += 1
         return out
 
     guarded.diffaccel_model_side = True
