@@ -84,7 +84,9 @@ def reference() -> str:
         parts += [f"* `run.info.{f.name}`: {field_doc(RunInfo, f.name)}"]
     parts += [""]
     parts += ["### The run report", "",
-              "`RunState.report()`, returned with every output as `out.report` and per seed in `bench --json`:", ""]
+              "`RunState.report()`, returned with every output as `out.report`, kept by the handle `diffaccel.apply` "
+              "returns as `handle.last_report` (a diffusers pipeline's own output has no report) and per seed in "
+              "`bench --json`:", ""]
     report_doc = {"adapter": "the adapter's name", "steps": "denoising steps planned", "steps_run": "steps run (less when a strategy stopped the run)",
                   "counters": "what the denoiser did (below), with `fraction_computed` = positions_computed / positions_total",
                   "strategies": "per strategy name, what it put in `run.metrics[self.name]`"}
