@@ -83,6 +83,9 @@ def test_an_interrupted_search_resumes_with_the_trials_it_had(tmp_path):
     ran = run_trials(again, SPACE, budgets, evaluate, seeds=[0], trials=10)
     assert ran == 10 - finished
     assert sum(t.state.name in ("COMPLETE", "PRUNED") for t in again.trials) == 10
+    # the resumed search explores on: it does not propose the first session's points again
+    first = [t.params for t in again.trials[:4]]
+    assert not any(t.params in first for t in again.trials[4:])
 
 
 def test_tunable_needs_a_range_or_choices():

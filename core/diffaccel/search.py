@@ -124,9 +124,14 @@ def open_study(out: Path, budgets: Sequence[Budget], seed: int = 0) -> Any:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     out.mkdir(parents=True, exist_ok=True)
-    sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=8, multivariate=True)
-    return optuna.create_study(study_name=STUDY, storage=f"sqlite:///{out / 'study.db'}", load_if_exists=True,
-                               directions=directions(budgets), sampler=sampler)
+    sampler = lambda s: optuna.samplers.TPESampler(seed=s, n_startup_trials=8, multivariate=True)  # noqa: E731
+    study = optuna.create_study(study_name=STUDY, storage=f"sqlite:///{out / 'study.db'}", load_if_exists=True,
+                                directions=directions(budgets), sampler=sampler(seed))
+    if study.trials:
+        # a resumed study: a sampler seeded as at the start would propose its first points again
+        # (the startup trials are random draws from that seed), wasting the trials on repeats
+        study.sampler = sampler(seed + len(study.trials))
+    return study
 
 
 def _constrain(trial: Any, budgets: Sequence[Budget], margins: Sequence[float]) -> None:
