@@ -191,3 +191,40 @@ if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
         figures = {name: record(name, cps) for name in CASES}
     FIXTURE.write_text("{\n" + ",\n".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in figures.items()) + "\n}\n")
     print(json.dumps(figures, indent=1))
+
+
+def test_inner_modules_computed_inside_a_computed_block_are_each_counted_once():
+    """A block's inner modules hooked as layers compute inside the block's own compute: the core
+    counts both, and does not take the inner counts for the block counting itself (the deprecated
+    form), so no warning."""
+    import warnings
+
+    from diffaccel.adapters.unet.adapter import UNetAdapter
+    from diffaccel.adapters.unet.testing import tiny_sd_pipeline
+
+    class Inner:
+        name = "inner"
+
+        def __init__(self):
+            self.calls = 0
+
+        @diffaccel.hookimpl
+        def diffaccel_hooked_modules(self, available):
+            return ["mid_block.attentions.0", "up_blocks.0.resnets.1"]
+
+        @diffaccel.hookimpl
+        def diffaccel_layer_output(self, run, layer, hidden):
+            self.calls += 1
+
+    pipe, inner = tiny_sd_pipeline(), Inner()
+    cfg = diffaccel.parse_config({"model": {"adapter": "unet", "checkpoint": "synthetic-sd-tiny", "steps": 3, "batch": 1,
+                                            "size": 32}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        with diffaccel.apply(pipe, strategies=[inner]):
+            out = UNetAdapter.run(pipe, cfg, 0, progress=False)
+    c = out.report["counters"]
+    n_blocks = len(UNetAdapter.info(pipe)["layers"])
+    assert inner.calls == 3 * (n_blocks + 2)  # every block and both modules, at each step
+    assert c["layers_computed"] == inner.calls and c["layers_skipped"] == 0
+    assert c["positions_computed"] == c["positions_total"] == inner.calls * 2  # 2 rows: the guided batch
