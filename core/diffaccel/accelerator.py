@@ -421,7 +421,7 @@ class Applied:
     def last_report(self) -> dict[str, Any] | None:
         """The report of the last run that ended (``RunState.report()``: ``adapter``, ``steps``,
         ``steps_run``, ``counters``, ``strategies``, ``reliability`` when anything happened), or
-        None before the first; the same dict an adapter's output carries as ``.report``."""
+        None before the first; equal to the ``.report`` an adapter's output carries."""
         return self.accelerator.last_report
 
     def __enter__(self) -> Any:
