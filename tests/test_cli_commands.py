@@ -44,7 +44,9 @@ def site(tmp_path, monkeypatch):
         info = tmp_path / f"{name}-0.1.dist-info"
         info.mkdir()
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
-        (info / "entry_points.txt").write_text(f"[diffaccel]\n{name.replace('_', '-')} = {name}\n")
+        declared = {"good_cmds": "hello", "bad_cmds": "never"}[name]  # the metadata declares each command by name
+        (info / "entry_points.txt").write_text(f"[diffaccel]\n{name.replace('_', '-')} = {name}\n\n"
+                                               f"[diffaccel.commands]\n{declared} = {name}:diffaccel_register_commands\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     importlib.invalidate_caches()
     monkeypatch.setenv("DIFFACCEL_PLUGINS", "good-cmds,bad-cmds")
@@ -56,15 +58,87 @@ def test_a_registered_command_is_listed_and_runs_with_its_exit_code(site, capsys
         main(["--help"])
     assert exc.value.code == 0
     out, err = capsys.readouterr()
-    assert "hello" in out.split() and "never" not in out.split()
+    assert "hello" in out.split()
     assert main(["hello", "--times", "2"]) == 7
     assert capsys.readouterr().out.split() == ["hello", "hello"]
 
 
 def test_a_raising_registration_is_one_line_naming_its_plugin(site, capsys):
+    """Asked for all registrations (``collect``), the broken one is a warning; typed, its command
+    is one error line naming the distribution, exit 2; the good command never imports it."""
+    found, problems = collect(CORE)
+    assert [c.name for c in found if c.source.startswith("plugin 'good-cmds'")] == ["hello"]
+    assert len(problems) == 1 and "bad-cmds" in problems[0] and "boom in registration" in problems[0]
     assert main(["hello", "--times", "1"]) == 7
+    assert capsys.readouterr().err == ""
+    with pytest.raises(SystemExit) as exc:
+        main(["never"])
+    assert exc.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and "bad-cmds" in lines[0] and "boom in registration" in lines[0]
+    assert len(lines) == 1 and "bad_cmds" in lines[0] and "boom in registration" in lines[0]
+
+
+def test_help_lists_declared_commands_without_importing_them(site, capsys):
+    """``diffaccel --help`` reads the metadata: neither registration module is imported."""
+    import sys
+
+    for name in ("good_cmds", "bad_cmds"):
+        sys.modules.pop(name, None)
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out.split()
+    assert "hello" in out and "never" in out
+    assert "good_cmds" not in sys.modules and "bad_cmds" not in sys.modules
+
+
+def test_an_undeclared_command_is_unknown_and_plugins_check_names_it(site, capsys, monkeypatch):
+    """A registration whose command the metadata does not declare: typing it is argparse's
+    invalid choice (no registration imported), and ``plugins --check`` names it, exit 2."""
+    import sys
+
+    info = site / "good_cmds-0.1.dist-info"
+    (info / "entry_points.txt").write_text("[diffaccel]\ngood-cmds = good_cmds\n")
+    importlib.invalidate_caches()
+    sys.modules.pop("good_cmds", None)
+    with pytest.raises(SystemExit) as exc:
+        main(["hello", "--times", "1"])
+    assert exc.value.code == 2 and "good_cmds" not in sys.modules
+    assert "invalid choice: 'hello'" in capsys.readouterr().err
+    monkeypatch.setenv("DIFFACCEL_PLUGINS", "good-cmds")
+    assert main(["plugins", "--check"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "plugin 'good-cmds'" in err[0] and "'hello'" in err[0] and "diffaccel.commands" in err[0]
+
+
+def test_a_declared_command_its_registration_does_not_add_is_one_line(site, capsys):
+    info = site / "good_cmds-0.1.dist-info"
+    (info / "entry_points.txt").write_text("[diffaccel]\ngood-cmds = good_cmds\n\n"
+                                           "[diffaccel.commands]\nhola = good_cmds:diffaccel_register_commands\n")
+    importlib.invalidate_caches()
+    with pytest.raises(SystemExit) as exc:
+        main(["hola"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "'hola'" in err and "did not add it" in err and "hello" in err
+
+
+def test_help_imports_no_model_library_and_lists_plugin_and_adapter_commands():
+    """``diffaccel --help`` in a fresh process: the installed plugins' and adapters' commands are
+    listed, and neither torch, diffusers nor transformers (nor any plugin package) is imported."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom diffaccel.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'diffusers', 'transformers') "
+            "or m.startswith('diffaccel_') or m.split('.')[:2] == ['diffaccel', 'adapters'])\nprint('HEAVY', heavy)\n")
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("DIFFACCEL_PLUGINS", "DIFFACCEL_BLOCK_PLUGINS")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    assert "HEAVY []" in out
+    listed = out.split()
+    assert "swd-sweep" in listed and "parallel-sweep" in listed
+    train = subprocess.run([sys.executable, "-m", "diffaccel.cli", "train", "--help"], capture_output=True, text=True,
+                           env=env, check=True).stdout.split()
+    assert "text" in train and "digits" in train
 
 
 def test_a_registered_command_checks_its_options(site, capsys):

@@ -235,6 +235,18 @@ def test_bench_reports_gen_ppl_for_every_entry_and_the_noise_seeds(tiny, tmp_pat
         outs = [TextAdapter.run(pipe, cfg, s, progress=False) for s in seeds]
         expected = judge.score(TextAdapter.judge_lines(outs)).perplexity()
         assert result["entries"][0]["quality"][key] == pytest.approx(expected, rel=1e-6)
+        if key == "gen_ppl":  # seed by seed: the judge's sums over each seed's own lines
+            per_seed = result["entries"][0]["judge_per_seed"]
+            for i, o in enumerate(outs):
+                sc = judge.score(TextAdapter.judge_lines([o]))
+                assert per_seed["nll"][i] == pytest.approx(sum(sc.nll), rel=1e-6) and per_seed["tokens"][i] == sum(sc.tokens)
+    for e in result["entries"]:  # gen_ppl's intervals, around its pooled point
+        lo, hi = e["quality_ci"]["gen_ppl"]
+        assert lo <= e["quality"]["gen_ppl"] <= hi
+        assert e["quality"]["gen_ppl"] == pytest.approx(
+            math.exp(sum(e["judge_per_seed"]["nll"]) / sum(e["judge_per_seed"]["tokens"])), rel=1e-9)
+    lo, hi = result["entries"][1]["quality_ratio_ci"]["gen_ppl"]
+    assert lo <= result["entries"][1]["quality"]["gen_ppl"] / result["entries"][0]["quality"]["gen_ppl"] <= hi
 
 
 def test_default_judge_missing_is_one_note_and_the_rest_is_reported(tmp_path, monkeypatch, capsys):

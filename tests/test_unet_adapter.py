@@ -391,3 +391,24 @@ def test_run_info_and_batch_size(digits):
     with diffaccel.apply(digits, strategies=[Peek()]):
         digit_images(digits, batched=True, steps=3, guidance=1.0, prompts=("1", "2", "3"))
     assert seen["batch"] == 3 and seen["mode"] == "none"
+
+
+def test_quality_of_a_resample_from_parts_equals_quality_on_its_outputs():
+    """The bench's intervals pool per-seed parts (``PoolsQuality``): on seeds drawn with repeats
+    the pooled figures equal ``quality`` on those outputs themselves."""
+    from diffaccel.adapter import PoolsQuality
+    from diffaccel.adapters.diffusers_pipelines import ImageOutput
+
+    g = torch.Generator().manual_seed(0)
+
+    def out(labels):
+        return ImageOutput(images=torch.rand(3, 1, 16, 16, generator=g), prompts=[""] * 3, seeds=[0, 1, 2], labels=labels, report={})
+
+    for labels in ([1, 7, None], None):
+        base, ent = [out(labels) for _ in range(4)], [out(labels) for _ in range(4)]
+        parts = UNetAdapter.quality_parts(base, ent)
+        idx = [2, 0, 2, 3]
+        want = UNetAdapter.quality([base[i] for i in idx], [ent[i] for i in idx])
+        assert UNetAdapter.quality_of_parts([parts[i] for i in idx]) == pytest.approx(want)
+        assert ("cond_acc" in want) == (labels is not None)
+    assert isinstance(UNetAdapter, PoolsQuality)

@@ -92,6 +92,8 @@ class DiTAdapter:
     reference_run = UNetAdapter.reference_run
     write = UNetAdapter.write
     quality = UNetAdapter.quality
+    quality_parts = UNetAdapter.quality_parts
+    quality_of_parts = UNetAdapter.quality_of_parts
     quality_keys = UNetAdapter.quality_keys
 
     # -- peers: diffusers' cache hooks ------------------------------------------------------------

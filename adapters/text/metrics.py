@@ -103,15 +103,36 @@ def reference_lines() -> list[str]:
 
 
 def perplexity(texts: Iterable[str]) -> float:
-    return fluency_model().perplexity(sentences(texts))
+    nll, n = 0.0, 0
+    for text in texts:
+        for s, k in _sentence_costs(text):  # the same sums, in the same order, as the model's perplexity
+            nll += s
+            n += k
+    return math.exp(nll / n) if n else float("inf")
 
 
 def distinct_n(texts: Iterable[str], n: int) -> float:
     """Unique word n-grams / all word n-grams, over the given texts."""
-    grams: list[tuple[str, ...]] = []
-    for sent in sentences(texts):
-        grams.extend(tuple(sent[i : i + n]) for i in range(len(sent) - n + 1))
-    return len(set(grams)) / len(grams) if grams else 0.0
+    unique: set[tuple[str, ...]] = set()
+    total = 0
+    for text in texts:
+        grams = _grams(text, n)
+        unique.update(grams)
+        total += len(grams)
+    return len(unique) / total if total else 0.0
+
+
+# A bench computes these again on every bootstrap resample of its seeds (the same texts, drawn
+# again), so each text's sentence costs and n-grams are kept rather than recomputed.
+@lru_cache(maxsize=1 << 16)
+def _sentence_costs(text: str) -> tuple[tuple[float, int], ...]:
+    m = fluency_model()
+    return tuple((sum(c), len(c)) for c in (m.costs(sent) for sent in sentences([text])))
+
+
+@lru_cache(maxsize=1 << 16)
+def _grams(text: str, n: int) -> tuple[tuple[str, ...], ...]:
+    return tuple(tuple(sent[i : i + n]) for sent in sentences([text]) for i in range(len(sent) - n + 1))
 
 
 def agreement(a: torch.Tensor, b: torch.Tensor, skip: Sequence[int] | None = None) -> float:

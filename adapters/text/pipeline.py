@@ -21,18 +21,22 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import attrs
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from diffaccel.capabilities import MASK_CONFIDENCES, PINNED_TOKENS, TOKEN_LOGITS, TOKEN_POSITIONS
 from diffaccel.sequence import RunSequence, StepModel
-from diffaccel.state import Layer, RunState
+from diffaccel.state import RunState
 
 from .logits import CdfCache, TopKLogits, clean_estimate, draw, most_probable
 from .model import KVCache
+from .outputs import CommitProposal, TextFinal, TextOutput, TextStepOutput
 from .positions import Positions
+from .run_context import _NOT_RUN, TextLayer, _refresh_computed, _RunContext
+
+__all__ = ["SAMPLERS", "CommitProposal", "TextDiffusionPipeline", "TextFinal", "TextLayer", "TextOutput", "TextStepOutput",
+           "check_prefix_cache", "commit_most_confident_", "most_confident", "row_seed", "run_capabilities"]
 
 SAMPLERS = ("masked", "ddim", "ddpm", "hybrid")
 
@@ -50,27 +54,6 @@ def row_seed(seed: int) -> int:
     stream: a model initialised under manual_seed(0) would otherwise find its own initial token
     embeddings in the starting noise (the continuous sampler then spelled the vocabulary)."""
     return (seed * 0x9E3779B97F4A7C15 + 0x5DEECE66D) % (2**63 - 1)
-
-
-def _refresh_computed(ctx: "_RunContext", logits: torch.Tensor, prev: Any, fn):
-    """``fn(logits)``, a per-position function of the logits (a tensor or a tuple of tensors, each
-    (B, N, ...); ``fn`` must also take (T, V) rows). After a partial step only the logits of the
-    positions whose last layer ran changed, so ``fn`` runs on those rows alone and ``prev`` (the
-    last result) serves the others; a strategy's replacement logits, a full step, or no ``prev``
-    get the whole computation."""
-    sel = ctx.head_sel
-    if prev is None or sel is None or logits is not ctx.logits:
-        return fn(logits)
-    if sel.count == 0:  # a reused step: nothing changed
-        return prev
-    part = fn(ctx.step_logits if ctx.step_logits is not None else sel.gather(logits))
-
-    def merge(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-        return sel.scatter_(old.clone(), new)
-
-    if isinstance(part, tuple):
-        return tuple(merge(o, n) for o, n in zip(prev, part))
-    return merge(prev, part)
 
 
 def check_prefix_cache(den, sampler: str, block_size: int | None, length: int) -> None:
@@ -131,27 +114,6 @@ def commit_most_confident_(x: torch.Tensor, candidates: torch.Tensor, confs: tor
     x[chosen] = choices[chosen]
 
 
-@attrs.define
-class CommitProposal:
-    """What ``diffaccel_commit`` receives from the masked sampler at a step (all (B, N) unless said)."""
-
-    candidates: torch.Tensor
-    """bool: the positions that may be committed (masked, in the row's current block)."""
-    tokens: torch.Tensor
-    """long: the token drawn at each candidate."""
-    confidence: torch.Tensor
-    """float: the drawn token's probability (at the sampler's temperature) at each candidate."""
-    scheduled: torch.Tensor
-    """bool: what the sampler commits anyway (each row's most confident, per its schedule)."""
-    logits: Any
-    """The logits the sampler drew from: a (B, N, V) tensor or a ``TopKLogits``."""
-    computed: torch.Tensor | None
-    """bool: the positions whose logits this step recomputed; None: all may have changed."""
-    temperature: float
-    steps_left: list[int]
-    """Per row: the steps its block's schedule has left, this one included."""
-
-
 def _continuous_proposal(ctx: "_RunContext", logits: Any, fixed: torch.Tensor, temperature: float,
                         steps_left: int) -> CommitProposal:
     """A continuous sampler's step as a ``CommitProposal``: every position not yet fixed is a
@@ -162,192 +124,6 @@ def _continuous_proposal(ctx: "_RunContext", logits: Any, fixed: torch.Tensor, t
     B = fixed.shape[0]
     return CommitProposal(candidates=~fixed, tokens=top1, confidence=prob, scheduled=torch.zeros_like(fixed),
                           logits=logits, computed=computed, temperature=temperature, steps_left=[steps_left] * B)
-
-
-_NOT_RUN = object()  # the last layer's ``compute`` was not called at this step
-
-
-class _RunContext:
-    """Per-generation caches: per-layer keys/values and outputs, last logits and top-1."""
-
-    def __init__(self, den, run: RunState):
-        self.den = den
-        self.run = run
-        self.kv = [KVCache() for _ in range(den.n_layers)]
-        self.out: list[torch.Tensor | None] = [None] * den.n_layers
-        self.h0: torch.Tensor | None = None
-        self.c = None
-        self.step_sel: Positions | None = None  # a partial step's positions; None: every position
-        self.logits: torch.Tensor | None = None
-        self.step_logits: torch.Tensor | None = None  # a partial step's fresh rows of ``logits`` (T, V)
-        # the positions whose logits this step recomputed (those the last layer ran on): None, all
-        self.head_sel: Positions | None = None
-        self.last_layer_sel: Any = _NOT_RUN  # what the last layer's ``compute`` ran on this step
-        self.top1: tuple[torch.Tensor, torch.Tensor] | None = None  # (prob, token) of ``logits``, for post_step
-        # exact prefix cache (masked sampler, ``prefix_cache``): positions before ``prefix_lo`` are
-        # the finished blocks, attending among themselves only; ``prefix_done`` is the prefix
-        # their keys and values were last computed for (once per block)
-        self.prefix_lo = 0
-        self.prefix_done = 0
-        self.rows_done: torch.Tensor | None = None  # (B,) bool: rows with nothing left to commit, not computed
-        self.step_model: Any = None  # the run's ``_TextStep`` (RunSequence.denoise)
-        self.seq: RunSequence | None = None  # the run's sequence (counts the prefix pass)
-        self.layers = [TextLayer(i, self) for i in range(den.n_layers)]
-
-
-class TextLayer(Layer):
-    """The text adapter's layer: one transformer block; ``compute`` may run on a subset of positions.
-
-    ``hidden`` is the hidden states (B, N, D). ``cached_output`` is the block's output at every
-    position as of its last computation, ``step_positions`` the positions the step computes (None:
-    all), ``select(mask)`` a ``Positions`` over a (B, N) bool mask (``.mask()``, ``.flat``, ``.pos``,
-    ``.count``, ``.gather(x)``) to hand back to ``compute``."""
-
-    supports_positions = True
-
-    def __init__(self, index: int, ctx: _RunContext):
-        super().__init__(f"block.{index}", index, "transformer-block")
-        self.ctx = ctx
-
-    @property
-    def cached_output(self) -> torch.Tensor | None:
-        """The layer's output at every position as of its last computation."""
-        return self.ctx.out[self.index]
-
-    @staticmethod
-    def select(mask: torch.Tensor) -> Positions:
-        """The positions of a (B, N) bool mask, in the form ``compute`` takes without converting."""
-        return Positions(mask)
-
-    @property
-    def step_positions(self) -> Positions | None:
-        """The positions the current step computes (``.mask()`` gives them as (B, N) bool), or
-        None for every position."""
-        return self.ctx.step_sel
-
-    def compute(self, hidden: torch.Tensor, positions: "torch.Tensor | Positions | None" = None) -> torch.Tensor:
-        """Run the block. ``positions`` narrows it further than the step's plan: a (B, N) bool mask
-        (preferred), a (B, M) long index, or a ``Positions``; the other positions keep their
-        cached outputs, keys and values. With no position left the block does not run."""
-        ctx, i = self.ctx, self.index
-        sel = ctx.step_sel if positions is None else Positions.coerce(positions, hidden.shape[1])
-        if sel is None:
-            ctx.out[i] = ctx.den.block(i, hidden, ctx.c, ctx.kv[i])
-        else:
-            self.computed_positions = sel.count  # the core counts them (0: the block does not run)
-            if sel.count:
-                y = ctx.den.block(i, sel.gather(hidden), ctx.c, ctx.kv[i], sel)
-                # in place: copying the whole cache every layer would eat the saving at small models
-                sel.scatter_(ctx.out[i], y)
-        if i == len(ctx.layers) - 1:
-            ctx.last_layer_sel = sel
-        return ctx.out[i]
-
-
-@attrs.define(kw_only=True)
-class TextStepOutput:
-    """What ``diffaccel_post_step`` receives from the text adapter. ``top1`` and ``top1_prob``
-    are computed when a strategy first reads them (a softmax over the vocabulary at every
-    position: a few percent of a small model's step, wasted for strategies that never look)."""
-
-    _tokens: torch.Tensor | None = attrs.field(alias="tokens")
-    _top1: torch.Tensor | None = attrs.field(default=None, alias="top1")
-    _top1_prob: torch.Tensor | None = attrs.field(default=None, alias="top1_prob")
-    _top1_of: Any = attrs.field(default=None, alias="top1_of")
-    """Instead of ``top1`` and ``top1_prob``: a callable returning (top1_prob, top1), called
-    at most once, on the first read of either during the post-step call."""
-    logits: torch.Tensor
-    """Last logits per position (B, N, V); positions not computed this step keep older ones.
-    Valid during the call: the adapter updates its cache in place, so clone what you keep. These
-    are what the sampler used, except when a strategy truncated them to a ``TopKLogits`` (then
-    the denoiser's own logits; the truncated ones are in ``topk``)."""
-    computed: torch.Tensor | None
-    """Positions the step ran through the model (B, N) bool, or None for all (a reused step: all
-    False). Their logits are current: the head ran where the last layer ran, and elsewhere the
-    last layer's output, hence the logits, had not changed."""
-    masked: torch.Tensor | None = None
-    """Masked sampler: positions still masked after this step (B, N) bool."""
-    fixed: torch.Tensor | None = None
-    """Positions held fixed by the prompt or a condition (B, N) bool."""
-    latents: torch.Tensor | None = None
-    """Continuous samplers: the latents (B, N, E) after this step's update, the next step's input.
-    A strategy may write into it (e.g. to hold some positions' latents)."""
-
-    topk: TopKLogits | None = None
-    """The truncated logits the sampler used, when a strategy returned a ``TopKLogits``;
-    ``top1``/``top1_prob`` come from them."""
-
-    @property
-    def tokens(self) -> torch.Tensor:
-        """Current sequence (B, N); masked positions hold the mask id (masked sampler). Continuous
-        samplers: the current top-1 (computed on first read, as ``top1`` is)."""
-        return self.top1 if self._tokens is None else self._tokens
-
-    @tokens.setter
-    def tokens(self, value: torch.Tensor) -> None:
-        self._tokens = value
-
-    @property
-    def top1(self) -> torch.Tensor:
-        """Most probable token per position (B, N). Read it during the call: later, the
-        adapter's state has moved on to the next step."""
-        if self._top1 is None:
-            self._resolve_top1()
-        return self._top1
-
-    @property
-    def top1_prob(self) -> torch.Tensor:
-        """Its probability (B, N)."""
-        if self._top1_prob is None:
-            self._resolve_top1()
-        return self._top1_prob
-
-    def _resolve_top1(self) -> None:
-        if self._top1_of is None:
-            raise RuntimeError("TextStepOutput.top1 was not read during the post-step call; read it there")
-        prob, top1 = self._top1_of()
-        self._top1_of = None
-        self._top1_prob = prob
-        if self._top1 is None:  # an adapter may give the tokens and leave only their probability lazy
-            self._top1 = top1
-
-    def close(self) -> None:
-        """After the post-step call: an unread top-1 can no longer be computed correctly."""
-        self._top1_of = None
-
-    def probs(self) -> torch.Tensor:
-        """Full probabilities (B, N, V) of what the sampler used, computed on request."""
-        return (self.topk.dense() if self.topk is not None else self.logits).float().softmax(-1)
-
-
-@attrs.define
-class TextFinal:
-    """What ``diffaccel_finalize`` receives: set ``tokens`` to choose the result."""
-
-    logits: torch.Tensor
-    draft: torch.Tensor
-    """The sampler's sequence; masked positions (if any remain) still hold the mask id."""
-    fixed: torch.Tensor
-    mask_id: int
-    tokens: torch.Tensor | None = None
-    base: torch.Tensor | None = None
-    """The prompt and pinned tokens at ``fixed`` positions: the run returns
-    ``where(fixed, base, tokens)``."""
-
-    def apply_default(self) -> None:
-        if self.tokens is None:
-            fill = self.logits.argmax(-1)
-            self.tokens = torch.where(self.draft == self.mask_id, fill, self.draft)
-
-
-@attrs.define
-class TextOutput:
-    texts: list[str]
-    tokens: torch.Tensor
-    """(B, N) generated ids, prompt included."""
-    prompt_lengths: list[int]
-    report: dict[str, Any]
-    """Counters and what each strategy reported (``RunState.report()``)."""
 
 
 class _TextStep(StepModel):
@@ -543,7 +319,7 @@ class TextDiffusionPipeline:
         run.info.set(checkpoint=self.name, seeds=seeds, temperature=temperature, length=length, vocab_size=den.vocab_size, kind=den.kind, sampler=sampler,
                         time_conditioned=den.time_conditioned, n_layers=den.n_layers,
                         tokenizer=tok, prompt_lengths=[len(p) for p in prompt_ids], cond_dim=den.cond_dim,
-                        truncated_logits=TopKLogits)
+                        truncated_logits=TopKLogits, draw_tokens=_draw_tokens(list(den.special_ids)))
         ctx = _RunContext(den, run)
         fixed = torch.zeros(batch, length, dtype=torch.bool, device=self.device)
         base = torch.full((batch, length), den.mask_id, dtype=torch.long, device=self.device)
@@ -712,3 +488,10 @@ class TextDiffusionPipeline:
             if seq.stopped:  # a strategy ended the run early
                 break
         return logits.argmax(-1)
+
+
+def _draw_tokens(banned: list[int]):
+    """``run.info.draw_tokens``: the sampler's ``draw`` with this model's special tokens banned."""
+    def draw_tokens(logits, temperature: float, generator: torch.Generator):
+        return draw(logits, banned, temperature, generator)
+    return draw_tokens

@@ -187,16 +187,25 @@ class UNetAdapter:
     def quality(baseline: list[UNetOutput], outputs: list[UNetOutput], references: list[UNetOutput] | None = None) -> dict[str, float]:
         """Mean per-image PSNR (dB) and SSIM against the unaccelerated ``baseline`` of the same seeds;
         for digits, the conditioning accuracy of ``outputs``."""
-        p, s = [], []
-        for b, o in zip(baseline, outputs):
-            p += psnr_per_image(o.images, b.images)
-            s += ssim_per_image(o.images, b.images)
+        return UNetAdapter.quality_of_parts(UNetAdapter.quality_parts(baseline, outputs, references))
+
+    @staticmethod
+    def quality_parts(baseline: list[UNetOutput], outputs: list[UNetOutput], references: list[UNetOutput] | None = None) -> list[dict]:
+        """Per seed (``PoolsQuality``): its images' PSNR and SSIM against the baseline's, and with
+        labels the classifier's predictions (per image, so the same as on all images at once)."""
+        labelled = all(o.labels is not None for o in outputs) and any(y is not None for o in outputs for y in o.labels)
+        return [{"psnr": psnr_per_image(o.images, b.images), "ssim": ssim_per_image(o.images, b.images),
+                 "pred": classify(o.images) if labelled else None, "labels": o.labels}
+                for b, o in zip(baseline, outputs)]
+
+    @staticmethod
+    def quality_of_parts(parts: list[dict]) -> dict[str, float]:
+        p = [x for part in parts for x in part["psnr"]]
+        s = [x for part in parts for x in part["ssim"]]
         q = {"psnr": sum(p) / len(p), "psnr_min": min(p), "ssim": sum(s) / len(s)}
-        if all(o.labels is not None for o in outputs):
-            labels = [y for o in outputs for y in o.labels]
-            if any(y is not None for y in labels):
-                pred = classify(torch.cat([o.images for o in outputs]))
-                q["cond_acc"] = class_accuracy(pred, labels)["overall"]
+        if all(part["pred"] is not None for part in parts):
+            pred = [y for part in parts for y in part["pred"]]
+            q["cond_acc"] = class_accuracy(pred, [y for part in parts for y in part["labels"]])["overall"]
         return q
 
     # -- peers ------------------------------------------------------------------------------------

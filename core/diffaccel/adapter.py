@@ -151,6 +151,20 @@ class ReportsQuality(Protocol):
 
 
 @runtime_checkable
+class PoolsQuality(Protocol):
+    """Optional: ``quality`` from per-seed parts. The bench's intervals compute quality again on
+    each resample of the seeds (``stats.pooled_ci``); with parts, each seed's own work (an image's
+    PSNR, a classifier's prediction) is done once and only the pooling is repeated."""
+
+    def quality_parts(self, baseline: list[Any], outputs: list[Any], references: list[Any] | None = None) -> list[Any]:
+        """One part per seed (``outputs[i]`` against ``baseline[i]``): what pooling needs of it."""
+
+    def quality_of_parts(self, parts: list[Any]) -> dict[str, float]:
+        """``quality`` of the seeds whose parts these are (a part may repeat: a resample); equal
+        to ``quality(baseline, outputs, references)`` on all of them."""
+
+
+@runtime_checkable
 class PeersRunOtherConfigs(Protocol):
     """Optional: a ``[[peer]]`` entry that runs another config than the baseline's (the text
     adapter's ``steps`` peer: the same model with fewer steps)."""

@@ -30,13 +30,13 @@ import attrs
 from tqdm.auto import tqdm
 
 from .accelerator import apply, build_strategies
-from .adapter import JudgesSamples, PeersRunOtherConfigs
+from .adapter import JudgesSamples, PeersRunOtherConfigs, PoolsQuality
 from .adapters_registry import get_adapter
 from .config import RunConfig, load_config
 from .errors import ConfigError, DiffaccelError
 from .grid import expand
 from .plugins import Registry, call_own
-from .stats import finite, mean_ci, ratio_ci
+from .stats import finite, pooled_ci, ratio_ci
 
 
 def entry_name(config: RunConfig) -> str:
@@ -201,23 +201,37 @@ def _strategy_quality(result: dict[str, Any], entries: list[tuple[str, list[Any]
 
 
 def _quality_intervals(result: dict[str, Any], adapter: Any, outputs: dict[str, list[Any]], references: list[Any] | None) -> None:
-    """Each entry's quality keys seed by seed (the adapter's ``quality`` on one seed's pair), then
-    ``quality_ci``: a bootstrap interval of each key's mean over the seeds, and
-    ``quality_ratio_ci``: of the entry's mean over the baseline's, paired by seed, for the keys
-    both report. Nothing with fewer than 2 seeds; the judge's gen_ppl (scored over all lines) has none."""
+    """``quality_ci``: for each key of the adapter's ``quality``, an interval from resampling the
+    seeds and computing ``quality`` again on each resample's outputs (``stats.pooled_ci``: a
+    metric pooled over all outputs, as distinct-n, gets an interval around its own point); and
+    ``quality_ratio_ci``: of the entry's value over the baseline's, both computed on the same
+    resampled seeds (paired). Nothing with fewer than 2 seeds. The judge's gen_ppl gets its
+    intervals in ``_judge_quality``."""
     n = len(result["seeds"])
     if n < 2:
         return
-    per_seed = {name: [adapter.quality([outputs["baseline"][i]], [outs[i]], [references[i]] if references else None)
-                       for i in range(n)] for name, outs in outputs.items()}
-    base = per_seed["baseline"]
+    memo: dict[tuple[str, tuple[int, ...]], dict[str, float]] = {}
+    parts = ({name: adapter.quality_parts(outputs["baseline"], outs, references) for name, outs in outputs.items()}
+             if isinstance(adapter, PoolsQuality) else None)  # each seed's own work once
+
+    def quality(name: str, idx: tuple[int, ...]) -> dict[str, float]:
+        if (name, idx) not in memo:  # the baseline's is shared by every entry's ratio
+            pick = lambda xs: [xs[i] for i in idx]  # noqa: E731
+            memo[name, idx] = (adapter.quality_of_parts(pick(parts[name])) if parts is not None else
+                               adapter.quality(pick(outputs["baseline"]), pick(outputs[name]),
+                                           pick(references) if references else None))
+        return memo[name, idx]
+
     for e in result["entries"]:
-        rows = per_seed[e["name"]]
-        keys = [k for k in rows[0] if all(finite(r.get(k)) for r in rows)]
-        e["quality_ci"] = {k: mean_ci([r[k] for r in rows]) for k in keys}
-        if e["name"] != "baseline":
-            both = [k for k in keys if all(finite(b.get(k)) for b in base)]
-            e["quality_ratio_ci"] = {k: ratio_ci([r[k] for r in rows], [b[k] for b in base]) for k in both}
+        name = e["name"]
+        e["quality_ci"] = pooled_ci(n, lambda idx: quality(name, idx))
+        if name != "baseline":
+            e["quality_ratio_ci"] = pooled_ci(n, lambda idx: _ratios(quality(name, idx), quality("baseline", idx)))
+
+
+def _ratios(entry: dict[str, float], base: dict[str, float]) -> dict[str, float]:
+    """entry / baseline for each key both have, finite, with a non-zero baseline."""
+    return {k: v / base[k] for k, v in entry.items() if finite(v) and finite(base.get(k)) and base[k] != 0}
 
 
 def _load_judge(adapter: Any, spec: str | None) -> tuple[Any, dict[str, Any]]:
@@ -237,31 +251,55 @@ def _load_judge(adapter: Any, spec: str | None) -> tuple[Any, dict[str, Any]]:
 
 def _judge_quality(result: dict[str, Any], adapter: Any, judge: Any, pipe: Any, base: RunConfig,
                    outputs: dict[str, list[Any]], noise: bool) -> None:
-    """``gen_ppl`` of every entry, scored in one batched call; with ``noise``, the baseline also
-    runs (untimed) on as many seeds again, disjoint from the bench's, for ``gen_ppl_noise``."""
-    groups = {name: adapter.judge_lines(outs) for name, outs in outputs.items()}
+    """``gen_ppl`` of every entry (exp of the judge's summed nll over its summed tokens, over
+    every line), scored in one batched call; with ``noise``, the baseline also runs (untimed) on
+    as many seeds again, disjoint from the bench's, for ``gen_ppl_noise``. Each entry keeps its
+    per-seed sums (``judge_per_seed``: nll and tokens, seed by seed) and, with 2 seeds or more,
+    gets gen_ppl intervals resampling the seeds (``quality_ci``, and ``quality_ratio_ci`` paired
+    with the baseline's)."""
+    groups = {name: [adapter.judge_lines([o]) for o in outs] for name, outs in outputs.items()}  # per seed
     info: dict[str, Any] = {}
     if noise:
         n, b = len(result["seeds"]), base.model.batch
         info["noise_seeds"] = [base.model.seed + k * b for k in range(n, 2 * n)]
         t0 = time.perf_counter()
-        groups[None] = adapter.judge_lines([adapter.run(pipe, base, s, progress=False) for s in info["noise_seeds"]])
+        groups[None] = [adapter.judge_lines([adapter.run(pipe, base, s, progress=False) for s in info["noise_seeds"]])]
         info["noise_runs_s"] = time.perf_counter() - t0
-    lines = [line for g in groups.values() for line in g]
+    lines = [line for g in groups.values() for seed_lines in g for line in seed_lines]
     t0 = time.perf_counter()
     scores = judge.score(lines)
     info.update(score_s=time.perf_counter() - t0, lines=len(lines), tokens=sum(scores.tokens))
     by_name = {e["name"]: e for e in result["entries"]}
+    sums: dict[Any, tuple[list[float], list[int]]] = {}
     k = 0
     for name, g in groups.items():
-        nll, toks = sum(scores.nll[k : k + len(g)]), sum(scores.tokens[k : k + len(g)])
-        k += len(g)
-        ppl = math.exp(nll / toks) if toks else float("nan")
+        nll, toks = [], []
+        for seed_lines in g:
+            nll.append(float(sum(scores.nll[k : k + len(seed_lines)])))
+            toks.append(int(sum(scores.tokens[k : k + len(seed_lines)])))
+            k += len(seed_lines)
+        sums[name] = (nll, toks)
+        ppl = math.exp(sum(nll) / sum(toks)) if sum(toks) else float("nan")
         if name is None:
             by_name["baseline"]["quality"]["gen_ppl_noise"] = ppl
         else:
             by_name[name]["quality"]["gen_ppl"] = ppl
+            by_name[name]["judge_per_seed"] = {"nll": nll, "tokens": toks}
     result["judge"] = info
+    n = len(result["seeds"])
+    if n < 2:
+        return
+
+    def gen_ppl(name: str, idx: tuple[int, ...]) -> float:
+        nll, toks = sums[name]
+        t = sum(toks[i] for i in idx)
+        return math.exp(sum(nll[i] for i in idx) / t) if t else float("nan")
+
+    for name, e in by_name.items():
+        e.setdefault("quality_ci", {}).update(pooled_ci(n, lambda idx: {"gen_ppl": gen_ppl(name, idx)}))
+        if name != "baseline":
+            e.setdefault("quality_ratio_ci", {}).update(
+                pooled_ci(n, lambda idx: {"gen_ppl": gen_ppl(name, idx) / gen_ppl("baseline", idx)}))
 
 
 def _peer_entries(configs: list[RunConfig], adapter: Any, taken: set[str]) -> dict[str, Any]:

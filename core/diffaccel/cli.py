@@ -8,121 +8,8 @@ import shlex
 import sys
 import textwrap
 
+from .cli_examples import EXAMPLES
 from .errors import ConfigError, DiffaccelError, ModelError, NonFiniteError, StrategyError
-
-EXAMPLES = {
-    "generate": """
-        examples:
-          diffaccel generate configs/text-default.toml
-          diffaccel generate configs/text-default.toml --seed 3 --out sample.txt
-        The config's [model] table picks the model; its [[strategy]] tables, in order, the
-        strategies. A run summary (layers computed and skipped) goes to stderr.
-        --prompts FILE --out DIR: one item per line (results.jsonl, images NNNNN.png), resumable;
-        under 'accelerate launch' the items are shared by the processes (docs/scale-out.md).""",
-    "bench": """
-        examples:
-          diffaccel bench configs/text-default.toml
-          diffaccel bench configs/text-swd.toml configs/text-swd-time-anchor.toml --seeds 4 --json out/bench.json
-          diffaccel bench configs/text-default.toml configs/text-time-anchor.toml --seeds 6 --batch 8
-          diffaccel bench configs/digits-dct.toml --seeds 2 --report report/digits
-          diffaccel bench configs/dit-digits-time-anchor.toml configs/dit-digits-dct.toml --quality-only --seeds 10
-          diffaccel bench configs/text-swd.toml --grid tau=0.005,0.01,0.02 --seeds 4
-          diffaccel bench configs/digits-dct.toml --grid threshold=0.01,0.02 --grid band=2,4 --quality-only --seeds 10
-        All configs must share one [model] table. The baseline is that model with no strategy;
-        every entry runs on the same seeds, interleaved. Speedup = baseline wall time / entry
-        wall time. Quality columns compare each entry with the baseline of the same seed.
-        --batch N generates N rows per call in every entry (rows use seeds seed .. seed+N-1):
-        on a CPU a step's weights are then read once for N rows, and what skipping positions
-        saves grows (see 'diffaccel partial'). --report DIR writes DIR/index.md and DIR/index.html
-        (opens offline): the table, speedup against quality, the images or samples of each entry
-        beside the baseline's, the strategies' plots, the command, versions and machine.
-        --quality-only runs each entry once per seed with no warm-up and no clock: quality over
-        more seeds than a timed bench affords, on a busy machine too (speedup shows "-").
-        --grid KEY=V1,V2 runs each config's strategy once per value (several --grid: every
-        combination), as entries named config[KEY=V]; each point is validated as a config file
-        with that value would be, before the model loads. STRATEGY.KEY picks the strategy
-        when several have KEY. Values are TOML: 0.05, 3, true, "text".
-        With 2 seeds or more every ratio has a 95% bootstrap interval [lo, hi], resampling
-        seeds paired with the baseline's (JSON: speedup_ci, quality_ci).""",
-    "overhead": """
-        examples:
-          diffaccel overhead configs/text-default.toml
-          diffaccel overhead configs/digits.toml --threads 1 --batch 8 --guard 8
-        Times the untouched sampler against the same sampler routed through diffaccel's hooks with
-        every installed plugin loaded but no strategy active, with the non-finite check of each
-        step's output on (the default) and off, interleaved, and prints the costs. --guard N adds
-        a strategy that changes nothing, run with [guard] every = N and with the guard off: what
-        the quality guard costs (docs/reliability.md).""",
-    "partial": """
-        example:
-          diffaccel partial configs/text-default.toml
-          diffaccel partial configs/text-default.toml --threads 1 --batch 8
-        Times one denoiser step computing 100%, 50%, 25%, 15%, 10% and 5% of the positions, and
-        one position per row (the others served from the per-layer key/value cache), at the
-        config's batch size, interleaved, and prints the ratios. The last row is the floor: no
-        strategy that skips positions can make a step cheaper than that.""",
-    "plugins": """
-        example:
-          diffaccel plugins
-          DIFFACCEL_BLOCK_PLUGINS=swd diffaccel plugins
-        Lists each adapter installed through the 'diffaccel.adapters' entry-point group (with the
-        capabilities it declares) and each strategy installed through the 'diffaccel' group (with
-        the capabilities it requires). --check also builds every strategy with its defaults and
-        verifies its hooks against the contract (diffaccel.hookspecs): misspelled or unmarked
-        hooks and methods the core no longer calls are reported, exit code 2.""",
-    "check": """
-        example:
-          diffaccel check configs/*.toml
-        Validates configs: every table and key, then each strategy's setup against the model's
-        facts (vocabulary size, layers...) read from its config files, without loading weights;
-        prints 'ok' per file. What 'generate' would refuse, 'check' refuses with the same line.""",
-    "train": """
-        examples:
-          diffaccel train text --kind masked --out runs/text-masked
-          diffaccel train digits --out runs/digits --max-minutes 27
-        The models come from the installed adapters (their diffaccel_register_commands hook);
-        'diffaccel train MODEL --help' shows a model's options.""",
-    "scale-bench": """
-        examples:
-          diffaccel scale-bench configs/digits.toml --prompts configs/prompts/digits-64.txt
-          diffaccel scale-bench configs/text-scale.toml --prompts configs/prompts/text-64.txt --processes 2
-        Runs 'generate --prompts' as one process and under 'accelerate launch --multi_gpu' as N (on the CPU), one
-        thread each, alternating, and prints the throughput ratio and whether the outputs are
-        byte-identical (docs/scale-out.md).""",
-    "fluency": """
-        example:
-          diffaccel fluency configs/text-default.toml --seeds 4
-        Prints the n-gram perplexity and distinct-n of the model's samples beside real held-out
-        text, random tokens and a unigram sampler (the figures in the README).""",
-    "serve": """
-        examples:
-          diffaccel serve configs/text-default.toml
-          diffaccel serve configs/text-default.toml --preset swd=configs/text-swd.toml --max-batch 16
-          curl -s 127.0.0.1:8000/v1/completions -H 'content-type: application/json' -d '{"prompt": "", "n": 2, "seed": 7}'
-        An OpenAI-compatible server (docs/serve.md): POST /v1/completions (text models),
-        POST /v1/images/generations (image models), GET /v1/models, /health, /metrics. Requests
-        arriving within --batch-window-ms are generated as one batch of at most --max-batch rows,
-        each row with its own seed: a response equals 'diffaccel generate' for the same seed.
-        Past --queue waiting requests: 503 with Retry-After. SIGTERM: queued requests get 503,
-        the running batch finishes. Presets: 'default' (the config's strategies), 'none', and
-        each --preset NAME=CONFIG (same [model]); a request picks one with {"diffaccel": {"preset": NAME}}.""",
-    "tune": """
-        examples:
-          diffaccel tune configs/digits-dct.toml --budget "psnr>=30" --budget "acc>=-0.02" --out digits-tuned.toml
-          diffaccel tune configs/text-swd-time-anchor.toml --budget "gen_ppl<=+5%" --budget "distinct2>=-5%" \\
-              --heldout 128 --out text-tuned.toml
-        Searches the config's strategies (their plugins declare what is tunable; each strategy may
-        also be switched off) with optuna on the tuning seeds, each trial timed beside the baseline
-        on the same seeds; then re-measures the best few, and the config as given, with the
-        ordinary bench on held-out seeds at batch 1 and at the configured batch. The fastest point
-        whose held-out quality meets every budget is written to --out, a config 'diffaccel check'
-        accepts, with its figures and the command reproducing them in its header; the study and the
-        report (trials against budget, front, chosen point) go to OUT.tune/. Budgets: a signed
-        percentage is relative to the baseline (gen_ppl<=+5%), a signed number a difference from it
-        (acc>=-0.02), a plain number absolute (psnr>=30). Ctrl-C keeps the finished trials: run the
-        same command again to resume. If no point passes, nothing is written and the exit code is 1.""",
-}
-
 
 CORE_CHECKED = ("generate", "bench", "overhead", "partial", "check", "tune", "scale-bench", "fluency")
 """Core commands whose paths, files and counts ``outputs.precheck`` checks first."""
@@ -264,24 +151,46 @@ CORE = ("generate", "bench", "overhead", "partial", "plugins", "check", "train",
 models come from adapters)."""
 
 
-def _wants_registered(argv: list[str]) -> bool:
-    """Whether parsing ``argv`` needs the plugins' and adapters' commands: a command that is not a
-    core one, ``train``, or the top-level ``--help`` (which lists them)."""
-    words = [a for a in argv if not a.startswith("-")]
-    if not words:
-        return "-h" in argv or "--help" in argv
-    return words[0] not in CORE or words[0] == "train"
-
-
 def _registered(argv: list[str]) -> list:
-    if not _wants_registered(argv):
+    """The registered commands parsing ``argv`` needs: none for a core command (``train``
+    aside); for ``diffaccel --help`` (and ``train --help``) each declared command as a listing
+    entry, from the distributions' metadata, importing nothing; for a registered command, that
+    command's registration alone (and the others as listing entries, for usage messages). A
+    command no distribution declares is unknown (``plugins --check`` names registrations that
+    add undeclared ones), so a mistyped command fails at once."""
+    words = [a for a in argv if not a.startswith("-")]
+    if words and words[0] in CORE and words[0] != "train":
         return []
-    from .commands import collect
+    if not words and not ("-h" in argv or "--help" in argv):
+        return []
+    from .commands import declared, load_declared
 
-    found, problems = collect(CORE)
+    found, problems = declared(CORE)
     for line in problems:
         _say(f"diffaccel: warning: {line}")
-    return found
+    if words[:1] == ["train"]:
+        want = ("train", words[1]) if len(words) > 1 else None
+    else:
+        want = (None, words[0]) if words else None
+    match = next((d for d in found if (d.group, d.name) == want), None)
+    try:
+        loaded = load_declared(match, CORE) if match is not None else None
+    except DiffaccelError as exc:
+        _say(f"diffaccel: error: {exc}")
+        sys.exit(2)
+    return [loaded if d is match else _listed(d) for d in found]
+
+
+def _listed(d) -> object:
+    """A declared command, not imported, as an entry of the usage lists: its help says where it
+    comes from; typing it imports its registration (``_registered``)."""
+    from .commands import Command
+
+    def not_loaded(args):  # only reachable if _registered did not import the typed command
+        raise ConfigError(f"command '{d.typed}' ({d.source}) was not loaded")
+
+    return Command(name=d.name, group=d.group, help=f"from {d.source}: 'diffaccel {d.typed} --help'", run=not_loaded,
+                   source=d.source)
 
 
 def _generate(args) -> int:
@@ -406,7 +315,12 @@ def _plugins_check(registry, adapters) -> int:
     against the Adapter protocol when ``describe_adapters`` loaded them."""
     from .plugins import contract_problems
 
+    from .commands import undeclared
+
     bad = 0
+    for line in undeclared(CORE, registry):  # a command --help would not list and typing would not find
+        print(line, file=sys.stderr)
+        bad += 1
     for a in adapters:
         print(f"adapter {a['name']}: ok")
     for name, spec in sorted(registry.strategies.items()):

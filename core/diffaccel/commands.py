@@ -9,15 +9,26 @@ object. Each gets a ``Commands`` and calls ``commands.add(...)`` once per comman
         commands.add("swd-sweep", help="sweep swd's threshold", arguments=add_args, run=main,
                      examples="diffaccel swd-sweep configs/text-swd.toml --seeds 4")
 
-The command line asks for them only when the command it was given is not a core one (or for
-``diffaccel --help``), so core commands never import a plugin or adapter to parse their options.
-A registration that raises, or a name already taken, is one warning line naming the plugin or
-adapter; its commands are left out and every other command works.
+Each command is also declared by name in the distribution's metadata (entry-point group
+``diffaccel.commands``: the name as typed, ``GROUP.NAME`` for a grouped one, pointing at the
+registration that adds it)::
+
+    [project.entry-points."diffaccel.commands"]
+    swd-sweep = "diffaccel_swd:diffaccel_register_commands"
+
+so that ``diffaccel --help`` lists every command from the metadata alone, importing no plugin,
+adapter or model library (a plugin package imports torch), and ``diffaccel swd-sweep ...``
+imports that one registration only. A command its distribution does not declare is unknown to
+the command line; ``diffaccel plugins --check`` asks every registration (``collect``) and names
+the commands left undeclared. Core commands never import a plugin or adapter to parse their options. A registration that
+raises, or a name already taken, is one warning line naming the plugin or adapter; its commands
+are left out and every other command works.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.metadata as md
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +36,9 @@ from typing import Any
 import attrs
 
 from .errors import PluginError
+
+ENTRY_GROUP = "diffaccel.commands"
+"""Entry-point group declaring commands by name (read without importing anything)."""
 
 GROUPS = ("train",)
 """Core commands whose subcommands come from adapters: ``diffaccel train MODEL`` (``group="train"``)."""
@@ -120,3 +134,90 @@ def _adapter_dist(name: str) -> str:
         if ep.name == name and ep.dist is not None:
             return f"{ep.dist.metadata['name']} {ep.dist.version}"
     return "-"
+
+
+@attrs.frozen(kw_only=True)
+class Declared:
+    """A command declared in a distribution's metadata (``diffaccel.commands``), not yet imported."""
+
+    name: str
+    group: str | None
+    target: str
+    """The entry point's value: ``module:attr``, the registration that adds the command."""
+    source: str
+    """The distribution: ``diffaccel-swd 0.1.0``."""
+
+    @property
+    def typed(self) -> str:
+        return f"{self.group} {self.name}" if self.group else self.name
+
+
+def declared(core: tuple[str, ...]) -> tuple[list[Declared], list[str]]:
+    """Every command the installed distributions declare, from their metadata only (nothing is
+    imported), and one line per declaration refused: a core command's name, a name declared
+    twice, a group the core does not have. Commands of a distribution whose every plugin is
+    blocked (``DIFFACCEL_PLUGINS``, ``DIFFACCEL_BLOCK_PLUGINS``) are left out."""
+    from .plugins import blocked_distributions
+
+    blocked = blocked_distributions()
+    taken: set[tuple[str | None, str]] = {(None, name) for name in core}
+    found: list[Declared] = []
+    problems: list[str] = []
+    for ep in md.entry_points(group=ENTRY_GROUP):
+        dist = ep.dist.metadata["name"] if ep.dist is not None else "-"
+        if dist in blocked:
+            continue
+        source = f"{dist} {ep.dist.version}" if ep.dist is not None else "-"
+        group, _, name = ep.name.rpartition(".")
+        group = group or None
+        if group is not None and group not in GROUPS:
+            problems.append(f"{source}: command '{ep.name}' ({ENTRY_GROUP}): group {group!r} is not one of "
+                            f"{', '.join(GROUPS)}; left out")
+            continue
+        if (group, name) in taken:
+            if any(d.target == ep.value and (d.group, d.name) == (group, name) for d in found):
+                continue  # the same distribution seen twice on sys.path
+            shown = f"{group} {name}" if group else name
+            problems.append(f"{source}: command '{shown}' is already taken (a core command or another distribution); left out")
+            continue
+        taken.add((group, name))
+        found.append(Declared(name=name, group=group, target=ep.value, source=source))
+    return found, problems
+
+
+def load_declared(d: Declared, core: tuple[str, ...]) -> Command:
+    """Import ``d``'s registration alone and return the command it adds under ``d``'s name; a
+    registration that raises or does not add it is a ``PluginError`` naming the distribution."""
+    module, _, attr = d.target.partition(":")
+    taken = {(None, name) for name in core}
+    commands = Commands(f"{d.source}", taken)
+    try:
+        impl = importlib.import_module(module)
+        for part in filter(None, attr.split(".")):
+            impl = getattr(impl, part)
+        impl(commands=commands)
+    except Exception as exc:  # a broken registration is one line naming where it comes from
+        text = str(exc).strip().splitlines()
+        what = text[0] if text else ""
+        shown = what if isinstance(exc, PluginError) else f"{type(exc).__name__}: {what}"
+        raise PluginError(f"command '{d.typed}' ({d.source}, {d.target}): its registration failed ({shown})") from None
+    for c in commands.added:
+        if (c.group, c.name) == (d.group, d.name):
+            return c
+    raise PluginError(f"command '{d.typed}' ({d.source}): declared in {ENTRY_GROUP}, but {d.target} did not add it "
+                      f"(it added: {', '.join(c.name for c in commands.added) or 'nothing'})")
+
+
+def undeclared(core: tuple[str, ...], registry: Any = None) -> list[str]:
+    """One line per problem ``diffaccel plugins --check`` reports about commands: a registration
+    that fails, or a command it adds that no ``diffaccel.commands`` entry point declares."""
+    found, problems = collect(core, registry)
+    names = {(d.group, d.name) for d in declared(core)[0]}
+    lines = [f"commands: {p}" for p in problems]
+    for c in found:
+        if (c.group, c.name) not in names:
+            shown = f"{c.group}.{c.name}" if c.group else c.name
+            lines.append(f"commands: {c.source} adds '{shown}', which no {ENTRY_GROUP} entry point declares: "
+                         f"'diffaccel --help' does not list it and the command line does not find it; declare "
+                         f'{shown} = "module:diffaccel_register_commands" in its pyproject.toml')
+    return lines

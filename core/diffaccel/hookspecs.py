@@ -344,12 +344,17 @@ def diffaccel_tunables(strategy: str) -> "list[Tunable] | None":
 @contract(MODULE)
 def diffaccel_register_commands(commands: Any) -> None:
     """Called by the ``diffaccel`` command line, once per process, when the command it was given
-    is not a core one (or for ``diffaccel --help`` and ``diffaccel train``), on every plugin
-    module of the ``diffaccel`` group and on every adapter (group ``diffaccel.adapters``) that has
-    the attribute: add subcommands with ``commands.add(name, help=..., run=..., arguments=...,
-    examples=..., group=None)`` (a ``diffaccel.commands.Commands``). ``group="train"`` makes it
-    ``diffaccel train NAME`` (how adapters offer training). A plugin's command imports only the
-    core (``diffaccel``), never an adapter or another plugin.
+    is a registered one: on the registration its distribution declares for that command (entry
+    point ``NAME = "module:diffaccel_register_commands"`` in group ``diffaccel.commands``,
+    ``train.NAME`` for ``diffaccel train NAME``), which alone is imported; ``diffaccel --help``
+    lists the declared names from the metadata without calling it, and a command declared nowhere
+    is unknown. ``diffaccel plugins --check`` calls it on every plugin module of the ``diffaccel``
+    group and every adapter (group ``diffaccel.adapters``) that has the attribute, and reports
+    commands added but not declared. Add subcommands with ``commands.add(name,
+    help=..., run=..., arguments=..., examples=..., group=None)`` (a
+    ``diffaccel.commands.Commands``). ``group="train"`` makes it ``diffaccel train NAME`` (how
+    adapters offer training). A plugin's command imports only the core (``diffaccel``), never an
+    adapter or another plugin.
 
     Returns nothing. Merge rule: every registration is called on its own, plugins in
     registration order, then adapters by name; each name is taken once (core commands first),

@@ -69,6 +69,20 @@ def _names(env: str) -> set[str] | None:
     return {n.strip() for n in value.split(",") if n.strip()}
 
 
+def blocked_distributions() -> set[str]:
+    """Distributions whose every plugin (entry point of the ``diffaccel`` group) the environment
+    blocks: their commands are left out too. From the metadata only; nothing is imported."""
+    allowed, blocked = _names("DIFFACCEL_PLUGINS"), _names("DIFFACCEL_BLOCK_PLUGINS") or set()
+    state: dict[str, bool] = {}  # distribution -> whether all its plugins so far are blocked
+    for ep in md.entry_points(group=GROUP):
+        if ep.dist is None:
+            continue
+        off = ep.name in blocked or (allowed is not None and ep.name not in allowed)
+        name = ep.dist.metadata["name"]
+        state[name] = state.get(name, True) and off
+    return {name for name, off in state.items() if off}
+
+
 class PluginWarning(UserWarning):
     """A plugin was left out: it failed to import or to register (one line naming it and why)."""
 

@@ -188,6 +188,10 @@ class RunInfo:
     truncated_logits: Any = None
     """Text (``token-logits``): ``truncated_logits(values, indices, vocab_size)`` builds logits a
     sampler draws from without a dense tensor."""
+    draw_tokens: Any = None
+    """Text (``token-logits``): ``draw_tokens(logits, temperature, generator)`` -> (confidence,
+    token) per row of (M, V) logits or of a truncated slice (``truncated_logits(...).rows``): the
+    masked sampler's own draw, the model's special tokens never drawn."""
     canvas_length: int | None = None
     """DiffusionGemma: positions per block (canvas)."""
     blocks: int | None = None

@@ -29,7 +29,7 @@ from .strategy import BertCond
 @hookimpl
 def diffaccel_register(register):
     register(Strategy(name="bert-cond", config=BertCondConfig, factory=BertCond, requires=(TOKEN_LOGITS, PINNED_TOKENS),
-                      reports=("key_term_recall", "stage_one_share"),
+                      reports=("key_term_recall", "stage_one_share", "placement_share"),
                       description="two-stage BERT conditioning: key terms of a source extracted by a BERT, pinned in the generated text"))
 
 

@@ -376,16 +376,19 @@ class BertCond:
     @hookimpl
     def diffaccel_bench_quality(self, outputs: list[Any], seeds: list[int]) -> dict[str, float]:
         """Key-term recall of any entry's outputs, against the terms this strategy extracts for
-        the same seeds (so the unconditioned baseline is scored on the same terms), and the mean
-        stage-one share where the runs were conditioned."""
-        found, shares = [], []
+        the same seeds (so the unconditioned baseline is scored on the same terms), and where the
+        runs were conditioned the mean stage-one share and placement share (the pinning's own
+        work, share of the run)."""
+        found, shares, place = [], [], []
         for out, seed in zip(outputs, seeds):
             for r, text in enumerate(out.texts):
                 found.append(self.presence_of(self.sources[self.source_index(seed + r)], text))
             m = out.report.get("strategies", {}).get(self.name)
             if m:
                 shares.append(m["stage_one_share"])
+                place.append(m["place_s"] / m["run_s"] if m["run_s"] > 0 else 0.0)
         q = {"key_term_recall": recall(found)}
         if shares:
             q["stage_one_share"] = sum(shares) / len(shares)
+            q["placement_share"] = sum(place) / len(place)
         return q

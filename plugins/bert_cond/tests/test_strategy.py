@@ -135,9 +135,12 @@ def test_without_the_strategy_the_terms_are_not_there(tiny_bert):
     strategy = make(tiny_bert)
     plain = generate(pipe, [], seed=0, batch=2)
     q = strategy.diffaccel_bench_quality([plain], [0])
-    assert q["key_term_recall"] < 0.5 and "stage_one_share" not in q
-    cond = strategy.diffaccel_bench_quality([generate(pipe, [strategy], seed=0, batch=2)], [0])
+    assert q["key_term_recall"] < 0.5 and "stage_one_share" not in q and "placement_share" not in q
+    out = generate(pipe, [strategy], seed=0, batch=2)
+    cond = strategy.diffaccel_bench_quality([out], [0])
     assert cond["key_term_recall"] == 1.0 and 0 < cond["stage_one_share"] < 1
+    m = out.report["strategies"]["bert-cond"]  # the pinning's own time over the run's
+    assert cond["placement_share"] == pytest.approx(m["place_s"] / m["run_s"])
 
 
 def test_terms_go_after_the_prompt(tiny_bert):

@@ -41,7 +41,9 @@ __all__ = ["RULES", "SCALES", "Parallel", "ParallelConfig", "__version__", "choo
 
 @hookimpl
 def diffaccel_register_commands(commands):
-    """``diffaccel parallel-sweep`` (``sweep.py``; it imports only the core)."""
-    from . import sweep  # the bench machinery, only when the command line asks for commands
+    """``diffaccel parallel-sweep`` (``sweep.py``) and ``diffaccel parallel-line`` (``line.py``);
+    both import only the core."""
+    from . import line, sweep  # the bench machinery, only when the command line asks for commands
 
     sweep.register(commands)
+    line.register(commands)

@@ -32,3 +32,11 @@ def diffaccel_tunables(strategy):
     return [Tunable(key="k_keep", choices=(16, 32, 64, 128, 256))]
 
 __all__ = ["TopK", "TopKConfig", "__version__", "diffaccel_register", "diffaccel_tunables", "draw_topk", "self_similarity"]
+
+
+@hookimpl
+def diffaccel_register_commands(commands):
+    """``diffaccel topk-truncation`` (``truncation.py``; it imports only the core)."""
+    from . import truncation  # only when the command line asks for it
+
+    truncation.register(commands)
