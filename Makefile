@@ -3,7 +3,7 @@
 # make test-plugin PLUGIN=topk : one plugin's tests
 # make soak   : 500 generations in one process (memory, determinism); writes docs/reliability.md
 # make layers : import-linter's contracts (layers, no import circles; pyproject.toml), as CI checks them
-# make docs   : regenerate docs/writing-a-plugin.md (tests/test_docs.py checks it is up to date)
+# make docs   : regenerate docs/writing-a-plugin.md and docs/writing-an-adapter.md (tests check they are up to date)
 # make benchmarks [NOTE="..."] : rerun the headline benches, regenerate docs/benchmarks.md (a few minutes, one thread)
 PY ?= python3
 VENV := .venv
@@ -54,7 +54,8 @@ layers: setup
 soak: setup
 	OMP_NUM_THREADS=1 $(BIN)/python tests/soak.py --generations 500 --docs docs/reliability.md
 
-# docs/writing-a-plugin.md from its template, the hookspecs, the capabilities and the adapters
+# docs/writing-a-plugin.md and docs/writing-an-adapter.md from their templates, the hookspecs, the capabilities,
+# the adapter protocols, the step sequence, the diffusers hook session and adapters/unet2d.py
 docs: setup
 	$(BIN)/python docs/generate.py
 

@@ -1,22 +1,67 @@
-"""The hook machinery both diffusers adapters (``unet``, ``dit``) install in a pipeline.
+"""The diffusers hook session: diffaccel's hooks inside any diffusers pipeline, as a building block.
 
-A ``DenoiserSession`` holds one accelerator attached to one pipeline and the state of its current
-run. It wraps, as instance attributes (the originals are kept and put back by ``detach``), the
-denoiser's ``forward`` (one call = one denoiser evaluation, the step and guidance-branch
-bookkeeping), each block's ``forward`` (``accelerator.layer_output``, or the block served from its
-cache when the step's plan skips it: its code does not run), ``scheduler.set_timesteps`` (a run
-begins) and ``scheduler.step`` (``post_step``, and ``finalize`` at the last timestep). What differs
-between adapters is small and lives in their subclasses: which module is the denoiser, which
-blocks there are (``_build_layers``), and what a block keeps and serves (``DenoiserBlock``
-subclasses: the UNet block's output, the transformer block's residual). The full description of
-the hooks is in ``diffaccel.adapters.unet.hooks``. The order of the hooks is the core's
-(``diffaccel.sequence.RunSequence``); these wrappers call it from inside the pipeline's own loop.
+Public API (``__all__``), for adapters of diffusers pipelines (the shipped ``unet``, ``dit`` and
+``unet2d`` adapters use it, and so may a third party's)::
+
+    from diffaccel.adapters.diffusers_hooks import DenoiserBlock, DenoiserSession, attach, call_pipeline, detach
+
+    class MyBlock(DenoiserBlock):            # one block of the denoiser, as a diffaccel.Layer
+        family = "MyNet"                      # named in its error lines
+
+    class MySession(DenoiserSession):         # the accelerator attached to one pipeline
+        adapter = "mynet"                     # the adapter's name (run.adapter, reports)
+        capabilities = frozenset({...})       # what the blocks offer (diffaccel.capabilities)
+        denoiser_attr = "unet"                # the pipeline attribute holding the denoiser
+
+        def build_layers(self, accelerator):  # the blocks, in forward order
+            self.layers = [MyBlock(name, i, kind, module, self, depth) for ...]
+
+    attach(pipe, accelerator, MySession)      # the adapter's attach(pipe, accelerator)
+    detach(pipe)                              # the adapter's detach(pipe): bitwise the bare pipeline again
+    images, run = call_pipeline(pipe, info={"seeds": seeds}, **call_kwargs)  # the adapter's run
+
+What a session does. ``attach`` replaces, as instance attributes (the originals are kept and put
+back by ``detach``; nothing of the pipeline's code changes):
+
+* the denoiser's ``forward``: one call is one denoiser evaluation. The first call after
+  ``scheduler.step`` (or with a new timestep) starts a step (``run.step``, ``run.timestep``,
+  ``run.positions_per_layer`` = the call's rows) and goes through the core's
+  ``RunSequence.denoise`` (``pre_step``; ``StepPlan.reuse_step`` serves the branch's last output
+  without running the denoiser; the non-finite check and the quality guard; ``denoiser_output``).
+  The first call of a pipeline call begins the run (``run_start``; ``run.info`` filled, below).
+* each block's ``forward``: a block call becomes ``accelerator.layer_output(run, block, hidden)``
+  (``hidden``: the block's arguments by name), and ``block.compute(hidden)`` runs the original
+  ``forward``. A block the step's plan skips (``StepPlan.skip``) is served from what it kept
+  (``DenoiserBlock.served``) and its code does not run; so is a block a strategy answers.
+* ``scheduler.set_timesteps``: a pipeline call begins (the previous run, if left open, ends);
+* ``scheduler.step``: the step ends; ``post_step`` gets a ``UNetStepOutput`` (built only when a
+  strategy reads steps); at the last timestep ``finalize`` gets a ``UNetFinal`` whose ``latents``
+  become the scheduler's result, then ``run_end``.
+
+The hook order is the core's (``diffaccel.sequence.RunSequence``); these wrappers call it from
+inside the pipeline's own loop, so any pipeline whose loop is "denoiser call(s), then
+``scheduler.step``" works unchanged (DDPM, DDIM, Stable Diffusion, PixArt ...).
 
 ``run.stop`` set by a strategy (in ``post_step``) ends the run at that step: the run finalises
 at once from the scheduler's clean estimate of that step (``pred_original`` where the scheduler
 gives one, else its latents), ``run_end`` runs, and the pipeline's remaining steps compute
 nothing (the denoiser serves its last output, the scheduler step returns the final latents), so
 the pipeline decodes what the run finalised.
+
+Classifier-free guidance: one denoiser call per step is branch ``main`` (both halves batched, or
+no guidance); a pipeline calling the denoiser twice per step gets ``uncond`` then ``cond`` (found
+at the second call of the first step and remembered for the pipeline's next runs), so strategies
+keep a state and a block cache per branch.
+
+``run.info`` of a session's run: ``checkpoint``, ``layers``, ``n_layers``, ``depths``, ``kinds``,
+``modules``, ``sample_size``, ``in_channels``, ``guidance``, ``cfg_mode``, ``timesteps``,
+``time_conditioned``, and whatever the adapter passes as ``info`` to ``call_pipeline`` (seeds,
+prompts). Counters are the core's: each computed block adds 1 to ``layers_computed`` and the
+call's rows (``run.positions_per_layer``, which the session sets) to ``positions_computed``;
+skipped blocks and reused steps are counted too. The session counts nothing itself.
+
+A pipeline has at most one session, whichever adapter attached it (``session_of``). Outside a
+pipeline call (no run), the wrapped blocks and the denoiser run untouched.
 """
 
 from __future__ import annotations
@@ -31,12 +76,16 @@ import torch
 from diffaccel.sequence import RunSequence, StepModel
 from diffaccel.state import Layer, RunState
 
+__all__ = ["DenoiserBlock", "DenoiserSession", "UNetFinal", "UNetStepOutput", "attach", "call_pipeline", "detach",
+           "session_of"]
+
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
 @attrs.define
 class UNetStepOutput:
-    """What ``diffaccel_post_step`` receives from the UNet and DiT adapters after each scheduler step."""
+    """What ``diffaccel_post_step`` receives from a session after each scheduler step (the ``unet``,
+    ``dit`` and ``unet2d`` adapters)."""
 
     step: int
     """Index of the step (``run.step``)."""
@@ -60,6 +109,8 @@ class UNetFinal:
     """The latents the pipeline decodes; None until a strategy or the default sets them."""
 
     def apply_default(self) -> None:
+        """The adapter's default, after the strategies' ``finalize``: the scheduler's latents
+        unless a strategy chose others."""
         if self.latents is None:
             self.latents = self.draft
 
@@ -92,12 +143,21 @@ class _Patch:
 
 
 class DenoiserBlock(Layer):
-    """One block of a diffusers denoiser, as a ``Layer`` (the adapters' subclasses say which
-    blocks and what they keep). ``compute(hidden)`` runs the block's original ``forward`` on
-    ``hidden`` (the dict of its arguments by name; positional arguments beyond the named ones, if
-    any, under ``"*args"``); ``cached_output`` serves it from the current branch's cache."""
+    """One block of a diffusers denoiser, as a ``diffaccel.Layer``: what ``layer_output`` hands
+    strategies. ``compute(hidden)`` runs the block's original ``forward`` on ``hidden`` (the dict
+    of its arguments by name; positional arguments beyond the named ones, if any, under
+    ``"*args"``); ``cached_output`` serves it from the current branch's cache.
+
+    Made by the session's ``build_layers`` as ``DenoiserBlock(name, index, kind, module,
+    session, depth)``: ``name`` as ``run.info.layers`` lists it (``down_blocks.0``), ``index``
+    its place in forward order, ``kind`` (``down``, ``mid``, ``up`` for a ``block-stack``),
+    ``module`` the diffusers module whose ``forward`` is wrapped, ``depth`` its depth in the
+    stack (0 outermost). A subclass changes what a block keeps and serves: ``to_cache`` (default:
+    its output) and ``served`` (default: the kept value itself); the DiT adapter keeps residuals.
+    """
 
     supports_positions = False
+    """Blocks compute every row: ``compute(hidden, positions=...)`` is refused."""
     family = "denoiser"
     """Named in the error line of ``compute(positions=...)``."""
 
@@ -120,9 +180,12 @@ class DenoiserBlock(Layer):
 
     @property
     def cached_output(self) -> Any:
+        """What the block would output now from what it kept (``served(kept, (), {})``; here the
+        kept output itself), or None when it kept nothing in this branch."""
         return self.kept
 
     def bind(self, args: tuple, kwargs: dict) -> dict[str, Any]:
+        """The arguments of a call, ``args`` and ``kwargs``, as one dict by name (``hidden``)."""
         if not args:
             return kwargs
         names = self.arg_names
@@ -133,6 +196,7 @@ class DenoiserBlock(Layer):
         return hidden
 
     def call(self, hidden: dict[str, Any]) -> Any:
+        """The block's original ``forward`` on ``hidden`` (what ``compute`` runs)."""
         if "*args" not in hidden:
             return self.forward(**hidden)
         rest = dict(hidden)
@@ -144,7 +208,10 @@ class DenoiserBlock(Layer):
         return out
 
     def served(self, cached: Any, args: tuple, kwargs: dict) -> Any:
-        """What a skipped block returns, from what it kept (here the kept output itself)."""
+        """What a skipped block returns, from ``cached`` (what it kept, or a strategy's estimate
+        of it) and the call's positional ``args`` and keyword ``kwargs`` (a strategy holding
+        ``hidden`` passes ``()`` and ``hidden``): here ``cached`` itself; a block that keeps a
+        residual adds it to its current input."""
         return cached
 
     def hooked(self, accel: Any, run: RunState, args: tuple, kwargs: dict) -> Any:
@@ -152,6 +219,8 @@ class DenoiserBlock(Layer):
         return accel.layer_output(run, self, self.bind(args, kwargs))
 
     def compute(self, hidden: dict[str, Any], positions: Any = None) -> Any:
+        """Run the block on ``hidden`` (the core counts it); kept for the branch while strategies are
+        active (what ``cached_output`` and ``StepPlan.skip`` serve later)."""
         if positions is not None:
             raise ValueError(f"{self.name}: {self.family} blocks compute every row; positions apply to text layers")
         s = self.session
@@ -194,10 +263,19 @@ class _DenoiserCall(StepModel):
 
 class DenoiserSession:
     """The accelerator attached to one pipeline, and the state of its current run. Subclasses
-    set ``adapter`` and ``capabilities`` and build the layers (``_build_layers``)."""
+    set ``adapter``, ``capabilities`` and ``denoiser_attr`` and build the layers
+    (``build_layers``); ``attach(pipe, accelerator, SessionClass)`` makes and installs one.
+
+    Public attributes: ``pipe``, ``accel`` (the ``diffaccel.Accelerator``, or the null one),
+    ``denoiser``, ``layers`` and ``modules`` (the hooked blocks and inner modules), ``run`` (the
+    ``RunState`` of the pipeline call in progress, else None), ``last_run`` (that of the last
+    finished call: its ``report()`` is the output's report), ``next_info`` (facts for the next
+    run's ``run.info``; ``call_pipeline`` sets it)."""
 
     adapter = "?"
+    """The adapter's name (``run.adapter``, for reports)."""
     capabilities: frozenset = frozenset()
+    """What the blocks and steps offer strategies (``diffaccel.capabilities``): ``run.capabilities``."""
     denoiser_attr = "unet"
     """The pipeline's attribute that holds the denoiser (``unet``, ``transformer``)."""
 
@@ -210,7 +288,7 @@ class DenoiserSession:
         self.layers: list[DenoiserBlock] = []
         self.modules: list[DenoiserBlock] = []
         """Inner modules hooked because a strategy asked for them (``hooked_modules``)."""
-        self._build_layers(accelerator)
+        self.build_layers(accelerator)
         self.run: RunState | None = None
         self.seq: RunSequence | None = None
         self.last_run: RunState | None = None
@@ -223,8 +301,11 @@ class DenoiserSession:
         self._patches: list[_Patch] = []
         self._reset_run_state()
 
-    def _build_layers(self, accelerator: Any) -> None:
-        """Fill ``self.layers`` (the blocks, in forward order) and ``self.modules``."""
+    def build_layers(self, accelerator: Any) -> None:
+        """Fill ``self.layers`` (the ``DenoiserBlock`` s, in forward order, ``index`` 0..n-1) and,
+        optionally, ``self.modules`` (inner modules a strategy asked for through
+        ``accelerator.hooked_modules(available)``, indexed after the blocks). ``self.denoiser``
+        is the denoiser module."""
         raise NotImplementedError
 
     # -- per-run bookkeeping -----------------------------------------------------------------
@@ -263,6 +344,7 @@ class DenoiserSession:
         return run
 
     def end_run(self) -> None:
+        """End the run in progress (``run_end``; a pipeline call that raised leaves one open)."""
         run = self.run
         if run is None:
             return
@@ -296,8 +378,9 @@ class DenoiserSession:
             return "cond"
         return f"call{k}"
 
-    # -- the wrappers ----------------------------------------------------------------------------
+    # -- the wrappers (installed by ``install``; an adapter does not call them) ---------------------
     def denoiser_forward(self, original):
+        """The wrapper of the denoiser's ``forward`` (``original``): one call, one evaluation."""
         step = _DenoiserCall(self, original)
 
         def forward(*args, **kwargs):
@@ -333,6 +416,7 @@ class DenoiserSession:
         return forward
 
     def block_forward(self, layer: DenoiserBlock):
+        """The wrapper maker of ``layer``'s block ``forward``: through ``layer_output``, or served when skipped."""
         accel = self.accel
         name = layer.name
         served, hooked = layer.served, layer.hooked  # resolved once: the hot path
@@ -362,6 +446,7 @@ class DenoiserSession:
         return make
 
     def scheduler_set_timesteps(self, original):
+        """The wrapper of ``scheduler.set_timesteps``: a pipeline call begins."""
         def set_timesteps(*args, **kwargs):
             if self.run is not None:  # the previous call never reached its last step
                 self.end_run()
@@ -372,6 +457,7 @@ class DenoiserSession:
         return set_timesteps
 
     def scheduler_step(self, original):
+        """The wrapper of ``scheduler.step``: ``post_step``; at the last timestep (or ``run.stop``) ``finalize``, ``run_end``."""
         def step(model_output, timestep, sample, *args, **kwargs):
             if self.stopped is not None:  # after run.stop: the final latents, whatever the step
                 return self.stopped
@@ -418,6 +504,7 @@ class DenoiserSession:
 
     # -- attach / detach ---------------------------------------------------------------------------
     def install(self) -> None:
+        """Wrap the blocks, the denoiser and the scheduler (``attach`` calls it)."""
         sched = self.pipe.scheduler
         try:
             for layer in [*self.layers, *self.modules]:
@@ -430,6 +517,7 @@ class DenoiserSession:
             raise
 
     def uninstall(self) -> None:
+        """End an open run and put every original back (``detach`` calls it)."""
         if self.run is not None:
             self.end_run()
         self.stopped = self.last_raw = None
@@ -445,6 +533,8 @@ _HINTS: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
 
 
 def attach(pipe: Any, accelerator: Any, session_class: type[DenoiserSession]) -> DenoiserSession:
+    """Hook ``pipe`` for ``accelerator`` with a new ``session_class`` session (any session the
+    pipeline had is detached first); returns it. An adapter's ``attach(pipe, accelerator)``."""
     detach(pipe)
     session = session_class(pipe, accelerator)
     session.unbatched_hint = _HINTS.get(pipe, False)
@@ -454,6 +544,8 @@ def attach(pipe: Any, accelerator: Any, session_class: type[DenoiserSession]) ->
 
 
 def detach(pipe: Any) -> None:
+    """Remove ``pipe``'s session, if any: the pipeline then runs bitwise as if it never had one
+    (un-hooked: no wrapper is left in the call path). An adapter's ``detach(pipe)``."""
     session = _SESSIONS.pop(pipe, None)
     if session is not None:
         session.uninstall()
@@ -461,4 +553,24 @@ def detach(pipe: Any) -> None:
 
 
 def session_of(pipe: Any) -> DenoiserSession | None:
+    """The session attached to ``pipe``, or None (a peer accelerator must see None: it runs on
+    the bare pipeline)."""
     return _SESSIONS.get(pipe)
+
+
+def call_pipeline(pipe: Any, /, info: dict[str, Any] | None = None, **kwargs: Any) -> tuple[Any, RunState | None]:
+    """``pipe(**kwargs)``, with ``info`` (seeds, prompts ...) added to its run's ``run.info``;
+    returns the pipeline's result and the ``RunState`` of the run it made (its ``report()`` is
+    the output's report), or None when no session is attached (nothing was counted). A run the
+    call left open (it raised) is ended. An adapter's ``run`` builds on this."""
+    session = _SESSIONS.get(pipe)
+    if session is None:
+        return pipe(**kwargs), None
+    session.last_run = None
+    session.next_info = dict(info or {})
+    try:
+        result = pipe(**kwargs)
+    finally:
+        if session.run is not None:
+            session.end_run()
+    return result, session.last_run

@@ -58,7 +58,7 @@ TUNES: dict[str, list[str]] = {
     "tune-dit-digits": ["configs/dit-digits-tune.toml", "--budget", "psnr>=30", "--budget", "acc>=-0.02",
                         "--out", "configs/dit-digits-tuned.toml", "--trials", "24", "--tune-seeds", "4", "--heldout", "64"],
     "tune-text": ["configs/text-tune.toml", "--budget", "gen_ppl<=+5%", "--budget", "distinct2>=-5%",
-                  "--out", "configs/text-tuned.toml", "--trials", "12", "--tune-seeds", "2", "--heldout", "128", "--candidates", "2"],
+                  "--out", "configs/text-tuned.toml", "--trials", "12", "--tune-seeds", "4", "--heldout", "128", "--candidates", "2"],
 }
 TUNED = {name: args[args.index("--out") + 1] for name, args in TUNES.items()}
 # the shipped configs beside a tune's result, on the tune's held-out seeds: which meet its budget?
@@ -138,9 +138,11 @@ def _tuned_cell(out: Path, sets: list[frozenset[str]]) -> str:
         if not data.get("chosen") or used not in sets:
             continue
         f = data["figures"][data["chosen"]]
-        speed = " / ".join(f"{v:.2f}x" for _, v in sorted(f["speedup"].items(), key=lambda kv: int(kv[0])))
+        items = sorted(f["speedup"].items(), key=lambda kv: int(kv[0]))
+        speed = " / ".join(f"{v:.2f}x" for _, v in items) + f" (batch {' / '.join(str(b) for b, _ in items)})"
         combo = f" ({' + '.join(sorted(used))})" if len(used) > 1 else ""
-        cells.append(f"{name.removeprefix('tune-')}{combo} {speed} at {', '.join(data['budgets'])} ([`{Path(cfg).name}`]({cfg}))")
+        cells.append(f"{name.removeprefix('tune-')}{combo} {speed} within {', '.join(data['budgets'])} "
+                     f"([`{Path(cfg).name}`]({cfg}))")
     return "; ".join(cells) or "-"
 
 

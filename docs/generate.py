@@ -1,12 +1,18 @@
-"""Generate docs/writing-a-plugin.md from its template and the code that is the contract, and the
-tables of docs/architecture.md from what the installed adapters and strategies declare.
+"""Generate docs/writing-a-plugin.md and docs/writing-an-adapter.md from their templates and the
+code that is the contract, and the tables of docs/architecture.md from what the installed
+adapters and strategies declare.
 
     python docs/generate.py           # rewrite the generated docs
-    python docs/generate.py --check   # exit 1 if one is out of date (tests/test_contract.py)
+    python docs/generate.py --check   # exit 1 if one is out of date (tests/test_contract.py, tests/test_docs.py)
 
-The reference part comes from ``diffaccel.hookspecs`` (lifecycle, exceptions, every hook with its
-merge rule), ``diffaccel.capabilities``, the installed adapters (their capabilities and layer
-objects, through the ``diffaccel.adapters`` entry points) and ``RunState.report`` (report keys).
+The plugin guide's reference comes from ``diffaccel.hookspecs`` (lifecycle, exceptions, every hook
+with its merge rule), ``diffaccel.capabilities``, the installed adapters (their capabilities and
+layer objects, through the ``diffaccel.adapters`` entry points) and ``RunState.report`` (report
+keys). The adapter guide's (``adapter_reference``) comes from ``diffaccel.adapter`` (the
+``Adapter`` protocol and the optional ones), ``diffaccel.sequence`` (``RunSequence``,
+``StepModel``), the hooks an adapter drives, ``diffaccel.capabilities``, ``RunInfo`` and
+``Counters``, ``diffaccel.conformance`` and ``diffaccel.adapters.diffusers_hooks``; its worked
+example is the source of ``adapters/unet2d.py``, as it is.
 """
 
 from __future__ import annotations
@@ -14,11 +20,16 @@ from __future__ import annotations
 import ast
 import inspect
 import sys
+import textwrap
 from pathlib import Path
 
 DOCS = Path(__file__).resolve().parent
 TEMPLATE = DOCS / "templates" / "writing-a-plugin.md"
 GUIDE = DOCS / "writing-a-plugin.md"
+ADAPTER_TEMPLATE = DOCS / "templates" / "writing-an-adapter.md"
+ADAPTER_GUIDE = DOCS / "writing-an-adapter.md"
+EXAMPLE = DOCS.parent / "adapters" / "unet2d.py"
+"""The adapter guide's worked example, included whole."""
 ARCHITECTURE = DOCS / "architecture.md"
 """Hand-written, but for its tables between ``<!-- generated: NAME -->`` and ``<!-- end generated -->``."""
 
@@ -108,6 +119,165 @@ def render() -> str:
     return TEMPLATE.read_text().replace("{{REFERENCE}}\n", reference())
 
 
+# ---- the adapter guide --------------------------------------------------------------------------
+
+def _oneline(doc: str | None) -> str:
+    return " ".join((doc or "").split())
+
+
+def _class_attr_docs(cls) -> dict[str, str]:
+    """Docstrings written under a class's annotated or assigned attributes (``x: int`` then a string)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body
+    out = {}
+    for node, nxt in zip(body, body[1:]):
+        target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
+        if (isinstance(target, ast.Name) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)):
+            out[target.id] = inspect.cleandoc(nxt.value.value)
+    return out
+
+
+def public_members(cls) -> list[tuple[str, str, str]]:
+    """(name, signature or '', docstring) of a class's own public members, in source order:
+    methods and properties, then documented attributes."""
+    attr_docs = _class_attr_docs(cls)
+    out, seen = [], set()
+    for name, value in vars(cls).items():
+        if name.startswith("_") or name in seen:
+            continue
+        fn = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+        if isinstance(fn, property):
+            out.append((name, "", inspect.getdoc(fn) or ""))
+        elif inspect.isfunction(fn):
+            sig = str(inspect.signature(fn)).replace("'", "")
+            out.append((name, sig, inspect.getdoc(fn) or ""))
+        elif name in attr_docs:
+            out.append((name, "", attr_docs[name]))
+        else:
+            continue
+        seen.add(name)
+    for name in getattr(cls, "__annotations__", {}):
+        if not name.startswith("_") and name not in seen:
+            out.append((name, "", attr_docs.get(name, "")))
+    return out
+
+
+def adapter_protocols() -> list[type]:
+    """The optional adapter protocols (``typing.runtime_checkable``) of ``diffaccel.adapter``, in source order."""
+    from diffaccel import adapter
+
+    return [v for v in vars(adapter).values()
+            if isinstance(v, type) and getattr(v, "_is_runtime_protocol", False) and v is not adapter.Adapter]
+
+
+def adapter_hooks() -> list[tuple[str, list[str]]]:
+    """(hook, the ``RunSequence`` methods that call it) of every hook an adapter drives: those the
+    accelerator has a method for (``Accelerator.layer_output`` for ``diffaccel_layer_output``...)."""
+    from diffaccel.accelerator import Accelerator
+    from diffaccel.sequence import RunSequence
+
+    callers: dict[str, list[str]] = {}
+    for name, fn in vars(RunSequence).items():
+        fn = fn.fget if isinstance(fn, property) else fn
+        if inspect.isfunction(fn) and not name.startswith("__"):
+            src = inspect.getsource(fn)
+            for hook, *_ in hooks():
+                if f"accel.{hook[len('diffaccel_'):]}(" in src:
+                    callers.setdefault(hook, []).append(name)
+    return [(hook, callers.get(hook, [])) for hook, *_ in hooks() if hasattr(Accelerator, hook[len("diffaccel_"):])]
+
+
+def _members_list(cls, prefix: str) -> list[str]:
+    lines = []
+    for name, sig, doc in public_members(cls):
+        lines.append(f"* `{prefix}{name}{sig}`" + (f": {_oneline(doc)}" if doc else ""))
+    return lines
+
+
+def adapter_reference() -> str:
+    import attrs
+
+    from diffaccel import adapter, capabilities, conformance
+    from diffaccel.adapters import diffusers_hooks
+    from diffaccel.plugins import field_doc
+    from diffaccel.sequence import NullAccelerator, RunSequence, StepModel
+    from diffaccel.state import Counters, Layer, RunInfo, RunState
+
+    parts = ["## Reference (generated)", "", "### The `Adapter` protocol (`diffaccel.adapter.Adapter`)", "",
+             _oneline(inspect.getdoc(adapter.Adapter)) + " Every member is required (`diffaccel plugins --check` "
+             "names a missing one).", ""]
+    parts += _members_list(adapter.Adapter, "")
+    parts += ["", "### Optional protocols: what each unlocks", "",
+              "Runtime-checkable protocols in `diffaccel.adapter`: an adapter that has the members gets the feature.", ""]
+    for proto in adapter_protocols():
+        members = ", ".join(f"`{n}`" for n, *_ in public_members(proto))
+        parts += [f"#### `{proto.__name__}` ({members})", "", _oneline(inspect.getdoc(proto)), ""]
+        parts += _members_list(proto, "")
+        parts += [""]
+    parts += ["### Hooks an adapter drives", "",
+              "The adapter calls these through the accelerator it is given (`attach(pipe, accelerator)`; a "
+              "`diffaccel.NullAccelerator` has the same methods and does the least), in the order of "
+              "`RunSequence` below. `diffaccel_layer_output` is called by the adapter's own layer code "
+              "(`accelerator.layer_output(run, layer, hidden)`); the rest by the step sequence. The hook "
+              "texts are in docs/writing-a-plugin.md.", ""]
+    for hook, callers in adapter_hooks():
+        name = hook[len("diffaccel_"):]
+        by = ", ".join(f"`RunSequence.{c}`" for c in callers) or "the adapter's code"
+        parts += [f"* `{hook}`: `accelerator.{name}(...)`, called by {by}."]
+    parts += ["", "### `RunSequence` (`diffaccel.RunSequence`)", "", inspect.getdoc(sys.modules[RunSequence.__module__]), "",
+              _oneline(inspect.getdoc(RunSequence)), ""]
+    parts += _members_list(RunSequence, "seq.")
+    parts += ["", "### `StepModel` (`diffaccel.StepModel`): what an adapter supplies per denoiser evaluation", "",
+              _oneline(inspect.getdoc(StepModel)), ""]
+    parts += _members_list(StepModel, "")
+    parts += ["", "### `NullAccelerator`", "", _oneline(inspect.getdoc(NullAccelerator)), "",
+              "Its methods, the accelerator interface an adapter may call: "
+              + ", ".join(f"`{n}`" for n, sig, _ in public_members(NullAccelerator) if sig) + ".", ""]
+    parts += ["### `Layer` (`diffaccel.Layer`): the base of every layer object", "", _oneline(inspect.getdoc(Layer)), ""]
+    parts += ["* `name`, `index`, `kind`: set by `Layer.__init__(name, index, kind)`."]
+    parts += _members_list(Layer, "layer.")
+    parts += ["", "### Capabilities (`diffaccel.capabilities`)", "",
+              "Declare in `capabilities` only what your layers and steps really provide; each constant's text is "
+              "what declaring it promises, and the strategies that need it run on your adapter unchanged.", ""]
+    const = {v: k for k, v in vars(capabilities).items() if isinstance(v, str) and k.isupper()}
+    for name, doc in _module_docs(capabilities):
+        value = getattr(capabilities, name)
+        if isinstance(value, str):
+            parts += [f"* **`{value}`** (`diffaccel.capabilities.{const[value]}`): {_oneline(doc)}"]
+    parts += ["", "### Run state an adapter sets", ""]
+    docs = _class_attr_docs(RunState)
+    for f in attrs.fields(RunState):
+        if not f.name.startswith("_") and f.name in docs:
+            parts += [f"* `run.{f.name}`: {_oneline(docs[f.name])}"]
+    parts += ["", "### Run info (`run.info`, `diffaccel.RunInfo`)", "", _oneline(inspect.getdoc(RunInfo)), ""]
+    for f in attrs.fields(RunInfo):
+        parts += [f"* `run.info.{f.name}`: {field_doc(RunInfo, f.name)}"]
+    parts += ["", "### Counters (`run.counters`, `diffaccel.Counters`)", "", _oneline(inspect.getdoc(Counters)), ""]
+    for f in attrs.fields(Counters):
+        parts += [f"* `counters.{f.name}`: {field_doc(Counters, f.name)}"]
+    parts += ["", "### The conformance suite (`diffaccel.testing.check_adapter`)", "", inspect.getdoc(conformance), "",
+              f"`check_adapter{str(inspect.signature(conformance.check_adapter)).replace(chr(39), '')}`: "
+              f"{_oneline(inspect.getdoc(conformance.check_adapter))} Checks: "
+              + ", ".join(f"`{c}`" for c in conformance.CHECKS) + ".", ""]
+    parts += ["### The diffusers hook session (`diffaccel.adapters.diffusers_hooks`)", "", inspect.getdoc(diffusers_hooks), ""]
+    for name in diffusers_hooks.__all__:
+        obj = getattr(diffusers_hooks, name)
+        if inspect.isclass(obj):
+            parts += [f"#### `{name}`", "", _oneline(inspect.getdoc(obj)), ""]
+            parts += _members_list(obj, "")
+            parts += [""]
+        else:
+            parts += [f"#### `{name}{str(inspect.signature(obj)).replace(chr(39), '')}`", "", _oneline(inspect.getdoc(obj)), ""]
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def render_adapter_guide() -> str:
+    example = EXAMPLE.read_text()
+    return (ADAPTER_TEMPLATE.read_text().replace("{{EXAMPLE}}\n", f"```python\n{example}```\n")
+            .replace("{{REFERENCE}}\n", adapter_reference()))
+
+
 # ---- the tables of docs/architecture.md ------------------------------------------------------------
 
 def _needs(requires) -> str:
@@ -141,9 +311,9 @@ def render_architecture() -> str:
 
 
 def main(argv: list[str]) -> int:
-    generated = {GUIDE: render(), ARCHITECTURE: render_architecture()}
+    generated = {GUIDE: render(), ADAPTER_GUIDE: render_adapter_guide(), ARCHITECTURE: render_architecture()}
     if argv == ["--check"]:
-        stale = [path for path, text in generated.items() if path.read_text() != text]
+        stale = [path for path, text in generated.items() if not path.is_file() or path.read_text() != text]
         for path in stale:
             print(f"{path} is out of date: run 'make docs'", file=sys.stderr)
         return 1 if stale else 0

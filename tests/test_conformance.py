@@ -17,7 +17,12 @@ MODELS = {
     "text-llama": {"adapter": "text", "checkpoint": None, "length": 16, "steps": 4, "batch": 2},  # a tiny folder, below
     "unet-digits": {"adapter": "unet", "checkpoint": "digits", "steps": 4, "batch": 2, "prompts": ["digit 1", "digit 2"]},
     "dit-digits": {"adapter": "dit", "checkpoint": "dit-digits", "steps": 4, "batch": 2, "prompts": ["digit 1", "digit 2"]},
+    # a tiny random UNet2DModel folder (the tiny_unet2d fixture), under both schedulers
+    "unet2d-ddim": {"adapter": "unet2d", "checkpoint": "tiny_unet2d", "steps": 4, "batch": 2, "scheduler": "ddim"},
+    "unet2d-ddpm": {"adapter": "unet2d", "checkpoint": "tiny_unet2d", "steps": 4, "batch": 2, "scheduler": "ddpm"},
 }
+FOLDERS = ("tiny_llama", "tiny_unet2d")
+"""Checkpoints made by a fixture of that name (None: tiny_llama)."""
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +76,9 @@ def _load(model):
 
 
 @pytest.mark.parametrize("name", list(MODELS))
-def test_shipped_adapter_conforms(name, tiny_llama):
-    model = dict(MODELS[name], checkpoint=MODELS[name]["checkpoint"] or tiny_llama)
+def test_shipped_adapter_conforms(name, request):
+    checkpoint = MODELS[name]["checkpoint"] or "tiny_llama"
+    model = dict(MODELS[name], checkpoint=request.getfixturevalue(checkpoint) if checkpoint in FOLDERS else checkpoint)
     adapter, pipe, cfg = _load(model)
     ran = check_adapter(adapter, pipe, cfg)
     expected = {"idle", "order", "stop", "state", "guards", "report"} | ({"commit"} if name in ("text-masked", "text-llama") else set())

@@ -25,3 +25,69 @@ def test_guide_example_strategy_works():
     out = run_with(pipe, strategies, steps=6)
     assert out.report["counters"]["layers_skipped"] == 3
     assert out.report["strategies"]["lastlayer"] == {"skipped": 3}
+
+
+# ---- the adapter guide ----------------------------------------------------------------------------
+
+ADAPTER_GUIDE = GUIDE.with_name("writing-an-adapter.md")
+
+
+def _docgen():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_generate", GUIDE.parent / "generate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def missing_from_guide(text: str) -> list[str]:
+    """What an adapter author must find in the guide and ``text`` lacks: every hook an adapter
+    drives, every capability and optional adapter protocol, every member of ``Adapter``,
+    ``StepModel`` and ``RunSequence``, the counters, run info, conformance checks and the diffusers
+    hook session's public names. Read from the code here, not from the generator."""
+    import inspect
+
+    from diffaccel import adapter, capabilities, conformance, hookspecs
+    from diffaccel.accelerator import Accelerator
+    from diffaccel.adapters import diffusers_hooks
+    from diffaccel.sequence import RunSequence, StepModel
+    from diffaccel.state import Counters, RunInfo
+
+    import attrs
+
+    want = [f"`{n}`" for n in dir(hookspecs) if n.startswith("diffaccel_") and hasattr(Accelerator, n[len("diffaccel_"):])]
+    want += [f"`{v}`" for k, v in vars(capabilities).items() if k.isupper() and isinstance(v, str)]
+    want += [f"`{n}`" for n, v in vars(adapter).items() if isinstance(v, type) and getattr(v, "_is_runtime_protocol", False)]
+    want += [f"`{n}" for n in adapter.MEMBERS]
+    want += [f"`{n}(" for n, v in vars(StepModel).items() if inspect.isfunction(v) and not n.startswith("_")]
+    want += [f"`seq.{n}" for n in vars(RunSequence) if not n.startswith("_") and n not in RunSequence.__slots__]
+    want += [f"`counters.{f.name}`" for f in attrs.fields(Counters)]
+    want += [f"`run.info.{f.name}`" for f in attrs.fields(RunInfo)]
+    want += [f"`{c}`" for c in conformance.CHECKS]
+    want += [f"`{n}" for n in diffusers_hooks.__all__]
+    return [w for w in want if w not in text]
+
+
+def test_the_adapter_guide_is_generated_and_current():
+    assert ADAPTER_GUIDE.read_text() == _docgen().render_adapter_guide(), \
+        "docs/writing-an-adapter.md is out of date: run 'make docs'"
+
+
+def test_the_adapter_guide_names_every_contract():
+    text = ADAPTER_GUIDE.read_text()
+    assert missing_from_guide(text) == []
+    assert (Path(__file__).resolve().parents[1] / "adapters" / "unet2d.py").read_text() in text  # the worked example, whole
+
+
+def test_a_contract_missing_from_the_guide_is_found():
+    text = ADAPTER_GUIDE.read_text()
+    for item in ("`diffaccel_post_step`", "`block-stack`", "`KnowsFacts`", "`seq.denoise", "`reuse(", "`counters.layers_skipped`",
+                 "`call_pipeline"):
+        assert item in missing_from_guide(text.replace(item, "`gone")), item
+
+
+def test_the_guides_are_linked_from_readme_and_architecture():
+    root = Path(__file__).resolve().parents[1]
+    for doc in ("README.md", "docs/architecture.md"):
+        assert "writing-an-adapter.md" in (root / doc).read_text(), doc

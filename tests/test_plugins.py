@@ -96,7 +96,8 @@ def test_installed_plugin_is_listed(site):
     echo = rows["echo"]
     assert echo["distribution"] == "diffaccel-echo-test" and echo["version"] == "9.8.7"
     assert echo["requires"] == ["token-positions"]
-    assert {a["name"]: a["distribution"] for a in listing["adapters"]} == {"dit": "diffaccel", "text": "diffaccel", "unet": "diffaccel"}
+    assert {a["name"]: a["distribution"] for a in listing["adapters"]} == {"dit": "diffaccel", "text": "diffaccel", "unet": "diffaccel",
+                                                                           "unet2d": "diffaccel"}
     assert echo["fields"] == [{"name": "every", "default": 2, "doc": "Skip the last layer except every n-th step."}]
     text = _run(site, "plugins").stdout
     assert "echo  (diffaccel-echo-test 9.8.7" in text and "every = 2" in text

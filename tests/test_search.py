@@ -93,3 +93,34 @@ def test_tunable_needs_a_range_or_choices():
         Tunable(key="k", low=2, high=1)
     with pytest.raises(ValueError, match="log scale needs low > 0"):
         Tunable(key="k", low=0.0, high=1.0, log=True)
+
+
+class _Noisy:
+    """A baseline whose gen_ppl moves 20% between two sets of seeds (a sampled text's, judged on
+    a few samples), and a trial 18% over on its first chunk: within the noise, so it is measured
+    on every seed; a trial 60% over stops after its first chunk all the same."""
+
+    def __init__(self, first_chunk_ppl):
+        self.first_chunk_ppl, self.calls = first_chunk_ppl, []
+
+    def __call__(self, point, seeds):
+        self.calls.append(len(seeds))
+        ppl = self.first_chunk_ppl if len(seeds) == 2 else 104.0
+        return Measured(speedup=2.0, quality={"gen_ppl": ppl}, baseline=BASE)
+
+    def baseline_spread(self, first, second):
+        assert not set(first) & set(second)
+        return {"gen_ppl": 20.0}
+
+
+@pytest.mark.parametrize("first_chunk_ppl, stopped", [(118.0, False), (160.0, True)])
+def test_the_baselines_own_spread_keeps_noisy_trials_from_stopping_early(tmp_path, first_chunk_ppl, stopped):
+    budgets = [parse("gen_ppl<=+5%")]
+    space = {"fast": SPACE["fast"]}
+    evaluate = _Noisy(first_chunk_ppl)
+    study = open_study(tmp_path, budgets, seed=0)
+    run_trials(study, space, budgets, evaluate, seeds=list(range(8)), trials=3, chunk=2, optional=False)
+    assert ("pruned_after" in study.trials[0].user_attrs) is stopped
+    assert (8 in evaluate.calls) is not stopped
+    # without the spread, 18% over: 13 past a bound that allows 5, more than twice that: stopped
+    assert far_over(budgets, Measured(2.0, {"gen_ppl": 118.0}, BASE))

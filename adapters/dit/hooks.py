@@ -135,7 +135,7 @@ class DiTSession(DenoiserSession):
     capabilities = CAPABILITIES
     denoiser_attr = "transformer"
 
-    def _build_layers(self, accelerator: Any) -> None:
+    def build_layers(self, accelerator: Any) -> None:
         self.layers = [DiTBlock(name, i, kind, mod, self, depth)
                        for i, (name, kind, depth, mod) in enumerate(block_specs(self.denoiser))]
 

@@ -144,7 +144,7 @@ class Session(DenoiserSession):
     capabilities = CAPABILITIES
     denoiser_attr = "unet"
 
-    def _build_layers(self, accelerator: Any) -> None:
+    def build_layers(self, accelerator: Any) -> None:
         specs = block_specs(self.denoiser)
         n_down = sum(1 for _, kind, _ in specs if kind == "down")
         self.layers = [UNetBlock(name, i, kind, mod, self, depth_of(name, n_down)) for i, (name, kind, mod) in enumerate(specs)]

@@ -10,7 +10,7 @@ An adapter's run drives the core's step sequence (``diffaccel.sequence.RunSequen
 calls the hooks in order and keeps the run's counters; the adapter sets
 ``run.positions_per_layer`` and ``run.info`` and routes each layer through
 ``accelerator.layer_output``. ``diffaccel.testing.check_adapter`` checks an adapter against this
-contract.
+contract; docs/writing-an-adapter.md is the guide (generated in part from this module).
 
 The object the entry point names (a class with static methods, or an instance) must provide every
 member of ``Adapter``; ``diffaccel plugins --check`` and the first use verify it

@@ -89,11 +89,14 @@ class Measured:
 Evaluate = Callable[[dict[str, dict[str, Any] | None], Sequence[int]], Measured]
 
 
-def far_over(budgets: Sequence[Budget], m: Measured, slack: float = 2.0) -> bool:
+def far_over(budgets: Sequence[Budget], m: Measured, slack: float = 2.0, noise: Mapping[str, float] | None = None) -> bool:
     """Whether a partial measurement is over some budget by more than ``slack`` times what the
     budget allows (a relative or difference bound: its distance from the baseline, e.g. 5% of the
-    baseline's gen_ppl; an absolute bound: a tenth of its size, e.g. 3 dB of psnr>=30). Such a
-    trial will not come back on more seeds, so it stops."""
+    baseline's gen_ppl; an absolute bound: a tenth of its size, e.g. 3 dB of psnr>=30), plus
+    twice the metric's ``noise`` on that many seeds (how far the baseline alone moves between two
+    disjoint sets of them: a sampled text's gen_ppl moves ~20% between two sets of 8, so without
+    it every text trial looked hopeless after its first batch). Such a trial will not come back
+    on more seeds, so it stops."""
     for b in budgets:
         value, base = m.quality.get(b.metric), m.baseline.get(b.metric)
         if value is None:
@@ -102,7 +105,8 @@ def far_over(budgets: Sequence[Budget], m: Measured, slack: float = 2.0) -> bool
             allowed = 0.1 * abs(b.value)
         else:
             allowed = abs(b.limit(base) - base)
-        if b.margin(value, base) < -slack * max(allowed, 1e-12):
+        spread = (noise or {}).get(b.metric, 0.0)
+        if b.margin(value, base) < -(slack * max(allowed, 1e-12) + 2 * (spread if math.isfinite(spread) else 0.0)):
             return True
     return False
 
@@ -157,6 +161,10 @@ def run_trials(study: Any, space: Space, budgets: Sequence[Budget], evaluate: Ev
 
     done = sum(t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED) for t in study.trials)
     chunk = chunk or max(1, len(seeds) // 4)
+    # the baseline's own spread between two disjoint chunks of seeds, when the evaluator can say
+    # (``baseline_spread``): the noise a first chunk's figures carry
+    spread = getattr(evaluate, "baseline_spread", None)
+    noise: dict[str, float] = {}
 
     def objective(trial: Any) -> list[float]:
         point = suggest(trial, space, optional)
@@ -165,7 +173,9 @@ def run_trials(study: Any, space: Space, budgets: Sequence[Budget], evaluate: Ev
             raise optuna.TrialPruned("every strategy off: the baseline itself")
         m = evaluate(point, list(seeds[:chunk]))
         if len(seeds) > chunk:
-            if far_over(budgets, m):
+            if spread is not None and not noise and len(seeds) >= 2 * chunk:
+                noise.update(spread(list(seeds[:chunk]), list(seeds[chunk:2 * chunk])))
+            if far_over(budgets, m, noise=noise):
                 _constrain(trial, budgets, [b.check(m.quality, m.baseline)[1] for b in budgets])
                 trial.set_user_attr("pruned_after", chunk)
                 raise optuna.TrialPruned(f"far over budget after {chunk} seeds")

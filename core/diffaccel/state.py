@@ -297,6 +297,9 @@ class Layer:
         self.kind = kind
 
     def compute(self, hidden: Any, positions: Any = None) -> Any:  # pragma: no cover - adapters override
+        """Run the layer on ``hidden`` (what ``layer_output`` was handed) and return its output;
+        with ``positions``, only there (``token-positions``). What the layer's own code raises is
+        the model's fault (a ``ModelError``), whoever called ``compute``."""
         raise NotImplementedError
 
     def __repr__(self) -> str:

@@ -39,6 +39,7 @@ from .config import RunConfig, load_config, read_toml
 from .errors import ConfigError, DiffaccelError
 from .plugins import Registry, call_own
 from .search import Measured, Space, Tunable, feasible_front, open_study, run_trials
+from .stats import finite
 from .toml_out import dumps
 from .tune_report import write_report
 
@@ -172,6 +173,16 @@ class _Trials:
         if self.judge is not None:
             quality["gen_ppl"] = self._ppl(outs)
         return Measured(speedup=t_base / t_trial, quality=quality, baseline=baseline)
+
+    def baseline_spread(self, first: Sequence[int], second: Sequence[int]) -> dict[str, float]:
+        """How far each quality key of the baseline moves between two disjoint sets of seeds
+        (``search.run_trials``' noise for stopping hopeless trials early); runs the baseline
+        untimed on seeds it has not run yet (every trial that is not stopped needs them anyway)."""
+        for seed in [*first, *second]:
+            if seed not in self.base_out:
+                self.base_out[seed] = self.adapter.run(self.pipe, self.config.without_strategies(), seed, progress=False)
+        a, b = self._baseline(tuple(first)), self._baseline(tuple(second))
+        return {k: abs(a[k] - b[k]) for k in a if k in b and finite(a[k]) and finite(b[k])}
 
     def _baseline(self, seeds: tuple[int, ...]) -> dict[str, float]:
         """The baseline's quality on ``seeds`` (its outputs never change, so scored once per set
