@@ -56,8 +56,9 @@ keep a state and a block cache per branch.
 ``run.info`` of a session's run: ``checkpoint``, ``layers``, ``n_layers``, ``depths``, ``kinds``,
 ``modules``, ``sample_size``, ``in_channels``, ``guidance``, ``cfg_mode``, ``timesteps``,
 ``time_conditioned``, and whatever the adapter passes as ``info`` to ``call_pipeline`` (seeds,
-prompts). Counters: each computed block adds 1 to ``layers_computed`` and the call's rows to
-``positions_computed``; skipped blocks and reused steps are counted by the core.
+prompts). Counters are the core's: each computed block adds 1 to ``layers_computed`` and the
+call's rows (``run.positions_per_layer``, which the session sets) to ``positions_computed``;
+skipped blocks and reused steps are counted too. The session counts nothing itself.
 
 A pipeline has at most one session, whichever adapter attached it (``session_of``). Outside a
 pipeline call (no run), the wrapped blocks and the denoiser run untouched.
@@ -225,19 +226,15 @@ class DenoiserBlock(Layer):
         return accel.layer_output(run, self, self.bind(args, kwargs))
 
     def compute(self, hidden: dict[str, Any], positions: Any = None) -> Any:
-        """Run the block on ``hidden``; counted, and kept for the branch while strategies are
+        """Run the block on ``hidden`` (the core counts it); kept for the branch while strategies are
         active (what ``cached_output`` and ``StepPlan.skip`` serve later)."""
         if positions is not None:
             raise ValueError(f"{self.name}: {self.family} blocks compute every row; positions apply to text layers")
         s = self.session
         out = self.call(hidden)
         run = s.run
-        if run is not None:
-            c = run.counters
-            c.layers_computed += 1
-            c.positions_computed += run.positions_per_layer
-            if s.keep:
-                s.block_cache[(run.branch, self.name)] = self.to_cache(hidden, out)
+        if run is not None and s.keep:  # counted by the core (diffaccel.sequence)
+            s.block_cache[(run.branch, self.name)] = self.to_cache(hidden, out)
         return out
 
 

@@ -1,8 +1,9 @@
 """Generate docs/writing-a-plugin.md and docs/writing-an-adapter.md from their templates and the
-code that is the contract.
+code that is the contract, and the tables of docs/architecture.md from what the installed
+adapters and strategies declare.
 
-    python docs/generate.py           # rewrite both guides
-    python docs/generate.py --check   # exit 1 if a guide is out of date (tests/test_contract.py, tests/test_docs.py)
+    python docs/generate.py           # rewrite the generated docs
+    python docs/generate.py --check   # exit 1 if one is out of date (tests/test_contract.py, tests/test_docs.py)
 
 The plugin guide's reference comes from ``diffaccel.hookspecs`` (lifecycle, exceptions, every hook
 with its merge rule), ``diffaccel.capabilities``, the installed adapters (their capabilities and
@@ -29,6 +30,8 @@ ADAPTER_TEMPLATE = DOCS / "templates" / "writing-an-adapter.md"
 ADAPTER_GUIDE = DOCS / "writing-an-adapter.md"
 EXAMPLE = DOCS.parent / "adapters" / "unet2d.py"
 """The adapter guide's worked example, included whole."""
+ARCHITECTURE = DOCS / "architecture.md"
+"""Hand-written, but for its tables between ``<!-- generated: NAME -->`` and ``<!-- end generated -->``."""
 
 
 def _module_docs(module) -> list[tuple[str, str]]:
@@ -92,7 +95,9 @@ def reference() -> str:
         parts += [f"* `run.info.{f.name}`: {field_doc(RunInfo, f.name)}"]
     parts += [""]
     parts += ["### The run report", "",
-              "`RunState.report()`, returned with every output as `out.report` and per seed in `bench --json`:", ""]
+              "`RunState.report()`, returned with every output as `out.report`, kept by the handle `diffaccel.apply` "
+              "returns as `handle.last_report` (a diffusers pipeline's own output has no report) and per seed in "
+              "`bench --json`:", ""]
     report_doc = {"adapter": "the adapter's name", "steps": "denoising steps planned", "steps_run": "steps run (less when a strategy stopped the run)",
                   "counters": "what the denoiser did (below), with `fraction_computed` = positions_computed / positions_total",
                   "strategies": "per strategy name, what it put in `run.metrics[self.name]`"}
@@ -273,16 +278,48 @@ def render_adapter_guide() -> str:
             .replace("{{REFERENCE}}\n", adapter_reference()))
 
 
+# ---- the tables of docs/architecture.md ------------------------------------------------------------
+
+def _needs(requires) -> str:
+    """A strategy's ``requires`` as ``diffaccel plugins`` writes it (a tuple: alternatives)."""
+    return ", ".join(r if isinstance(r, str) else " or ".join(r) for r in requires) or "nothing"
+
+
+def architecture_tables() -> dict[str, str]:
+    """Table name -> its markdown: ``adapters`` (each installed adapter's capabilities) and
+    ``strategies`` (what each installed strategy declares it requires)."""
+    from diffaccel import Registry
+    from diffaccel.adapters_registry import describe_adapters
+
+    adapters = ["| adapter | distribution | capabilities |", "| --- | --- | --- |"]
+    adapters += [f"| {a['name']} | {a['distribution']} | {', '.join(a['capabilities'])} |" for a in describe_adapters()]
+    strategies = ["| strategy | requires |", "| --- | --- |"]
+    strategies += [f"| {r['name']} | {_needs(r['requires'])} |" for r in Registry().describe()]
+    return {"adapters": "\n".join(adapters) + "\n", "strategies": "\n".join(strategies) + "\n"}
+
+
+def render_architecture() -> str:
+    """docs/architecture.md with its generated tables rewritten."""
+    text = ARCHITECTURE.read_text()
+    for name, table in architecture_tables().items():
+        start, end = f"<!-- generated: {name} -->\n", "<!-- end generated -->"
+        head, found, rest = text.partition(start)
+        if not found:
+            raise SystemExit(f"{ARCHITECTURE}: no '{start.strip()}' marker")
+        text = head + start + table + rest[rest.index(end):]
+    return text
+
+
 def main(argv: list[str]) -> int:
-    guides = {GUIDE: render(), ADAPTER_GUIDE: render_adapter_guide()}
+    generated = {GUIDE: render(), ADAPTER_GUIDE: render_adapter_guide(), ARCHITECTURE: render_architecture()}
     if argv == ["--check"]:
-        stale = [g for g, text in guides.items() if not g.is_file() or g.read_text() != text]
-        for g in stale:
-            print(f"{g} is out of date: run 'make docs'", file=sys.stderr)
+        stale = [path for path, text in generated.items() if not path.is_file() or path.read_text() != text]
+        for path in stale:
+            print(f"{path} is out of date: run 'make docs'", file=sys.stderr)
         return 1 if stale else 0
-    for g, text in guides.items():
-        g.write_text(text)
-        print(f"wrote {g}")
+    for path, text in generated.items():
+        path.write_text(text)
+        print(f"wrote {path}")
     return 0
 
 

@@ -1,6 +1,8 @@
 """The adapter conformance suite (``diffaccel.testing.check_adapter``) on every shipped adapter
 and on the toy adapter from outside, and proof that it fails an adapter that breaks the contract."""
 
+from pathlib import Path
+
 import attrs
 import pytest
 import torch
@@ -30,8 +32,29 @@ def tiny_llama(tmp_path_factory):
     return tiny_llama_folder(tmp_path_factory.mktemp("tiny-llama"))
 
 
+TOY = Path(__file__).resolve().parent / "toy_adapter"
+
+
+@pytest.fixture(scope="module")
+def toy(install_distribution):
+    """The toy adapter (tests/toy_adapter, a third party's distribution) installed and on sys.path
+    for this module only: what an outside developer's test of their own adapter sees."""
+    from diffaccel import adapters_registry
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(install_distribution(TOY)))
+        yield
+    adapters_registry._loaded.pop("toy", None)
+
+
+def test_the_toy_adapter_from_outside_conforms(toy):
+    adapter, pipe, cfg = _load({"adapter": "toy", "steps": 5, "batch": 2})
+    assert adapter.__module__ == "diffaccel_toy"
+    assert set(check_adapter(adapter, pipe, cfg)) == {"idle", "order", "stop", "state", "guards", "report"}
+
+
 def _load(model):
-    cfg = diffaccel.parse_config({"model": model}, source=f"conformance:{model['checkpoint']}")
+    cfg = diffaccel.parse_config({"model": model}, source=f"conformance:{model.get('checkpoint', model['adapter'])}")
     adapter = get_adapter(cfg.model.adapter)
     return adapter, adapter.load(cfg), cfg
 
@@ -42,7 +65,7 @@ def test_shipped_adapter_conforms(name, request):
     model = dict(MODELS[name], checkpoint=request.getfixturevalue(checkpoint) if checkpoint in FOLDERS else checkpoint)
     adapter, pipe, cfg = _load(model)
     ran = check_adapter(adapter, pipe, cfg)
-    expected = {"idle", "order", "stop", "state", "guards"} | ({"commit"} if name in ("text-masked", "text-llama") else set())
+    expected = {"idle", "order", "stop", "state", "guards", "report"} | ({"commit"} if name in ("text-masked", "text-llama") else set())
     assert set(ran) == expected
 
 
@@ -60,3 +83,19 @@ def test_the_suite_fails_an_adapter_that_ignores_run_stop():
 
     with pytest.raises(AssertionError, match="adapter conformance, stop: run.stop set at step 1 must end the run there"):
         check_adapter(Deaf(), pipe, cfg, skip=("idle", "order", "state", "guards", "commit"))
+
+
+def test_the_suite_fails_an_adapter_whose_report_is_not_the_runs():
+    adapter, pipe, cfg = _load(MODELS["unet-digits"])
+
+    class Stale:  # the same adapter, but its output's report comes from somewhere else than the run
+        def __getattr__(self, name):
+            return getattr(adapter, name)
+
+        @staticmethod
+        def run(pipe, config, seed, progress=True, **kw):
+            out = adapter.run(pipe, config, seed, progress=progress, **kw)
+            return attrs.evolve(out, report=diffaccel.RunState(adapter="unet", num_steps=4, batch_size=2).report())
+
+    with pytest.raises(AssertionError, match=r"adapter conformance, report: the output's report is not the run's"):
+        check_adapter(Stale(), pipe, cfg, skip=("idle", "order", "state", "guards", "stop", "commit"))

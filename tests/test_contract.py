@@ -186,6 +186,17 @@ def test_the_plugin_guide_is_generated_from_the_hookspecs():
         assert f"#### `{name}(" in text
 
 
+def test_the_architecture_tables_are_what_the_installed_plugins_declare():
+    text = docgen.ARCHITECTURE.read_text()
+    assert text == docgen.render_architecture(), "docs/architecture.md's tables are out of date: run 'make docs'"
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1].rstrip(" |")
+            for line in text.split("<!-- generated: strategies -->")[1].split("<!-- end generated -->")[0].strip().splitlines()[2:]}
+    reg = Registry()
+    assert set(rows) == set(reg.strategies)
+    for name, spec in reg.strategies.items():  # every requirement named, alternatives with 'or'
+        assert rows[name] == ", ".join(r if isinstance(r, str) else " or ".join(r) for r in spec.requires)
+
+
 def test_contract_problems_name_misspelled_unmarked_and_misplaced_wrappers():
     class Sloppy:
         name = "sloppy"

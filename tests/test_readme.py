@@ -39,7 +39,7 @@ def test_readme_text_example_runs(tmp_path, monkeypatch, capsys):
     assert counters["fraction_computed"] < 0.9  # the strategies skipped (layer, position) states
 
 
-def test_readme_diffusers_example_runs_on_a_tiny_pipeline(tmp_path, monkeypatch):
+def test_readme_diffusers_example_runs_on_a_tiny_pipeline(tmp_path, monkeypatch, capsys):
     from diffusers import StableDiffusionPipeline
     from PIL import Image
 
@@ -62,6 +62,9 @@ def test_readme_diffusers_example_runs_on_a_tiny_pipeline(tmp_path, monkeypatch)
     from diffaccel.adapters.unet import hooks
 
     assert hooks.session_of(pipe) is None  # the block's exit removed the hooks
+    counters = eval(capsys.readouterr().out.splitlines()[-1])  # the printed report's counters
+    # every block call of the run counted once, computed or skipped, over the 2 rows of a guided call
+    assert counters["layers_computed"] + counters["layers_skipped"] == counters["positions_total"] // 2 > 0
 
 
 def _error(fn) -> str:

@@ -136,3 +136,34 @@ def test_the_old_accelerator_method_names_warn_naming_the_new():
         acc.start_run(run)
     with pytest.warns(DeprecationWarning, match="use Accelerator.run_end"):
         acc.end_run(run)
+
+
+@pytest.mark.parametrize("family", ["text", "unet", "dit"])
+def test_the_handle_apply_returns_keeps_the_last_runs_report(family):
+    """A pipeline called directly (a diffusers pipeline's output has no report) still gives its
+    run's report: ``apply(...).last_report``, the same dict an adapter's output carries."""
+    import diffaccel
+
+    if family == "text":
+        pipe = tiny_text_pipeline()
+        call = [lambda: pipe(length=12, steps=4, seed=0, progress=False), lambda: pipe(length=12, steps=3, seed=1, progress=False)]
+        strategies = [{"use": "swd"}]
+    else:
+        cfg = diffaccel.parse_config({"model": {"adapter": family, "checkpoint": "digits" if family == "unet" else "dit-digits"}})
+        pipe = get_adapter(family).load(cfg)
+        call = [lambda n=n: pipe(["digit 1"], num_inference_steps=n, output_type="pt") for n in (4, 3)]
+        strategies = [{"use": "time-anchor", "warmup": 1}]
+    handle = diffaccel.apply(pipe, strategies=strategies)
+    assert handle.last_report is None
+    with handle as same:
+        assert same is pipe
+        first = call[0]()
+        report = handle.last_report
+        call[1]()
+    assert report["adapter"] == family and report["steps"] == report["steps_run"] == 4
+    assert report["counters"]["layers_computed"] > 0
+    if family == "text":
+        assert first.report == report and "swd" in report["strategies"]
+    else:
+        assert not hasattr(first, "report") and "time-anchor" in report["strategies"]
+    assert handle.last_report["steps"] == 3  # the last run's

@@ -92,19 +92,16 @@ class GemmaLayer(Layer):
 
     def compute(self, hidden: torch.Tensor, positions: "torch.Tensor | Positions | None" = None) -> torch.Tensor:
         ctx, i = self.ctx, self.index
-        counters = ctx.run.counters
         sel = ctx.step_sel if positions is None else Positions.coerce(positions, hidden.shape[1])
         if ctx.fresh or ctx.out[i] is None:
             sel = None  # no cache of this canvas yet: the whole layer
         if sel is None:
             ctx.out[i] = decoder_layer(self.module, hidden, ctx, i, None)
-            counters.layers_computed += 1
-            counters.positions_computed += hidden.shape[0] * hidden.shape[1]
-        elif sel.count:
-            y = decoder_layer(self.module, sel.gather(hidden), ctx, i, sel)
-            sel.scatter_(ctx.out[i], y)
-            counters.layers_computed += 1
-            counters.positions_computed += sel.count
+        else:
+            self.computed_positions = sel.count  # the core counts them (0: the layer does not run)
+            if sel.count:
+                y = decoder_layer(self.module, sel.gather(hidden), ctx, i, sel)
+                sel.scatter_(ctx.out[i], y)
         if i == len(ctx.layers) - 1:
             ctx.last_sel = sel
         return ctx.out[i]

@@ -251,7 +251,7 @@ class TextDiffusionPipeline:
         sequence of their own (they attend among themselves only); their outputs, keys, values
         and logits go into the run's caches, where the block's steps read them. Not hooked: a
         strategy sees the steps, whose positions are the active block and what follows it."""
-        den, run = ctx.den, ctx.run
+        den = ctx.den
         B = x_in.shape[0]
         h = den.embed(x_in[:, :lo])
         ctx.h0[:, :lo] = h
@@ -263,8 +263,7 @@ class TextDiffusionPipeline:
             kv.k, kv.v = kv.k.contiguous(), kv.v.contiguous()  # partial steps write into them in place
             kv.k[:, :, :lo] = tmp.k
             kv.v[:, :, :lo] = tmp.v
-            run.counters.layers_computed += 1
-            run.counters.positions_computed += B * lo
+            ctx.seq.computed_unhooked(B * lo)
         if getattr(den, "logit_shift", 0):  # logits 0..lo read hidden states 0, 0, 1, .., lo - 1
             ctx.logits[:, : lo + 1] = den.logits(torch.cat([h[:, :1], h], dim=1))[:, : ctx.logits.shape[1]]
         else:
@@ -338,7 +337,7 @@ class TextDiffusionPipeline:
             base[r, : len(ids)] = torch.tensor(ids, dtype=torch.long)
             fixed[r, : len(ids)] = True
         seq = RunSequence(self.accelerator, run)
-        ctx.step_model = _TextStep(self, ctx, seq.accel)
+        ctx.seq, ctx.step_model = seq, _TextStep(self, ctx, seq.accel)
         pinned = seq.start()
         if pinned is not None:  # tokens a strategy planned (e.g. key terms): held like the prompt
             pin = pinned.to(self.device)

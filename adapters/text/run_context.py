@@ -62,6 +62,7 @@ class _RunContext:
         self.prefix_done = 0
         self.rows_done: torch.Tensor | None = None  # (B,) bool: rows with nothing left to commit, not computed
         self.step_model: Any = None  # the run's ``_TextStep`` (RunSequence.denoise)
+        self.seq: Any = None  # the run's RunSequence (counts the prefix pass)
         self.layers = [TextLayer(i, self) for i in range(den.n_layers)]
 
 
@@ -101,17 +102,14 @@ class TextLayer(Layer):
         cached outputs, keys and values. With no position left the block does not run."""
         ctx, i = self.ctx, self.index
         sel = ctx.step_sel if positions is None else Positions.coerce(positions, hidden.shape[1])
-        counters = ctx.run.counters
         if sel is None:
-            counters.layers_computed += 1
             ctx.out[i] = ctx.den.block(i, hidden, ctx.c, ctx.kv[i])
-            counters.positions_computed += hidden.shape[0] * hidden.shape[1]
-        elif sel.count:
-            counters.layers_computed += 1
-            y = ctx.den.block(i, sel.gather(hidden), ctx.c, ctx.kv[i], sel)
-            # in place: copying the whole cache every layer would eat the saving at small models
-            sel.scatter_(ctx.out[i], y)
-            counters.positions_computed += sel.count
+        else:
+            self.computed_positions = sel.count  # the core counts them (0: the block does not run)
+            if sel.count:
+                y = ctx.den.block(i, sel.gather(hidden), ctx.c, ctx.kv[i], sel)
+                # in place: copying the whole cache every layer would eat the saving at small models
+                sel.scatter_(ctx.out[i], y)
         if i == len(ctx.layers) - 1:
             ctx.last_layer_sel = sel
         return ctx.out[i]

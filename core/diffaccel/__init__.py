@@ -23,7 +23,7 @@ PLUGIN_API = (1, 1)
 only a major one removes (CHANGELOG.md)."""
 
 from . import capabilities
-from .accelerator import Accelerator, apply, build_strategies
+from .accelerator import Accelerator, Applied, apply, build_strategies
 from .config import ModelConfig, RunConfig, load_config, parse_config
 from .errors import (ConfigError, ConfigValueError, DiffaccelError, ModelError, ModelLoadError, NonFiniteError, PluginError,
                      StrategyError)
@@ -54,7 +54,7 @@ def load_pipeline(config):
 
 
 __all__ = [
-    "Accelerator", "BrokenPlugin", "PLUGIN_API", "ConfigError", "ConfigValueError", "Counters", "DiffaccelError", "GuardConfig",
+    "Accelerator", "Applied", "BrokenPlugin", "PLUGIN_API", "ConfigError", "ConfigValueError", "Counters", "DiffaccelError", "GuardConfig",
     "Layer", "ModelConfig", "ModelError", "ModelLoadError", "NonFiniteError", "NullAccelerator", "PluginError", "PluginWarning",
     "Registry", "RunConfig", "RunInfo", "RunSequence", "RunState", "StepModel", "StepPlan", "Strategy", "StrategyError",
     "Tunable", "__version__", "apply", "build_strategies", "capabilities", "generate_job", "hookimpl", "load_config",

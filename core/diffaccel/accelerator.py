@@ -113,6 +113,8 @@ class Accelerator:
         self._default = DefaultBehaviour()
         self._disabled: set[str] = set()
         self._bypass = False
+        self.last_report: dict[str, Any] | None = None
+        """The report (``RunState.report()``) of the last run that ended, whatever the adapter."""
         self._resolve()
 
     def _resolve(self) -> None:
@@ -329,6 +331,7 @@ class Accelerator:
     def run_end(self, run: RunState) -> None:
         self._bypass = False
         self._dispatch("diffaccel_run_end", run, (run,))
+        self.last_report = run.report()  # plain data: the run's states (and tensors) are not kept
 
     def start_run(self, run: RunState) -> None:
         """Deprecated: ``run_start`` (the hook's name); kept for one minor release."""
@@ -433,9 +436,41 @@ def accelerator_for(config: Any, strategies: Sequence[Any], adapter: str, regist
                        max_cache_mb=bounds)
 
 
-@contextmanager
+class Applied:
+    """What ``apply`` returns: a context manager that attaches the strategies to the pipeline for
+    its ``with`` block (and gives the pipeline), and the report of the last run made meanwhile,
+    for every adapter (a diffusers pipeline's own output has no place for one)::
+
+        handle = diffaccel.apply(pipe, "configs/digits-dct.toml")
+        with handle as pipe:
+            images = pipe(["digit 3"], num_inference_steps=20).images
+        handle.last_report["counters"]["fraction_computed"]
+    """
+
+    def __init__(self, pipe: Any, adapter: Any, accelerator: Accelerator):
+        self.pipe = pipe
+        self.adapter = adapter
+        """The adapter driving the pipeline."""
+        self.accelerator = accelerator
+        """The ``Accelerator`` its runs go through."""
+
+    @property
+    def last_report(self) -> dict[str, Any] | None:
+        """The report of the last run that ended (``RunState.report()``: ``adapter``, ``steps``,
+        ``steps_run``, ``counters``, ``strategies``, ``reliability`` when anything happened), or
+        None before the first; equal to the ``.report`` an adapter's output carries."""
+        return self.accelerator.last_report
+
+    def __enter__(self) -> Any:
+        self.adapter.attach(self.pipe, self.accelerator)
+        return self.pipe
+
+    def __exit__(self, *exc: Any) -> None:
+        self.adapter.detach(self.pipe)
+
+
 def apply(pipe: Any, config: Any = None, *, strategies: Sequence[Any] | None = None,
-          registry: Registry | None = None) -> Iterator[Any]:
+          registry: Registry | None = None) -> Applied:
     """Attach strategies to a pipeline for the duration of a ``with`` block.
 
         with diffaccel.apply(pipe, "configs/text-swd.toml") as pipe:
@@ -446,7 +481,9 @@ def apply(pipe: Any, config: Any = None, *, strategies: Sequence[Any] | None = N
     exactly like a file, the same one-line ``ConfigError``s with ``diffaccel.apply`` for the file
     name), or ready strategy instances (with a ``config`` too, its ``on_error`` keys and ``[guard]``
     table apply to them). Leaving the block removes every hook, also after an exception: the
-    pipeline then behaves bitwise as if it never had strategies.
+    pipeline then behaves bitwise as if it never had strategies. What it returns (an ``Applied``)
+    keeps the report of the last run: ``handle.last_report``. The config and strategies are
+    checked here, before the block runs.
     """
     if config is not None and strategies is not None and any(isinstance(s, Mapping) for s in strategies):
         raise ConfigError("diffaccel.apply: give a config or strategy tables, not both")
@@ -468,9 +505,4 @@ def apply(pipe: Any, config: Any = None, *, strategies: Sequence[Any] | None = N
         strategies = build_strategies(cfg, registry, adapter.info(pipe))
     if strategies is None:
         strategies = build_strategies(cfg, registry, adapter.info(pipe)) if cfg is not None else []
-    accelerator = accelerator_for(cfg, strategies, adapter.name, registry)
-    adapter.attach(pipe, accelerator)
-    try:
-        yield pipe
-    finally:
-        adapter.detach(pipe)
+    return Applied(pipe, adapter, accelerator_for(cfg, strategies, adapter.name, registry))

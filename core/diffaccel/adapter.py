@@ -2,9 +2,15 @@
 
 An adapter is a plugin like a strategy: a distribution names it in the ``diffaccel.adapters``
 entry-point group (``text = "pkg.module:TextAdapter"``); the entry-point name is what
-``[model] adapter = "..."`` selects. The shipped adapters (``text``, ``unet``, ``dit``, ``unet2d``)
-register that way, from diffaccel's own pyproject.toml, and nothing in the core knows their names.
-docs/writing-an-adapter.md is the guide (generated in part from this module).
+``[model] adapter = "..."`` selects. The shipped adapters register that way, from diffaccel's own
+pyproject.toml (``diffaccel plugins`` lists every installed one), and nothing in the core knows
+their names.
+
+An adapter's run drives the core's step sequence (``diffaccel.sequence.RunSequence``), which
+calls the hooks in order and keeps the run's counters; the adapter sets
+``run.positions_per_layer`` and ``run.info`` and routes each layer through
+``accelerator.layer_output``. ``diffaccel.testing.check_adapter`` checks an adapter against this
+contract; docs/writing-an-adapter.md is the guide (generated in part from this module).
 
 The object the entry point names (a class with static methods, or an instance) must provide every
 member of ``Adapter``; ``diffaccel plugins --check`` and the first use verify it

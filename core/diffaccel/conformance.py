@@ -22,6 +22,10 @@ small: a few steps, a tiny model):
   with the next run, and ``run.batch_size`` is the rows of the config's batch;
 * ``guards``: a step whose output a strategy poisons with NaN is recomputed without strategies
   (the run's output is then the untouched run's), and ``[guard] every = 1`` compares every step;
+* ``report``: the output's ``.report`` is the run's, the one ``apply``'s handle keeps
+  (``last_report``), and the core's counters add up: a run whose strategy skips nothing counts
+  no skip, every layer call computed in full (``positions_computed == positions_total``), a
+  whole number of passes over ``info(pipe)["layers"]`` per step;
 * ``commit`` (adapters declaring ``mask-confidences``): a strategy committing every candidate at
   step 0 ends the run in fewer steps than configured.
 
@@ -41,7 +45,7 @@ from .guard import GuardConfig
 from .plugins import hookimpl
 from .state import Layer
 
-CHECKS = ("idle", "order", "stop", "state", "guards", "commit")
+CHECKS = ("idle", "order", "stop", "state", "guards", "report", "commit")
 """Every check ``check_adapter`` runs (``skip`` takes names from here)."""
 
 
@@ -317,6 +321,22 @@ def check_adapter(adapter: Any, pipe: Any, config: Any, *, seed: int = 0, skip: 
         if rel.get("guard_checks") != out.report["steps_run"]:
             _fail("guards", f"[guard] every = 1 compared {rel.get('guard_checks')} steps of {out.report['steps_run']}")
         ran.append("guards")
+
+    if "report" not in skip:
+        handle = apply(pipe, strategies=[_Quiet()])
+        with handle:
+            out = adapter.run(pipe, cfg, seed, progress=False)
+        if handle.last_report is None or handle.last_report != out.report:
+            _fail("report", "the output's report is not the run's (apply(...).last_report): build it with RunState.report() "
+                            "after the run ends")
+        c, steps = out.report["counters"], out.report["steps_run"]
+        if c["layers_skipped"] or not 0 < c["positions_computed"] == c["positions_total"]:
+            _fail("report", f"a run that skips nothing counted {c['layers_skipped']} skipped layers and positions computed "
+                            f"{c['positions_computed']} of {c['positions_total']}: route every layer through layer_output and "
+                            "set run.positions_per_layer")
+        if layers and (c["layers_computed"] % len(layers) or c["layers_computed"] < steps * len(layers)):
+            _fail("report", f"{c['layers_computed']} layers computed in {steps} steps of {len(layers)} layers each")
+        ran.append("report")
 
     if "commit" not in skip and caps.MASK_CONFIDENCES in offered:
         out = run(strategies=[_CommitAll()])

@@ -19,7 +19,14 @@ methods in order; the diffusers adapters are called from inside a pipeline's loo
 same methods from their wrappers (``start`` at the first denoiser call, ``denoise`` per call,
 ``post_step`` and ``finalize`` from the scheduler's step). What a step computes is a
 ``StepModel``: ``compute`` runs the denoiser under ``run.plan``, ``reuse`` serves a whole step
-again. Counters the core can see (``steps_reused``, ``layers_skipped`` for plan skips) are kept here.
+again.
+
+The run's counters are the core's: while ``denoise`` computes a step the run is current
+(``diffaccel.state.CURRENT_RUN``), and every ``Layer.compute`` called meanwhile, by whoever, adds
+a computed layer and its positions (``run.positions_per_layer``, or ``layer.computed_positions``
+for a layer that ran on part of them); ``layer_output`` adds every layer call to
+``positions_total`` and counts the calls nothing computed as skipped; ``skipped`` counts the plan's
+skips, ``denoise`` the reused steps. An adapter only sets ``run.positions_per_layer``.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .errors import ModelError
-from .state import MODEL_FAULT, Layer, RunState, StepPlan
+from .state import CURRENT_RUN, MODEL_FAULT, Layer, RunState, StepPlan
 
 
 class NullAccelerator:
@@ -50,6 +57,7 @@ class NullAccelerator:
         return None
 
     def layer_output(self, run: RunState, layer: Layer, hidden: Any) -> Any:
+        run.counters.positions_total += run.positions_per_layer  # as the Accelerator counts it
         return layer.compute(hidden)
 
     def denoiser_output(self, run: RunState, output: Any) -> Any:
@@ -163,19 +171,23 @@ class RunSequence:
         A reused step is neither checked nor guarded: its output was when it was computed."""
         accel, run = self.accel, self.run
         plan = accel.pre_step(run) if planned else run.plan
-        raw = model.reuse() if plan is not None and plan.reuse_step else None
-        if raw is not None:
-            run.counters.steps_reused += 1
-        else:
-            raw = self._compute(model)
-            guarded = accel.guard_due(run)
-            if not accel.output_ok(run, model.fresh(raw)) or guarded:
-                accelerated = model.tensor(raw).clone() if guarded else None
-                with accel.bypassed(run):
-                    raw = self._compute(model)
-                    accel.output_ok(run, model.tensor(raw))  # raises if the full step is non-finite too
-                if accelerated is not None:
-                    accel.guard_compare(run, accelerated, model.tensor(raw))
+        current = CURRENT_RUN.set(run)  # the layers computed until reset count in this run
+        try:
+            raw = model.reuse() if plan is not None and plan.reuse_step else None
+            if raw is not None:
+                run.counters.steps_reused += 1
+            else:
+                raw = self._compute(model)
+                guarded = accel.guard_due(run)
+                if not accel.output_ok(run, model.fresh(raw)) or guarded:
+                    accelerated = model.tensor(raw).clone() if guarded else None
+                    with accel.bypassed(run):
+                        raw = self._compute(model)
+                        accel.output_ok(run, model.tensor(raw))  # raises if the full step is non-finite too
+                    if accelerated is not None:
+                        accel.guard_compare(run, accelerated, model.tensor(raw))
+        finally:
+            CURRENT_RUN.reset(current)
         return model.result(raw, accel.denoiser_output(run, model.output(raw)))
 
     def _compute(self, model: StepModel) -> Any:
@@ -195,6 +207,15 @@ class RunSequence:
         c = self.run.counters
         c.positions_total += self.run.positions_per_layer
         c.layers_skipped += 1
+
+    def computed_unhooked(self, positions: int) -> None:
+        """Count one layer the adapter computed outside ``layer_output`` and ``Layer.compute``
+        over ``positions`` positions: work no strategy sees (the text adapter's exact prefix
+        pass), counted as computed but not in ``positions_total``, which counts layer calls."""
+        c = self.run.counters
+        c.layers_computed += 1
+        c.positions_computed += positions
+        self.run._core_counted += 1
 
     def commit(self, proposal: Callable[[], Any]) -> Any:
         """``commit``: the union of the strategies' masks ((B, N) bool), or None when no strategy

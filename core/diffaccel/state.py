@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import warnings
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 import attrs
@@ -23,23 +24,66 @@ MODEL_FAULT = "diffaccel_layer"
 """Attribute set on an exception raised inside a ``Layer.compute``: the layer's name. The core
 then reports it as the model's fault, never as the strategy whose hook called ``compute``."""
 
+CURRENT_RUN: ContextVar["RunState | None"] = ContextVar("diffaccel_current_run", default=None)
+"""The run whose step is being computed: set by ``RunSequence.denoise`` around the denoiser, so
+that every ``Layer.compute`` called meanwhile (by the built-in default, a strategy, the guard's
+full recomputation) is counted in that run's counters, by the core."""
+
+_HAND_COUNTED: set[type] = set()
+"""Layer classes already warned about counting their own computations (one warning each)."""
+
+
+def _hand_counted(cls: type) -> None:
+    if cls in _HAND_COUNTED:
+        return
+    _HAND_COUNTED.add(cls)
+    warnings.warn(f"{cls.__qualname__}.compute adds to run.counters itself; the core counts every computed layer now "
+                  "(diffaccel.sequence.RunSequence): remove those lines, and for a call computing only some positions "
+                  "set self.computed_positions (deprecated, counted once until 0.3.0)", DeprecationWarning, stacklevel=4)
+
 
 def _model_side(compute: Callable[..., Any]) -> Callable[..., Any]:
     """``Layer.compute`` of a subclass, marking what it raises as the model's (the call site of
-    the model, whoever called it); a ``positions`` argument a layer cannot take is still the
-    caller's mistake."""
+    the model, whoever called it), and counting the computation in the current run (a
+    ``positions`` argument a layer cannot take is still the caller's mistake)."""
+
+    current = CURRENT_RUN.get  # the hot path: one call per layer, no global lookup
 
     @functools.wraps(compute)
     def guarded(self: "Layer", hidden: Any, positions: Any = None) -> Any:
         if positions is not None and not self.supports_positions:
             raise ValueError(f"{self.name}: this layer computes every row; positions apply to layers of adapters "
                              "declaring token-positions")
+        run = current()
+        if run is None:  # no step is computing (a layer called on its own): nothing to count
+            try:
+                return compute(self, hidden, positions)
+            except Exception as exc:
+                if not hasattr(exc, MODEL_FAULT):
+                    setattr(exc, MODEL_FAULT, self.name)
+                raise
+        counters = run.counters
+        # the counts made during the call: the core's (a block's inner modules hooked as layers
+        # too) and any the layer made itself (the deprecated form)
+        before, core = counters.layers_computed, run._core_counted
+        self.computed_positions = None
         try:
-            return compute(self, hidden, positions)
+            out = compute(self, hidden, positions)
         except Exception as exc:
             if not hasattr(exc, MODEL_FAULT):
                 setattr(exc, MODEL_FAULT, self.name)
             raise
+        if counters.layers_computed - before != run._core_counted - core:
+            _hand_counted(type(self))
+            return out
+        n = self.computed_positions
+        if n is None:
+            n = run.positions_per_layer
+        if n:  # 0: the layer had no position to compute and did not run
+            counters.layers_computed += 1
+            counters.positions_computed += n
+            run._core_counted += 1
+        return out
 
     guarded.diffaccel_model_side = True
     return guarded
@@ -47,7 +91,8 @@ def _model_side(compute: Callable[..., Any]) -> Callable[..., Any]:
 
 @attrs.define
 class Counters:
-    """What the denoiser actually did during a run (filled by the adapters and the core)."""
+    """What the denoiser actually did during a run, counted by the core (``Layer.compute`` and
+    ``diffaccel.sequence.RunSequence``); strategies add their ``cache_hits``."""
 
     layers_computed: int = 0
     """Layer or block calls that ran (partially or fully)."""
@@ -229,9 +274,16 @@ class Layer:
     declaring ``token-positions``: a (batch, length) bool mask) it runs on those positions and
     merges the result with the layer's cached outputs for the others. Adapters subclass this and
     add what their capabilities promise (``cached_output``, ``depth``, ...).
+
+    The core counts each ``compute`` call made while a step computes (``layers_computed``, and
+    ``run.positions_per_layer`` added to ``positions_computed``); a layer that computed only some
+    positions sets ``computed_positions`` to their number during the call (0: it did not run).
     """
 
     supports_positions = False
+    computed_positions: int | None = None
+    """Set by ``compute`` of a layer that ran on part of the positions: how many it computed (0:
+    none, the layer did not run); None (reset by the core before each call): every position."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -304,6 +356,8 @@ class RunState:
     state_factories: dict[str, Callable[["RunState"], Any]] = attrs.Factory(dict)
     """Strategy name -> its ``diffaccel_new_state`` implementation (set by the accelerator)."""
     _states: dict[tuple[str, str], Any] = attrs.Factory(dict)
+    _core_counted: int = attrs.field(default=0, init=False, repr=False)
+    """Layer computations the core counted (it tells them from a layer's own counting)."""
 
     def state(self, strategy: Any, factory: Callable[["RunState"], Any] | None = None) -> Any:
         """The strategy's own state for the current guidance branch, created on first use by

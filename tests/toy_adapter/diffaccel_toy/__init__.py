@@ -10,6 +10,10 @@ Weights are random (seeded): the toy exists to prove the adapter contract, not t
 anything meaningful. It declares only ``block-stack``: its blocks have depths and kinds, and a
 block may be answered with its cached output. It knows nothing of token positions, logits or
 feature maps, so strategies needing those are refused by ``diffaccel check``.
+
+What the adapter writes is only the model: its run drives the core's ``RunSequence`` (which
+calls the hooks in order, counts every computed and skipped block, honours ``run.stop``), and
+it passes ``diffaccel.testing.check_adapter`` (tests/test_conformance.py).
 """
 
 from __future__ import annotations
@@ -82,11 +86,7 @@ class ToyBlock(Layer):
     def compute(self, hidden: dict[str, torch.Tensor], positions: Any = None) -> torch.Tensor:
         if positions is not None:
             raise ValueError(f"{self.name}: toy blocks compute every row")
-        out = self.pipe.denoiser.block(self.name, hidden)
-        run = self.pipe.run
-        if run is not None:
-            run.counters.layers_computed += 1
-            run.counters.positions_computed += out.shape[0]
+        out = self.pipe.denoiser.block(self.name, hidden)  # counted by the core
         self.cached_output = out
         return out
 
@@ -132,7 +132,7 @@ class ToyPipeline:
         self.denoiser = ToyDenoiser(dim, hidden, seed).eval()
         self.dim = dim
         self.accelerator: Accelerator | None = None
-        self.run: RunState | None = None
+        """Set by ``attach``; None: runs go through the core's null accelerator (untouched)."""
         self.blocks = [ToyBlock(name, i, depth, kind, self) for i, (name, depth, kind) in enumerate(BLOCKS)]
 
     def _eps(self, seq: RunSequence, x: torch.Tensor, t: float) -> torch.Tensor:
@@ -157,16 +157,14 @@ class ToyPipeline:
 
     @torch.no_grad()
     def __call__(self, seed: int = 0, batch: int = 1, steps: int = 20) -> ToyOutput:
-        accel = self.accelerator or Accelerator([], "toy")
-        run = self.run = RunState(adapter="toy", num_steps=steps, batch_size=batch,
-                                  capabilities=ToyAdapter.capabilities)
+        run = RunState(adapter="toy", num_steps=steps, batch_size=batch, capabilities=ToyAdapter.capabilities)
         run.info.set(layers=[b.name for b in self.blocks], depths=[b.depth for b in self.blocks],
                         kinds=[b.kind for b in self.blocks], n_layers=len(self.blocks), seeds=[seed + r for r in range(batch)])
         for b in self.blocks:
             b.cached_output = None
         x = torch.stack([torch.randn(self.dim, generator=torch.Generator().manual_seed(seed + r)) for r in range(batch)])
         ab = torch.linspace(0.02, 0.999, steps + 1)  # alpha-bar from noisy (index 0) to clean
-        seq = RunSequence(accel, run)
+        seq = RunSequence(self.accelerator, run)
         step = ToyStep(self, seq)
         seq.start()
         try:
@@ -182,7 +180,6 @@ class ToyPipeline:
             final = seq.finalize(ToyFinal(draft=x))
         finally:
             seq.end()
-            self.run = None
         return ToyOutput(vectors=final.latents, report=run.report())
 
 

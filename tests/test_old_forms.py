@@ -1,0 +1,203 @@
+"""A plugin and an adapter written in the deprecated forms still work for one minor release, each
+form with one DeprecationWarning naming the new one (CHANGELOG.md, "Deprecated"), and give the
+same run as the current forms.
+
+The old forms kept here: a strategy reading run info as a dict (``run.info["length"]``,
+``run.info.get``); an adapter driving the accelerator by hand (``Accelerator.start_run`` /
+``end_run``) and a ``Layer`` adding to ``run.counters`` itself, which the core now does.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from diffaccel import Accelerator, Layer, RunState, hookimpl
+from diffaccel.sequence import RunSequence, StepModel
+
+STEPS, ROWS, WIDTH = 4, 3, 8
+
+
+class Block(Layer):
+    """A linear block; the current form: the core counts its computations."""
+
+    def __init__(self, index: int, weight: torch.Tensor):
+        super().__init__(f"block.{index}", index, "block")
+        self.weight = weight
+        self.cached_output = None
+
+    def compute(self, hidden, positions=None):
+        self.cached_output = torch.tanh(hidden @ self.weight)
+        return self.cached_output
+
+
+class OldBlock(Layer):
+    """The same block in the pre-0.2 form: it counts itself, from the run its model holds."""
+
+    def __init__(self, index: int, weight: torch.Tensor, model: "Model"):
+        super().__init__(f"block.{index}", index, "block")
+        self.weight, self.model = weight, model
+        self.cached_output = None
+
+    def compute(self, hidden, positions=None):
+        self.cached_output = torch.tanh(hidden @ self.weight)
+        run = self.model.run
+        if run is not None:
+            run.counters.layers_computed += 1
+            run.counters.positions_computed += hidden.shape[0]
+        return self.cached_output
+
+
+class Model:
+    def __init__(self, old_blocks: bool):
+        g = torch.Generator().manual_seed(0)
+        weights = [torch.randn(WIDTH, WIDTH, generator=g) / WIDTH ** 0.5 for _ in range(3)]
+        self.blocks = [OldBlock(i, w, self) if old_blocks else Block(i, w) for i, w in enumerate(weights)]
+        self.run: RunState | None = None
+
+    def step(self, accel, run, x):
+        h = x
+        for b in self.blocks:
+            h = accel.layer_output(run, b, h)
+        return h
+
+
+class Step(StepModel):
+    def __init__(self, model, seq):
+        self.model, self.seq, self.x = model, seq, None
+
+    def compute(self):
+        return self.model.step(self.seq.accel, self.seq.run, self.x)
+
+
+def current_run(model: Model, accel: Accelerator) -> tuple[torch.Tensor, dict]:
+    """The current form: the run drives a RunSequence."""
+    run = model.run = RunState(adapter="mini", num_steps=STEPS, batch_size=ROWS)
+    run.info.set(length=WIDTH)
+    x = torch.ones(ROWS, WIDTH)
+    seq = RunSequence(accel, run)
+    step = Step(model, seq)
+    with seq:
+        for s in range(STEPS):
+            run.step = s
+            run.positions_per_layer = ROWS
+            step.x = x
+            x = seq.denoise(step)
+            seq.post_step(lambda: x)
+    return x, run.report()
+
+
+def old_run(model: Model, accel: Accelerator) -> tuple[torch.Tensor, dict]:
+    """The pre-0.2 form: the adapter calls the accelerator's hooks itself."""
+    run = model.run = RunState(adapter="mini", num_steps=STEPS, batch_size=ROWS)
+    run.info.set(length=WIDTH)
+    x = torch.ones(ROWS, WIDTH)
+    accel.start_run(run)
+    try:
+        for s in range(STEPS):
+            run.step = s
+            run.positions_per_layer = ROWS
+            accel.pre_step(run)
+            x = accel.denoiser_output(run, model.step(accel, run, x))
+            accel.post_step(run, x)
+    finally:
+        accel.end_run(run)
+    return x, run.report()
+
+
+class Skipper:
+    """Serves block 1 from its cache at odd steps; reads the run's length as the current form does."""
+
+    name = "skipper"
+
+    def __init__(self):
+        self.lengths: list[int] = []
+
+    @hookimpl
+    def diffaccel_pre_step(self, run):
+        self.lengths.append(run.info.length)
+        return None
+
+    @hookimpl
+    def diffaccel_layer_output(self, run, layer, hidden):
+        if run.step % 2 and layer.index == 1 and layer.cached_output is not None:
+            return layer.cached_output
+        return None
+
+
+class OldSkipper(Skipper):
+    """The same strategy in the pre-0.2 form: run info read as a dict."""
+
+    @hookimpl
+    def diffaccel_pre_step(self, run):
+        self.lengths.append(run.info["length"] if "length" in run.info else run.info.get("length"))
+        return None
+
+
+def _deprecations(fn):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = fn()
+    return out, [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
+
+
+def test_an_old_form_strategy_runs_as_the_current_one_with_a_warning_naming_run_info_attributes():
+    new = Skipper()
+    (x_new, report_new), none = _deprecations(lambda: current_run(Model(False), Accelerator([new], "mini")))
+    old = OldSkipper()
+    (x_old, report_old), warned = _deprecations(lambda: current_run(Model(False), Accelerator([old], "mini")))
+    assert none == []
+    assert torch.equal(x_new, x_old) and report_new == report_old and old.lengths == new.lengths == [WIDTH] * STEPS
+    assert report_new["counters"]["layers_skipped"] == STEPS // 2  # the strategy did serve something
+    assert warned and all("run.info.length" in w for w in warned)
+
+
+def test_an_old_form_adapter_counts_as_the_current_one_with_one_warning_per_form():
+    base, none = _deprecations(lambda: current_run(Model(False), Accelerator([Skipper()], "mini")))
+    assert none == []
+    # hand counting inside a RunSequence: counted once, not twice, one warning naming the new form
+    hand, warned = _deprecations(lambda: current_run(Model(True), Accelerator([Skipper()], "mini")))
+    assert torch.equal(hand[0], base[0]) and hand[1] == base[1]
+    assert len(warned) == 1 and "OldBlock.compute adds to run.counters itself" in warned[0]
+    assert "computed_positions" in warned[0]
+    # and the accelerator driven by hand (start_run / end_run), which the core never sees step
+    old, warned = _deprecations(lambda: old_run(Model(True), Accelerator([Skipper()], "mini")))
+    assert torch.equal(old[0], base[0]) and old[1]["counters"] == base[1]["counters"]
+    assert sorted(warned) == ["Accelerator.end_run is deprecated; use Accelerator.run_end (or diffaccel.sequence.RunSequence)",
+                              "Accelerator.start_run is deprecated; use Accelerator.run_start (or diffaccel.sequence.RunSequence)"]
+
+
+def test_a_layer_of_the_current_form_computing_part_of_the_positions_says_how_many():
+    class Half(Block):
+        supports_positions = True
+
+        def compute(self, hidden, positions=None):
+            if positions is None:
+                return super().compute(hidden)
+            self.computed_positions = int(positions.sum())  # the core counts these
+            return torch.where(positions[:, None], torch.tanh(hidden @ self.weight), hidden)
+
+    class Narrow:
+        name = "narrow"
+
+        @hookimpl
+        def diffaccel_layer_output(self, run, layer, hidden):
+            rows = torch.zeros(hidden.shape[0], dtype=torch.bool)
+            rows[: run.step] = True  # 0 rows at step 0: the layer does not run
+            return layer.compute(hidden, positions=rows)
+
+    model = Model(False)
+    model.blocks = [Half(b.index, b.weight) for b in model.blocks]
+    _, report = current_run(model, Accelerator([Narrow()], "mini"))
+    c = report["counters"]
+    assert c["positions_computed"] == 3 * sum(min(s, ROWS) for s in range(STEPS))
+    assert c["layers_computed"] == 3 * (STEPS - 1) and c["layers_skipped"] == 3  # step 0 computed nothing
+    assert c["positions_total"] == 3 * STEPS * ROWS
+
+
+def test_a_layer_computed_after_its_run_is_not_counted_in_it():
+    model = Model(False)
+    _, report = current_run(model, Accelerator([], "mini"))
+    model.blocks[0].compute(torch.ones(ROWS, WIDTH))  # outside RunSequence.denoise: no run is current
+    assert model.run.counters.as_dict() == report["counters"]
