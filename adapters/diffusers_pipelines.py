@@ -132,7 +132,10 @@ def load_for_config(config, source: PipelineSource, *, accepts: Callable[[Any], 
     if opts.negative_prompt is not None and type(pipe) is source.own_class:
         raise ConfigError(f"{where}: key 'negative_prompt': {negative_refused}")
     try:
-        pipe = pipe.to(m.device, torch_dtype(m.dtype))
+        dtype = torch_dtype(m.dtype)
+        # a dtype only when it changes: diffusers warns on every .to(dtype) of a model that keeps
+        # modules in float32 (PixArt's), even a no-op one, and that line would print on every run
+        pipe = pipe.to(m.device) if getattr(pipe, "dtype", None) == dtype else pipe.to(m.device, dtype)
     except (RuntimeError, AssertionError) as exc:
         raise ModelLoadError(f"{where}: key 'device': '{m.device}' is not usable ({first_line(exc)})") from None
     return pipe

@@ -347,3 +347,19 @@ def test_time_anchor_extrapolates_skipped_blocks_on_dit():
         assert out.report["counters"]["layers_skipped"] > 0
         images[flag] = out.images
     assert not torch.equal(images[True], images[False])
+
+
+def test_loading_in_the_models_own_dtype_prints_no_cast_warning(caplog, capfd):
+    # diffusers warns on every .to(dtype) of a model keeping float32 modules (PixArt's), a no-op
+    # one included; a float32 config on a float32 checkpoint must not print it on every run
+    cfg = diffaccel.parse_config({"model": {"adapter": "dit", "checkpoint": "dit-digits", "steps": 2}})
+    from diffusers.utils import logging as dlogging
+
+    dlogging.enable_propagation()  # diffusers' records reach caplog (its own handler writes to stderr)
+    try:
+        with caplog.at_level("WARNING"):
+            DiTAdapter.load(cfg)
+    finally:
+        dlogging.disable_propagation()
+    said = caplog.text + capfd.readouterr().err
+    assert "should be kept in float32" not in said
