@@ -131,11 +131,19 @@ def _tuned_cell(out: Path, sets: list[frozenset[str]]) -> str:
     cells = []
     for name, cfg in TUNED.items():
         path = out / name / "tune.json"
-        if not path.is_file() or not (ROOT / cfg).is_file():
+        if not path.is_file() or not sets:
             continue
         data = json.loads(path.read_text())
+        if not data.get("chosen"):
+            # a tune that found no point within its budget says so on the rows of the strategies it searched
+            if sets[0] <= _tuned_strategies(TUNES[name][0]):
+                cells.append(f"{name.removeprefix('tune-')}: no setting within {', '.join(data['budgets'])} on held-out seeds "
+                             f"({data.get('trials', '?')} trials; [report](docs/benchmarks.md#{name}-tuned-to-a-budget))")
+            continue
+        if not (ROOT / cfg).is_file():
+            continue
         used = _tuned_strategies(cfg)
-        if not data.get("chosen") or used not in sets:
+        if used not in sets:
             continue
         f = data["figures"][data["chosen"]]
         items = sorted(f["speedup"].items(), key=lambda kv: int(kv[0]))
@@ -165,7 +173,7 @@ def _at_budget_blocks(out: Path, name: str, tune: str) -> list[tuple]:
                      *[f"{e['quality'].get(b.metric, float('nan')):.4g}" for b in budgets], "yes" if all(met) else "no"])
     rows.sort(key=lambda r: (r[-1] != "yes", -float(r[1].rstrip("x")) if r[1] != "-" else 0.0))
     return [("h3", f"{name}: every entry against the budget {' and '.join(b.text for b in budgets)}"),
-            ("p", f"From the bench `{name}` above (held-out seeds, batch {result.get('batch', '?')}); fastest within budget first."),
+            ("p", f"From the bench `{name}` above (held-out seeds, batch {result['model']['batch']}); fastest within budget first."),
             ("table", ["entry", "speedup", *[b.metric for b in budgets], "within budget"], rows)]
 
 

@@ -151,3 +151,16 @@ def test_readme_without_the_table_markers_is_refused():
     bench = _benchmarks_script()
     with pytest.raises(SystemExit, match="markers"):
         bench.readme_with_table("# no table here\n", "| a |")
+
+
+def test_a_tune_that_found_nothing_is_said_on_the_rows_of_the_strategies_it_searched(tmp_path):
+    import json
+
+    bench = _benchmarks_script()
+    (tmp_path / "tune-text").mkdir()
+    (tmp_path / "tune-text" / "tune.json").write_text(json.dumps(
+        {"budgets": ["gen_ppl<=+5%"], "chosen": None, "figures": {}, "trials": 12}))
+    rows = {r.split(" | ")[0]: r.split(" | ")[-1] for r in bench.headline_table(tmp_path).splitlines()[2:]}
+    searched = [k for k, cell in rows.items() if "no setting within gen_ppl<=+5%" in cell]
+    assert [k.split("`")[1] if "`" in k else k for k in searched] == ["swd", "time-anchor", "swd", "parallel"]
+    assert not any("no setting" in cell for k, cell in rows.items() if "dct-anchor" in k)

@@ -2,6 +2,7 @@
 tunable through ``diffaccel_tunables`` alone, the held-out check that refuses a point good only on
 the tuning seeds, the written config, bad input before anything loads."""
 
+import json
 from pathlib import Path
 
 import attrs
@@ -43,32 +44,35 @@ class Rig:
 
 
 class RigPlugin:
+    def __init__(self, choices=(2, 3)):
+        self.choices = choices
+
     @hookimpl
     def diffaccel_register(self, register):
         register(Strategy(name="rig", config=RigConfig, factory=Rig, reports=("rig_score",)))
 
     @hookimpl
     def diffaccel_tunables(self, strategy):
-        return [Tunable(key="skip", choices=(2, 3))] if strategy == "rig" else None
+        return [Tunable(key="skip", choices=self.choices)] if strategy == "rig" else None
 
 
-def _registry():
+def _registry(choices=(2, 3)):
     reg = Registry(load_entrypoints=False)
-    reg.register_plugin(RigPlugin(), "rig-plugin")
+    reg.register_plugin(RigPlugin(choices), "rig-plugin")
     return reg
 
 
-def _config(tmp_path, honest=True):
+def _config(tmp_path, honest=True, skip=1):
     path = tmp_path / "rig.toml"
     path.write_text('[model]\nadapter = "text"\ncheckpoint = "wordnet-masked"\nlength = 24\nsteps = 12\nbatch = 2\n'
-                    f'[[strategy]]\nuse = "rig"\nskip = 1\nhonest = {"true" if honest else "false"}\n')
+                    f'[[strategy]]\nuse = "rig"\nskip = {skip}\nhonest = {"true" if honest else "false"}\n')
     return path
 
 
-def _tune(tmp_path, honest=True, **kw):
+def _tune(tmp_path, honest=True, skip=1, **kw):
     kw = {"trials": 3, "tune_seeds": 2, "heldout": 4, "heldout_seed": HELDOUT, "candidates": 1, "judge": "none",
           "progress": False, "registry": _registry(), **kw}
-    return tune(_config(tmp_path, honest), ["rig_score>=0.5"], tmp_path / "tuned.toml", **kw)
+    return tune(_config(tmp_path, honest, skip), ["rig_score>=0.5"], tmp_path / "tuned.toml", **kw)
 
 
 def test_a_third_party_strategy_is_tuned_through_its_hook_and_the_result_is_a_config(tmp_path):
@@ -134,3 +138,22 @@ def test_shipped_tunables_are_keys_their_configs_accept_at_both_ends(name):
             value = int(value) if t.integer else value
             spec.config(**{t.key: value})  # raises if the config refuses it
     assert reg.pm.get_plugin(spec.plugin).diffaccel_tunables(strategy="not-mine") is None
+
+
+def test_the_config_as_given_is_kept_when_it_is_the_fastest_point_within_budget(tmp_path):
+    # as given it skips 3 of 4 layers; the search may only try skipping 1 (slower, same quality)
+    result = _tune(tmp_path, skip=3, registry=_registry(choices=(1,)))
+    assert result.point == {"rig": {}}  # the config's own settings
+    cfg = load_config(result.path, _registry())
+    assert [e.config.skip for e in cfg.strategies] == [3]
+    assert "the config as given was the fastest point" in result.path.read_text().splitlines()[0]
+    trial = next(f for n, f in result.figures.items() if n.startswith("tune-trial-"))
+    assert result.figures["rig"]["speedup"][2] > trial["speedup"][2]
+
+
+def test_each_session_of_a_tune_records_its_wall_time_and_trials(tmp_path):
+    _tune(tmp_path, trials=2)
+    _tune(tmp_path, trials=3)  # resumes the study in the same report folder: one more trial
+    sessions = json.loads((tmp_path / "tuned.tune" / "tune.json").read_text())["sessions"]
+    assert [(s["trials_before"], s["trials_after"]) for s in sessions] == [(0, 2), (2, 3)]
+    assert all(s["wall_s"] > 0 for s in sessions)

@@ -46,3 +46,13 @@ def test_combined_page_links_the_tune_plots_from_the_page(tmp_path):
     combine([], page, tmp_path / "docs" / "index.html", title="T", intro="i",
             extra=[(folder, tune_blocks(folder, "tune-x", "cmd"))])
     assert "](../tune-x/trials-cond_acc.png)" in page.read_text()
+
+
+def test_the_tune_time_is_read_from_its_sessions(tmp_path):
+    folder = _tune_folder(tmp_path)
+    data = json.loads((folder / "tune.json").read_text())
+    data["sessions"] = [{"started": "2026-12-03T15:00:00", "wall_s": 600.0, "trials_before": 0, "trials_after": 10},
+                        {"started": "2026-12-03T16:00:00", "wall_s": 300.0, "trials_before": 10, "trials_after": 24}]
+    (folder / "tune.json").write_text(json.dumps(data))
+    (intro,) = [b[1] for b in tune_blocks(folder, "tune-x", "diffaccel tune ...") if b[0] == "p" and b[1].startswith("Budget")]
+    assert "15.0 minutes of wall time over 2 sessions" in intro and "5.0 min (14 trials)" in intro

@@ -59,7 +59,8 @@ def write_report(folder: Path, study: Any, budgets: Sequence[Budget], figures: d
         lines += ["| entry | " + " | ".join(f"speedup b{bb}" for bb in batches) + " | " + " | ".join(metrics) + " | within budget |",
                   "| --- " * (2 + len(batches) + len(metrics)) + "|"]
         for name, f in figures.items():
-            tag = " (chosen)" if name == chosen else " (as given)" if name == shipped else ""
+            tag = {(True, True): " (as given, chosen)", (True, False): " (chosen)", (False, True): " (as given)"}.get(
+            (name == chosen, name == shipped), "")
             qs = []
             for m in metrics:
                 q = f["quality"].get(m, {})
@@ -93,14 +94,16 @@ def tune_blocks(folder: Path, title: str, command: str) -> list[tuple]:
                                  "ordinary bench on held-out seeds the search never saw"
                                  + (f" (from {data['heldout_seed']}, {data['heldout']} samples)" if data.get("heldout") else "")
                                  + ". Acceptance reads the held-out point estimate at the configured batch against the budget; "
-                                   "the interval beside it is the bench's 95% bootstrap interval over the seeds.")]
+                                   "the interval beside it is the bench's 95% bootstrap interval over the seeds."
+                                 + _sessions_text(data.get("sessions", [])))]
     if not figures:
         return blocks + [("p", "No trial met the budget on the tuning seeds: nothing was re-measured.")]
     batches = sorted({int(b) for f in figures.values() for b in f["speedup"]})
     head = ["entry", *[f"speedup b{b}" for b in batches], *metrics, "within budget"]
     rows = []
     for name, f in figures.items():
-        tag = " (chosen)" if name == chosen else " (as given)" if name == shipped else ""
+        tag = {(True, True): " (as given, chosen)", (True, False): " (chosen)", (False, True): " (as given)"}.get(
+            (name == chosen, name == shipped), "")
         cells = [f"{name}{tag}"]
         for b in batches:
             v = f["speedup"].get(str(b), f["speedup"].get(b))
@@ -120,6 +123,17 @@ def tune_blocks(folder: Path, title: str, command: str) -> list[tuple]:
         if (folder / f"trials-{m}.png").is_file():
             blocks.append(("img", f"trials-{m}.png", f"{m} against speedup, every trial"))
     return blocks
+
+
+def _sessions_text(sessions: list[dict]) -> str:
+    """How long the tune took, from its recorded sessions (trials and held-out benches)."""
+    if not sessions:
+        return ""
+    total = sum(x["wall_s"] for x in sessions)
+    if len(sessions) == 1:
+        return f" The tune took {total / 60:.1f} minutes of wall time (one session, started {sessions[0]['started']})."
+    return (f" The tune took {total / 60:.1f} minutes of wall time over {len(sessions)} sessions (interrupted and resumed): "
+            + ", ".join(f"{x['wall_s'] / 60:.1f} min ({x['trials_after'] - x['trials_before']} trials)" for x in sessions) + ".")
 
 
 def _metric(budget_text: str) -> str:

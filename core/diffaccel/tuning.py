@@ -220,6 +220,7 @@ def tune(config: str | Path, budget: Sequence[str] | str, out: str | Path, *, tr
     ``OUT.tune/``) keeps the study (``study.db``: rerun to resume), the held-out benches and the
     figures. Raises ``ConfigError`` before loading anything for a bad budget or config."""
     registry = registry or Registry()
+    started = time.perf_counter()
     out = Path(out)
     if out.suffix != ".toml":
         raise ConfigError(f"--out {out}: write the tuned config to a .toml file")
@@ -246,6 +247,7 @@ def tune(config: str | Path, budget: Sequence[str] | str, out: str | Path, *, tr
     pipe = adapter.load(cfg)
     measure = _Trials(adapter, pipe, cfg, registry, judge_obj)
     study = open_study(report, budgets, seed=search_seed)
+    trials_before = len(study.trials)
     bar = None
     if progress:
         done = len([t for t in study.trials if t.state.is_finished()])
@@ -293,11 +295,24 @@ def tune(config: str | Path, budget: Sequence[str] | str, out: str | Path, *, tr
                         fig["quality"][bud.metric] = {"value": e["quality"].get(bud.metric), "baseline": base_q.get(bud.metric),
                                                       "interval": (e.get("quality_ci") or {}).get(bud.metric)}
                         fig["met"][bud.text] = met
-        # a point no faster than the baseline at the configured batch is no acceleration
-        accepted = [n for n in points if all(figures[n]["met"].values()) and figures[n]["speedup"][batches[-1]] > 1.0]
-        chosen = max(accepted, key=lambda n: figures[n]["speedup"][batches[-1]]) if accepted else None
     shipped = Path(config).stem
+    # the config as given competes too: re-measured beside the trials, it is kept when it is the
+    # fastest point within budget (the DiT digits tune: its own settings beat every trial)
+    choices = dict(points)
+    if shipped in figures and shipped not in choices:
+        choices[shipped] = {s.name: {} for s in cfg.strategies}
+    if points:
+        # a point no faster than the baseline at the configured batch is no acceleration
+        accepted = [n for n in choices if all(figures[n]["met"].values()) and figures[n]["speedup"][batches[-1]] > 1.0]
+        chosen = max(accepted, key=lambda n: figures[n]["speedup"][batches[-1]]) if accepted else None
+    # the wall time of every session of this study (a resumed tune adds one), for "how long does a tune take"
+    previous = report / "tune.json"
+    sessions = json.loads(previous.read_text()).get("sessions", []) if previous.is_file() else []
+    sessions.append({"started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - (time.perf_counter() - started))),
+                     "wall_s": round(time.perf_counter() - started, 1), "trials_before": trials_before,
+                     "trials_after": len(study.trials)})
     (report / "tune.json").write_text(json.dumps({
+        "sessions": sessions,
         "budgets": [b.text for b in budgets], "points": points, "figures": figures, "chosen": chosen, "shipped": shipped,
         "trials": len(study.trials), "stopped_early": sum("pruned_after" in t.user_attrs for t in study.trials),
         "tune_seeds": tune_seed_list, "batch": cfg.model.batch, "heldout": heldout, "heldout_seed": heldout_seed},
@@ -309,7 +324,8 @@ def tune(config: str | Path, budget: Sequence[str] | str, out: str | Path, *, tr
         msg = f"tune: {why}; nothing written to {out}; study and report in {report}"
         return TuneResult(path=None, point=None, figures=figures, study=report / "study.db", report=report, message=msg)
     fig = figures[chosen]
-    header = [f"Tuned by diffaccel tune from {config} to the budget {' and '.join(b.text for b in budgets)}",
+    header = [f"Tuned by diffaccel tune from {config} to the budget {' and '.join(b.text for b in budgets)}"
+              + (" (the config as given was the fastest point within it: its settings are kept)" if chosen == shipped else ""),
               f"held-out seeds from {heldout_seed}, {fig['samples']} samples; speedup "
               + ", ".join(f"{v:.2f}x at batch {b}" for b, v in fig["speedup"].items()),
               *[f"{m}: {q['value']:.4g} (baseline {q['baseline']:.4g})" + (f", 95% interval {q['interval'][0]:.4g} to {q['interval'][1]:.4g}"
@@ -317,7 +333,7 @@ def tune(config: str | Path, budget: Sequence[str] | str, out: str | Path, *, tr
                 for m, q in fig["quality"].items()],
               f"reproduce: diffaccel bench {config} {out} --seed {heldout_seed} --seeds {math.ceil(heldout / big)} --batch {big}"]
     tmp = out.with_name(out.name + ".partial")
-    tmp.write_text(toml_text(config, points[chosen], header))
+    tmp.write_text(toml_text(config, choices[chosen], header))
     try:
         load_config(tmp, registry)  # what we write, `diffaccel check` accepts
     except DiffaccelError:
@@ -325,4 +341,4 @@ def tune(config: str | Path, budget: Sequence[str] | str, out: str | Path, *, tr
         raise
     tmp.replace(out)
     msg = f"tune: wrote {out} ({', '.join(f'{v:.2f}x at batch {b}' for b, v in fig['speedup'].items())} on held-out seeds); report in {report}"
-    return TuneResult(path=out, point=points[chosen], figures=figures, study=report / "study.db", report=report, message=msg)
+    return TuneResult(path=out, point=choices[chosen], figures=figures, study=report / "study.db", report=report, message=msg)
