@@ -124,3 +124,19 @@ def test_the_baselines_own_spread_keeps_noisy_trials_from_stopping_early(tmp_pat
     assert (8 in evaluate.calls) is not stopped
     # without the spread, 18% over: 13 past a bound that allows 5, more than twice that: stopped
     assert far_over(budgets, Measured(2.0, {"gen_ppl": 118.0}, BASE))
+
+
+@pytest.mark.parametrize("skipped, speedup, stopped", [(False, 1.0, True), (False, 1.3, False), (True, 1.0, False)])
+def test_a_trial_that_skipped_nothing_stops_after_its_first_chunk(tmp_path, skipped, speedup, stopped):
+    budgets = [parse("gen_ppl<=+5%")]
+    calls = []
+
+    def evaluate(point, seeds):
+        calls.append(len(seeds))
+        return Measured(speedup=speedup, quality={"gen_ppl": 100.0}, baseline=BASE, skipped=skipped)
+
+    study = open_study(tmp_path, budgets, seed=0)
+    run_trials(study, {"fast": SPACE["fast"]}, budgets, evaluate, seeds=list(range(8)), trials=1, chunk=2, optional=False)
+    assert ("pruned_after" in study.trials[0].user_attrs) is stopped
+    # a strategy that saves time the core does not count (speedup 1.3) is measured in full
+    assert calls == ([2] if stopped else [2, 8])

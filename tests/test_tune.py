@@ -3,6 +3,7 @@ tunable through ``diffaccel_tunables`` alone, the held-out check that refuses a 
 the tuning seeds, the written config, bad input before anything loads."""
 
 import json
+import types
 from pathlib import Path
 
 import attrs
@@ -157,3 +158,23 @@ def test_each_session_of_a_tune_records_its_wall_time_and_trials(tmp_path):
     sessions = json.loads((tmp_path / "tuned.tune" / "tune.json").read_text())["sessions"]
     assert [(s["trials_before"], s["trials_after"]) for s in sessions] == [(0, 2), (2, 3)]
     assert all(s["wall_s"] > 0 for s in sessions)
+
+
+def test_a_trial_runs_its_first_chunk_once_and_an_idle_point_reports_it(tmp_path):
+    from diffaccel.adapters_registry import get_adapter
+    from diffaccel.tuning import _Trials
+
+    reg = _registry()
+    cfg = load_config(_config(tmp_path), reg)
+    adapter = get_adapter("text")
+    measure = _Trials(adapter, adapter.load(cfg), cfg, reg, None)
+    runs = []
+    real = adapter.run
+    adapter_run = lambda *a, **k: runs.append(a[2]) or real(*a, **k)  # noqa: E731
+    measure.adapter = types.SimpleNamespace(run=adapter_run, quality=adapter.quality)
+    measure({"rig": {"skip": 2}}, [0])
+    assert runs == [0, 0]  # the baseline and the trial on seed 0
+    m = measure({"rig": {"skip": 2}}, [0, 2])
+    assert runs == [0, 0, 2, 2]  # seed 0 is not run again for the same point
+    assert m.skipped and m.speedup > 0
+    assert measure({"rig": {"skip": 0}}, [0]).skipped is False  # skip 0: every layer computed

@@ -84,7 +84,14 @@ class Measured:
     quality: Mapping[str, float]
     baseline: Mapping[str, float]
     """The baseline's quality on the same seeds (what relative budgets read)."""
+    skipped: bool = True
+    """Whether the strategies saved any work the core counts (a layer, a position or a step);
+    False with a speedup near 1: the trial is the baseline's run under other settings."""
 
+
+# a trial that skipped nothing is stopped after its first chunk unless it is this much faster
+# anyway (a strategy that saves time some way the core does not count)
+IDLE_SPEEDUP = 1.05
 
 Evaluate = Callable[[dict[str, dict[str, Any] | None], Sequence[int]], Measured]
 
@@ -172,6 +179,10 @@ def run_trials(study: Any, space: Space, budgets: Sequence[Budget], evaluate: Ev
         if all(p is None for p in point.values()):
             raise optuna.TrialPruned("every strategy off: the baseline itself")
         m = evaluate(point, list(seeds[:chunk]))
+        if not m.skipped and m.speedup < IDLE_SPEEDUP:
+            # e.g. thresholds so tight that nothing is ever reused: the baseline again, at full cost
+            trial.set_user_attr("pruned_after", chunk)
+            raise optuna.TrialPruned(f"skipped nothing after {chunk} seeds")
         if len(seeds) > chunk:
             if spread is not None and not noise and len(seeds) >= 2 * chunk:
                 noise.update(spread(list(seeds[:chunk]), list(seeds[chunk:2 * chunk])))
@@ -179,8 +190,8 @@ def run_trials(study: Any, space: Space, budgets: Sequence[Budget], evaluate: Ev
                 _constrain(trial, budgets, [b.check(m.quality, m.baseline)[1] for b in budgets])
                 trial.set_user_attr("pruned_after", chunk)
                 raise optuna.TrialPruned(f"far over budget after {chunk} seeds")
-            # all seeds again, the first chunk included: pooled metrics (perplexity over every
-            # sample, distinct-n) cannot be merged from two partial measurements
+            # over all seeds: pooled metrics (perplexity over every sample, distinct-n) cannot be
+            # merged from two partial measurements; the evaluator may reuse the first chunk's runs
             m = evaluate(point, list(seeds))
         margins = [b.check(m.quality, m.baseline)[1] for b in budgets]
         _constrain(trial, budgets, margins)

@@ -143,26 +143,37 @@ class _Trials:
         self.base_out: dict[int, Any] = {}
         self.base_quality: dict[tuple[int, ...], dict[str, float]] = {}
         self.count = 0
+        # the last point's runs, seed by seed (base time, trial time, output, skipped anything):
+        # a trial measured on its first chunk, then on every seed, runs the first chunk once
+        self.runs: tuple[str, dict[int, tuple[float, float, Any, bool]]] = ("", {})
 
     def __call__(self, point: dict[str, dict[str, Any] | None], seeds: Sequence[int]) -> Measured:
         self.count += 1
+        key = json.dumps(point, sort_keys=True)
+        if self.runs[0] != key:
+            self.runs = (key, {})
+        done = self.runs[1]
         cfg = with_point(self.config, point, f"tune trial {self.count}")
         strategies = build_strategies(cfg, self.registry, self.info)
-        t_base = t_trial = 0.0
-        outs = []
-        for i, seed in enumerate(seeds):
+        for i, seed in enumerate(s for s in seeds if s not in done):
+            t_base = t_trial = 0.0
             for which in (("base", "trial") if i % 2 == 0 else ("trial", "base")):
                 if which == "base":
                     t0 = time.perf_counter()
                     out = self.adapter.run(self.pipe, self.config.without_strategies(), seed, progress=False)
-                    t_base += time.perf_counter() - t0
+                    t_base = time.perf_counter() - t0
                     self.base_out.setdefault(seed, out)
                 else:
-                    with apply(self.pipe, cfg, strategies=strategies, registry=self.registry):
+                    handle = apply(self.pipe, cfg, strategies=strategies, registry=self.registry)
+                    with handle:
                         t0 = time.perf_counter()
-                        out = self.adapter.run(self.pipe, cfg, seed, progress=False)
-                        t_trial += time.perf_counter() - t0
-                    outs.append(out)
+                        trial_out = self.adapter.run(self.pipe, cfg, seed, progress=False)
+                        t_trial = time.perf_counter() - t0
+                    done[seed] = (0.0, 0.0, trial_out, _skipped(handle.last_report))
+            done[seed] = (t_base, t_trial, *done[seed][2:])
+        t_base = sum(done[s][0] for s in seeds)
+        t_trial = sum(done[s][1] for s in seeds)
+        outs = [done[s][2] for s in seeds]
         base = [self.base_out[s] for s in seeds]
         quality = dict(self.adapter.quality(base, outs))
         baseline = dict(self._baseline(tuple(seeds)))
@@ -172,7 +183,8 @@ class _Trials:
                 baseline.setdefault(k, v)
         if self.judge is not None:
             quality["gen_ppl"] = self._ppl(outs)
-        return Measured(speedup=t_base / t_trial, quality=quality, baseline=baseline)
+        return Measured(speedup=t_base / t_trial, quality=quality, baseline=baseline,
+                        skipped=any(done[s][3] for s in seeds))
 
     def baseline_spread(self, first: Sequence[int], second: Sequence[int]) -> dict[str, float]:
         """How far each quality key of the baseline moves between two disjoint sets of seeds
@@ -199,6 +211,15 @@ class _Trials:
         scores = self.judge.score(self.adapter.judge_lines(outputs))
         toks = sum(scores.tokens)
         return math.exp(sum(scores.nll) / toks) if toks else float("nan")
+
+
+def _skipped(report: dict[str, Any] | None) -> bool:
+    """Whether a run's report shows work saved: a layer or position not computed, or fewer steps."""
+    if not report:
+        return True  # nothing to read: assume it did (never stop a trial on a missing report)
+    c = report.get("counters", {})
+    return bool(c.get("layers_skipped", 0) or c.get("steps_reused", 0) or c.get("fraction_computed", 1.0) < 1.0
+                or report.get("steps_run", report.get("steps", 0)) < report.get("steps", 0))
 
 
 def _own_quality(strategy: Any, outputs: list[Any], seeds: list[int]) -> dict[str, float]:
