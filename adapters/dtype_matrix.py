@@ -1,7 +1,7 @@
 """Every shipped adapter with every strategy that applies, on tiny models, in one dtype on one device.
 
-For each model (masked and continuous text, a LLaMA-class folder, DiffusionGemma, the digits UNet
-and DiT): the adapter's run inside ``apply`` with no strategy is bitwise the run without it (the
+For each model (masked and continuous text, a LLaMA-class folder, DiffusionGemma, a toy SD-class
+UNet, the digits DiT, an unconditional UNet2DModel): the adapter's run inside ``apply`` with no strategy is bitwise the run without it (the
 conformance suite's ``idle`` check), the weights are in the dtype asked; then each strategy runs
 under ``diffaccel.hygiene.watch`` and must skip work (``SKIPS``) with no hot-path violation. The
 tests run it on the CPU in bfloat16 (tests/test_dtype.py); ``scripts/gpu-check.sh`` runs it on a
@@ -31,6 +31,7 @@ MODELS: dict[str, dict[str, Any]] = {
     "text-diffusion-gemma": {"adapter": "text", "checkpoint": "<tiny-gemma>", "length": 32, "steps": 6, "batch": 2},
     "unet-sd-tiny": {"adapter": "unet", "checkpoint": "synthetic-sd-tiny", **IMAGE},
     "dit-digits": {"adapter": "dit", "checkpoint": "dit-digits", **IMAGE},
+    "unet2d-ddim": {"adapter": "unet2d", "checkpoint": "synthetic-ddpm-16", "steps": 8, "batch": 2},
 }
 """Model tables; ``<tiny-...>`` checkpoints are built into a temporary folder (``tiny_folders``)."""
 
@@ -39,7 +40,7 @@ TEXT = [{"use": "swd"}, {"use": "time-anchor", "warmup": 1, "threshold": 0.5, "m
         {"use": "bert-cond", "source": "The cat sat on the mat in Paris.", "pin": "model"}]
 IMAGES = [{"use": "dct-anchor", "threshold": 0.9, "warmup": 1},
           {"use": "time-anchor", "warmup": 1, "threshold": 0.9, "max_age": 4}]
-STRATEGIES = {"text": TEXT, "unet": IMAGES, "dit": IMAGES}
+STRATEGIES = {"text": TEXT, "unet": IMAGES, "dit": IMAGES, "unet2d": IMAGES}
 """Per adapter: strategy tables set to skip work within a few steps; those a model's
 capabilities exclude are left out (``cases``)."""
 

@@ -23,6 +23,7 @@ import torch
 
 from diffaccel.capabilities import BLOCK_STACK, IMAGE_STEPS, SPATIAL_FEATURES
 from diffaccel.errors import DiffaccelError, ModelLoadError
+from diffaccel.placement import torch_dtype
 from diffaccel.state import RunState
 from diffaccel.validators import in_range, one_of, positive
 
@@ -193,7 +194,8 @@ class UNet2DAdapter:
         elif o.scheduler == "ddpm":
             pipe = DDPMPipeline(unet=pipe.unet, scheduler=DDPMScheduler.from_config(pipe.scheduler.config))
         try:
-            return pipe.to(m.device)
+            dtype = torch_dtype(m.dtype)  # [model] dtype, checked before loading (diffaccel.placement)
+            return pipe.to(m.device) if pipe.unet.dtype == dtype else pipe.to(m.device, dtype)
         except (RuntimeError, AssertionError) as exc:
             raise ModelLoadError(f"{config.source}: [model]: key 'device': '{m.device}' is not usable ({exc})") from None
 
