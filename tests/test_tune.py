@@ -90,6 +90,8 @@ def test_a_third_party_strategy_is_tuned_through_its_hook_and_the_result_is_a_co
     assert set(result.figures[chosen[0]]["speedup"]) == {1, 2}  # batch 1 and the configured batch
     assert (result.report / "study.db").exists() and (result.report / "index.md").exists()
     assert (result.report / "trials-rig_score.png").stat().st_size > 1000
+    held = json.loads((result.report / "heldout-b2.json").read_text())  # kept small: no run-by-run reports
+    assert held["entries"][1]["speedup"] > 0 and not any("reports" in e for e in held["entries"])
 
 
 def test_a_point_good_only_on_the_tuning_seeds_is_refused_and_nothing_is_written(tmp_path):

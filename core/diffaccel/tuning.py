@@ -213,6 +213,16 @@ class _Trials:
         return math.exp(sum(scores.nll) / toks) if toks else float("nan")
 
 
+def _drop_run_reports(path: Path) -> None:
+    """A held-out bench's JSON without each run's own report (counters and strategy metrics run
+    by run: 90% of the file, megabytes per tune, and nothing the tune's figures read)."""
+    data = json.loads(path.read_text())
+    for e in data["entries"]:
+        e.pop("reports", None)
+    data["run_reports"] = "dropped by diffaccel tune (the same `diffaccel bench --json` keeps them)"
+    path.write_text(json.dumps(data, indent=1))
+
+
 def _skipped(report: dict[str, Any] | None) -> bool:
     """Whether a run's report shows work saved: a layer or position not computed, or fewer steps."""
     if not report:
@@ -302,6 +312,7 @@ def tune(config: str | Path, budget: Sequence[str] | str, out: str | Path, *, tr
             seeds = max(1, math.ceil(heldout / b))
             res = run_bench(paths, seeds=seeds, seed=heldout_seed, batch=b, judge=judge, judge_noise=False, noise_floor=False,
                             progress=progress, registry=registry, json_path=str(report / f"heldout-b{b}.json"))
+            _drop_run_reports(report / f"heldout-b{b}.json")
             base_q = next(e for e in res["entries"] if e["name"] == "baseline")["quality"]
             for e in res["entries"]:
                 if e["name"] == "baseline":
