@@ -110,10 +110,12 @@ def test_bad_prompts_file_stops_every_process(tmp_path):
     cfg = _write(tmp_path / "c.toml", TEXT)
     proc = _launch(["generate", cfg, "--prompts", _write(tmp_path / "p.txt", 'dog:\n{"prompt": 1}\n'),
                     "--out", str(tmp_path / "o"), "--no-progress"])
-    # each process says it once (counted in the text: the launcher's processes share one stream)
+    # each process that gets to read the file says it once (the launcher's processes share one
+    # stream); the launcher stops the others as soon as one exits with 2, so on a loaded machine
+    # the second can be stopped before it has read the file: one or two lines, never another error
     said = proc.stderr.count("diffaccel: error:")
     assert proc.returncode != 0 and "exitcode  : 2" in proc.stderr, proc.stderr[-3000:]
-    assert said == 2 and proc.stderr.count("p.txt: line 2: a JSON line needs") == 2, proc.stderr[-3000:]
+    assert said in (1, 2) and proc.stderr.count("p.txt: line 2: a JSON line needs") == said, proc.stderr[-3000:]
     assert not (tmp_path / "o").exists()
 
 
