@@ -2,9 +2,12 @@
 
 Requests wait in ``pending`` (at most ``queue`` of them: past it ``submit`` refuses with 503 and
 ``Retry-After``). The batching task takes the oldest request, waits until ``window`` seconds after
-its arrival for more requests of the same ``Work`` (or until ``max_batch`` rows are there), and
-hands their rows to the engine as one batch in the worker thread; while a batch runs, new
-requests queue up, so under load a batch forms as soon as the previous one ends. Requests of other
+its arrival, or after the worker became free if that is later, for more requests of the same
+``Work`` (or until ``max_batch`` rows are there), and hands their rows to the engine as one batch
+in the worker thread; while a batch runs, new requests queue up. Counting the window from when the
+worker is free lets the clients just answered, who send their next request within milliseconds,
+join the requests that queued meanwhile: without it, 16 clients answered in turn settle into two
+cohorts of 8 that never share a batch (measured: 8.2 rows per batch at 16 clients). Requests of other
 ``Work`` stay queued, in order, for later batches. A request is never split over batches.
 
 A request whose client went away before its batch starts is dropped from the queue (its rows are
@@ -56,6 +59,7 @@ class Batcher:
         self.running: list[Job] = []
         self._stop = threading.Event()  # set when every client of the running batch went away
         self.last_batch_s = engine.warmup_s
+        self.free_since = time.monotonic()  # when the worker last finished a batch
         self._wake = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="diffaccel-serve")
         self._task: asyncio.Task | None = None
@@ -144,7 +148,7 @@ class Batcher:
             while not self.pending:
                 self._wake.clear()
                 await self._wake.wait()
-            deadline = self.pending[0].arrived + self.window_s
+            deadline = max(self.pending[0].arrived, self.free_since) + self.window_s
             while self.pending and not self.draining and self._rows_ready() < self.max_batch:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -163,6 +167,7 @@ class Batcher:
                 for job in jobs:
                     if not job.future.done():
                         job.future.set_exception(error_of(exc))
+            self.free_since = time.monotonic()
 
     async def _run(self, loop, jobs: list[Job]) -> None:
         work = jobs[0].work
