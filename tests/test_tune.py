@@ -180,3 +180,26 @@ def test_a_trial_runs_its_first_chunk_once_and_an_idle_point_reports_it(tmp_path
     assert runs == [0, 0, 2, 2]  # seed 0 is not run again for the same point
     assert m.skipped and m.speedup > 0
     assert measure({"rig": {"skip": 0}}, [0]).skipped is False  # skip 0: every layer computed
+
+
+def test_a_loaded_pipeline_is_tuned_with_its_strategy_tables(tmp_path):
+    from diffaccel.adapters.text.loading import load_pipeline
+
+    reg = _registry()
+    pipe = load_pipeline("wordnet-masked")
+    kw = {"trials": 3, "tune_seeds": 2, "heldout": 4, "heldout_seed": HELDOUT, "candidates": 1, "judge": "none",
+          "progress": False, "registry": reg}
+    result = diffaccel.tune(pipe, ["rig_score>=0.5"], tmp_path / "tuned.toml", model={"length": 24, "steps": 12, "batch": 2},
+                            strategies=[{"use": "rig", "skip": 1}], **kw)
+    assert result.path == tmp_path / "tuned.toml" and result.point["rig"]["skip"] in (2, 3)
+    cfg = load_config(result.path, reg)  # a config without a checkpoint, for diffaccel.apply(pipe, ...)
+    assert cfg.model.adapter == "text" and cfg.model.steps == 12
+    assert [(e.name, e.config.skip) for e in cfg.strategies] == [("rig", result.point["rig"]["skip"])]
+    with diffaccel.apply(pipe, result.path, registry=reg) as p:
+        assert p(length=24, steps=12, seed=0, progress=False, batch=2).report["counters"]["layers_skipped"] > 0
+    assert (result.report / "config.toml").is_file()
+
+
+def test_model_and_strategies_go_with_a_pipeline_only(tmp_path):
+    with pytest.raises(ConfigError, match="go with a pipeline"):
+        tune(_config(tmp_path), ["rig_score>=0.5"], tmp_path / "t.toml", strategies=[{"use": "rig"}], registry=_registry())

@@ -79,7 +79,7 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
               plot_dir: str | None = None, batch: int | None = None, seed: int | None = None,
               judge: str | None = None, judge_noise: bool | None = None,
               keep_outputs: dict[str, list[Any]] | None = None, timed: bool = True,
-              grid: list[Any] | None = None) -> dict[str, Any]:
+              grid: list[Any] | None = None, pipe: Any = None) -> dict[str, Any]:
     """``batch`` overrides every config's ``[model] batch`` (rows per call; seed k of the bench
     starts at ``seed + k * batch``, so no row is generated twice); ``seed`` their first seed.
     ``judge``: a judge the adapter's ``load_judge`` knows (text: 'smollm2', a causal LM folder or
@@ -89,7 +89,8 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
     ``keep_outputs``: a dict that receives every entry's outputs (name -> one per seed), for the report.
     ``timed``: False runs every entry once per seed with no warm-up and no timing (speedup None).
     ``grid``: ``diffaccel.grid.Axis`` list (``bench --grid``): each config with strategies becomes
-    one entry per combination of values."""
+    one entry per combination of values. ``pipe``: a pipeline already loaded for these configs
+    (``diffaccel.tune`` on a pipeline), used instead of loading the one ``[model]`` names."""
     if not timed and repeats != 1:
         raise ConfigError(f"--repeats {repeats}: a quality-only bench runs each seed once (--repeats 1)")
     wall0 = time.perf_counter()
@@ -102,7 +103,7 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
     base = configs[0]
     adapter = get_adapter(base.model.adapter)
     judge_obj, judge_info = _load_judge(adapter, judge)
-    pipe = adapter.load(base)
+    pipe = adapter.load(base) if pipe is None else pipe
     info = adapter.info(pipe)
     entries: list[tuple[str, list[Any]]] = [("baseline", [])]
     entries += [(entry_name(c), build_strategies(c, registry, info)) for c in configs if c.strategies]

@@ -35,7 +35,7 @@ from .adapter import JudgesSamples, ReportsQuality
 from .adapters_registry import get_adapter
 from .bench import _load_judge, run_bench
 from .budget import parse_all
-from .config import RunConfig, load_config, read_toml
+from .config import RunConfig, load_config, parse_config, read_toml
 from .errors import ConfigError, DiffaccelError
 from .plugins import Registry, call_own
 from .search import Measured, Space, Tunable, feasible_front, open_study, run_trials
@@ -213,6 +213,18 @@ class _Trials:
         return math.exp(sum(scores.nll) / toks) if toks else float("nan")
 
 
+def _pipeline_config(pipe: Any, model: dict[str, Any] | None, strategies: Sequence[dict[str, Any]] | None,
+                     registry: Registry) -> dict[str, Any]:
+    """The config (as TOML tables) of a tune on a loaded pipeline: its adapter, ``model``'s keys
+    and the ``strategies`` tables."""
+    from .adapters_registry import adapter_for
+
+    if not strategies or not all(isinstance(s, dict) for s in strategies):
+        raise ConfigError("diffaccel.tune(pipe, ...): give strategies=[{'use': ...}, ...], the [[strategy]] tables to tune")
+    adapter = adapter_for(pipe)
+    return {"model": {**dict(model or {}), "adapter": adapter.name}, "strategy": [dict(s) for s in strategies]}
+
+
 def _drop_run_reports(path: Path) -> None:
     """A held-out bench's JSON without each run's own report (counters and strategy metrics run
     by run: 90% of the file, megabytes per tune, and nothing the tune's figures read)."""
@@ -239,19 +251,30 @@ def _own_quality(strategy: Any, outputs: list[Any], seeds: list[int]) -> dict[st
     return merged
 
 
-def tune(config: str | Path, budget: Sequence[str] | str, out: str | Path, *, trials: int = 30, tune_seeds: int = 8,
+def tune(config: Any, budget: Sequence[str] | str, out: str | Path, *, trials: int = 30, tune_seeds: int = 8,
          heldout: int = 32, heldout_seed: int = DEFAULT_HELDOUT_SEED, batch: int | None = None, judge: str | None = "default",
          candidates: int = 3, report: str | Path | None = None, progress: bool = True, search_seed: int = 0,
-         registry: Registry | None = None) -> TuneResult:
+         registry: Registry | None = None, model: dict[str, Any] | None = None,
+         strategies: Sequence[dict[str, Any]] | None = None) -> TuneResult:
     """Tune ``config``'s strategies to ``budget`` (one expression or several) and write the
     fastest held-out-valid point to ``out`` (TUNED.toml). ``trials`` trials on ``tune_seeds``
     seeds from the config's seed; then the ``candidates`` best feasible points and the config as
     given are benched on ``heldout`` held-out samples from ``heldout_seed``, at batch 1 and at
     ``batch`` (default: the config's batch, or 8 if that is 1). ``report`` (default
     ``OUT.tune/``) keeps the study (``study.db``: rerun to resume), the held-out benches and the
-    figures. Raises ``ConfigError`` before loading anything for a bad budget or config."""
+    figures. Raises ``ConfigError`` before loading anything for a bad budget or config.
+
+    ``config`` may also be a loaded pipeline: then ``strategies`` gives the ``[[strategy]]``
+    tables to tune and ``model`` the ``[model]`` keys of its runs (``steps``, ``batch``, ``seed``,
+    adapter options such as ``length``); the report folder keeps that config (``config.toml``),
+    and TUNED.toml has no checkpoint: ``diffaccel.apply(pipe, TUNED)`` uses it on that pipeline."""
     registry = registry or Registry()
     started = time.perf_counter()
+    pipe, source = None, None
+    if not isinstance(config, (str, Path)):
+        pipe, config, source = config, None, _pipeline_config(config, model, strategies, registry)
+    elif model is not None or strategies is not None:
+        raise ConfigError("diffaccel.tune: model= and strategies= go with a pipeline; a config file has its own")
     out = Path(out)
     if out.suffix != ".toml":
         raise ConfigError(f"--out {out}: write the tuned config to a .toml file")
@@ -260,7 +283,11 @@ def tune(config: str | Path, budget: Sequence[str] | str, out: str | Path, *, tr
     for name, v, lo in (("--trials", trials, 1), ("--tune-seeds", tune_seeds, 1), ("--heldout", heldout, 1), ("--candidates", candidates, 1)):
         if v < lo:
             raise ConfigError(f"{name} must be {lo} or more, got {v}")
-    cfg = load_config(config, registry)
+    if pipe is not None:  # written into the report folder once the budget is checked, below
+        config = Path(report) / "config.toml" if report is not None else out.with_name(out.stem + ".tune") / "config.toml"
+        cfg = parse_config(source, source=str(config), registry=registry)
+    else:
+        cfg = load_config(config, registry)
     if not cfg.strategies:
         raise ConfigError(f"{config}: no [[strategy]] table: nothing to tune")
     adapter = get_adapter(cfg.model.adapter)
@@ -273,9 +300,11 @@ def tune(config: str | Path, budget: Sequence[str] | str, out: str | Path, *, tr
     big = batch or (cfg.model.batch if cfg.model.batch > 1 else 8)
     report = Path(report) if report is not None else out.with_name(out.stem + ".tune")
     report.mkdir(parents=True, exist_ok=True)
+    if source is not None:
+        Path(config).write_text(dumps(source))
 
     judge_obj, _ = _load_judge(adapter, judge)
-    pipe = adapter.load(cfg)
+    pipe = adapter.load(cfg) if pipe is None else pipe
     measure = _Trials(adapter, pipe, cfg, registry, judge_obj)
     study = open_study(report, budgets, seed=search_seed)
     trials_before = len(study.trials)
@@ -311,7 +340,7 @@ def tune(config: str | Path, budget: Sequence[str] | str, out: str | Path, *, tr
         for b in batches:
             seeds = max(1, math.ceil(heldout / b))
             res = run_bench(paths, seeds=seeds, seed=heldout_seed, batch=b, judge=judge, judge_noise=False, noise_floor=False,
-                            progress=progress, registry=registry, json_path=str(report / f"heldout-b{b}.json"))
+                            progress=progress, registry=registry, json_path=str(report / f"heldout-b{b}.json"), pipe=pipe)
             _drop_run_reports(report / f"heldout-b{b}.json")
             base_q = next(e for e in res["entries"] if e["name"] == "baseline")["quality"]
             for e in res["entries"]:
@@ -363,7 +392,8 @@ def tune(config: str | Path, budget: Sequence[str] | str, out: str | Path, *, tr
               *[f"{m}: {q['value']:.4g} (baseline {q['baseline']:.4g})" + (f", 95% interval {q['interval'][0]:.4g} to {q['interval'][1]:.4g}"
                                                                           if q.get("interval") else "")
                 for m, q in fig["quality"].items()],
-              f"reproduce: diffaccel bench {config} {out} --seed {heldout_seed} --seeds {math.ceil(heldout / big)} --batch {big}"]
+              f"reproduce: diffaccel bench {config} {out} --seed {heldout_seed} --seeds {math.ceil(heldout / big)} --batch {big}"
+              if source is None else "measured on the pipeline given to diffaccel.tune (no checkpoint: apply it to that pipeline)"]
     tmp = out.with_name(out.name + ".partial")
     tmp.write_text(toml_text(config, choices[chosen], header))
     try:
