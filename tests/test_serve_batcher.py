@@ -35,8 +35,8 @@ def test_clients_answered_by_a_batch_join_the_requests_queued_while_it_ran():
     cohorts would alternate in batches of 8 for good."""
 
     async def scenario() -> list[int]:
-        engine = _Engine(run_s=0.2)
-        batcher = Batcher(engine, Metrics(16), max_batch=16, window_s=0.05, queue=64)
+        engine = _Engine(run_s=0.4)
+        batcher = Batcher(engine, Metrics(16), max_batch=16, window_s=0.1, queue=64)
         batcher.start()
 
         async def client(seed: int, again: bool) -> None:
@@ -46,7 +46,7 @@ def test_clients_answered_by_a_batch_join_the_requests_queued_while_it_ran():
                 await batcher.submit(WORK, ["p"], [seed + 100]).future
 
         first = [asyncio.create_task(client(s, True)) for s in range(8)]
-        await asyncio.sleep(0.1)  # the first batch (8 rows) is running
+        await asyncio.sleep(0.25)  # the first batch (8 rows) formed after the window and is running
         queued = [asyncio.create_task(client(s, False)) for s in range(8, 16)]
         await asyncio.gather(*first, *queued)
         await batcher.stop()
