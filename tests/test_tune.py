@@ -70,10 +70,14 @@ def _config(tmp_path, honest=True, skip=1):
     return path
 
 
+def _short(**kw):
+    """A short tune's settings: 3 trials on 2 batches, 4 held-out samples, no judge."""
+    return {"trials": 3, "tune_seeds": 2, "heldout": 4, "heldout_seed": HELDOUT, "candidates": 1, "judge": "none",
+            "progress": False, "registry": _registry(), **kw}
+
+
 def _tune(tmp_path, honest=True, skip=1, **kw):
-    kw = {"trials": 3, "tune_seeds": 2, "heldout": 4, "heldout_seed": HELDOUT, "candidates": 1, "judge": "none",
-          "progress": False, "registry": _registry(), **kw}
-    return tune(_config(tmp_path, honest, skip), ["rig_score>=0.5"], tmp_path / "tuned.toml", **kw)
+    return tune(_config(tmp_path, honest, skip), ["rig_score>=0.5"], tmp_path / "tuned.toml", **_short(**kw))
 
 
 def test_a_third_party_strategy_is_tuned_through_its_hook_and_the_result_is_a_config(tmp_path):
@@ -187,10 +191,8 @@ def test_a_loaded_pipeline_is_tuned_with_its_strategy_tables(tmp_path):
 
     reg = _registry()
     pipe = load_pipeline("wordnet-masked")
-    kw = {"trials": 3, "tune_seeds": 2, "heldout": 4, "heldout_seed": HELDOUT, "candidates": 1, "judge": "none",
-          "progress": False, "registry": reg}
     result = diffaccel.tune(pipe, ["rig_score>=0.5"], tmp_path / "tuned.toml", model={"length": 24, "steps": 12, "batch": 2},
-                            strategies=[{"use": "rig", "skip": 1}], **kw)
+                            strategies=[{"use": "rig", "skip": 1}], **_short(registry=reg))
     assert result.path == tmp_path / "tuned.toml" and result.point["rig"]["skip"] in (2, 3)
     cfg = load_config(result.path, reg)  # a config without a checkpoint, for diffaccel.apply(pipe, ...)
     assert cfg.model.adapter == "text" and cfg.model.steps == 12

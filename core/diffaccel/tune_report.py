@@ -59,8 +59,7 @@ def write_report(folder: Path, study: Any, budgets: Sequence[Budget], figures: d
         lines += ["| entry | " + " | ".join(f"speedup b{bb}" for bb in batches) + " | " + " | ".join(metrics) + " | within budget |",
                   "| --- " * (2 + len(batches) + len(metrics)) + "|"]
         for name, f in figures.items():
-            tag = {(True, True): " (as given, chosen)", (True, False): " (chosen)", (False, True): " (as given)"}.get(
-            (name == chosen, name == shipped), "")
+            tag = _tag(name, chosen, shipped)
             qs = []
             for m in metrics:
                 q = f["quality"].get(m, {})
@@ -102,8 +101,7 @@ def tune_blocks(folder: Path, title: str, command: str) -> list[tuple]:
     head = ["entry", *[f"speedup b{b}" for b in batches], *metrics, "within budget"]
     rows = []
     for name, f in figures.items():
-        tag = {(True, True): " (as given, chosen)", (True, False): " (chosen)", (False, True): " (as given)"}.get(
-            (name == chosen, name == shipped), "")
+        tag = _tag(name, chosen, shipped)
         cells = [f"{name}{tag}"]
         for b in batches:
             v = f["speedup"].get(str(b), f["speedup"].get(b))
@@ -123,6 +121,12 @@ def tune_blocks(folder: Path, title: str, command: str) -> list[tuple]:
         if (folder / f"trials-{m}.png").is_file():
             blocks.append(("img", f"trials-{m}.png", f"{m} against speedup, every trial"))
     return blocks
+
+
+def _tag(name: str, chosen: str | None, shipped: str) -> str:
+    """How an entry of the held-out table is marked: the chosen point, the config as given, both."""
+    return {(True, True): " (as given, chosen)", (True, False): " (chosen)", (False, True): " (as given)"}.get(
+        (name == chosen, name == shipped), "")
 
 
 def _sessions_text(sessions: list[dict]) -> str:

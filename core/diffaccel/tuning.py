@@ -156,7 +156,6 @@ class _Trials:
         cfg = with_point(self.config, point, f"tune trial {self.count}")
         strategies = build_strategies(cfg, self.registry, self.info)
         for i, seed in enumerate(s for s in seeds if s not in done):
-            t_base = t_trial = 0.0
             for which in (("base", "trial") if i % 2 == 0 else ("trial", "base")):
                 if which == "base":
                     t0 = time.perf_counter()
@@ -169,8 +168,7 @@ class _Trials:
                         t0 = time.perf_counter()
                         trial_out = self.adapter.run(self.pipe, cfg, seed, progress=False)
                         t_trial = time.perf_counter() - t0
-                    done[seed] = (0.0, 0.0, trial_out, _skipped(handle.last_report))
-            done[seed] = (t_base, t_trial, *done[seed][2:])
+            done[seed] = (t_base, t_trial, trial_out, _skipped(handle.last_report))
         t_base = sum(done[s][0] for s in seeds)
         t_trial = sum(done[s][1] for s in seeds)
         outs = [done[s][2] for s in seeds]
@@ -213,8 +211,7 @@ class _Trials:
         return math.exp(sum(scores.nll) / toks) if toks else float("nan")
 
 
-def _pipeline_config(pipe: Any, model: dict[str, Any] | None, strategies: Sequence[dict[str, Any]] | None,
-                     registry: Registry) -> dict[str, Any]:
+def _pipeline_config(pipe: Any, model: dict[str, Any] | None, strategies: Sequence[dict[str, Any]] | None) -> dict[str, Any]:
     """The config (as TOML tables) of a tune on a loaded pipeline: its adapter, ``model``'s keys
     and the ``strategies`` tables."""
     from .adapters_registry import adapter_for
@@ -225,14 +222,13 @@ def _pipeline_config(pipe: Any, model: dict[str, Any] | None, strategies: Sequen
     return {"model": {**dict(model or {}), "adapter": adapter.name}, "strategy": [dict(s) for s in strategies]}
 
 
-def _drop_run_reports(path: Path) -> None:
-    """A held-out bench's JSON without each run's own report (counters and strategy metrics run
-    by run: 90% of the file, megabytes per tune, and nothing the tune's figures read)."""
-    data = json.loads(path.read_text())
-    for e in data["entries"]:
+def _write_heldout(path: Path, result: dict[str, Any]) -> None:
+    """A held-out bench's result as JSON, without each run's own report (counters and strategy
+    metrics run by run: 90% of the file, megabytes per tune, and nothing the tune's figures read)."""
+    for e in result["entries"]:
         e.pop("reports", None)
-    data["run_reports"] = "dropped by diffaccel tune (the same `diffaccel bench --json` keeps them)"
-    path.write_text(json.dumps(data, indent=1))
+    result["run_reports"] = "dropped by diffaccel tune (the same `diffaccel bench --json` keeps them)"
+    path.write_text(json.dumps(result, indent=1, default=float))
 
 
 def _skipped(report: dict[str, Any] | None) -> bool:
@@ -269,10 +265,10 @@ def tune(config: Any, budget: Sequence[str] | str, out: str | Path, *, trials: i
     adapter options such as ``length``); the report folder keeps that config (``config.toml``),
     and TUNED.toml has no checkpoint: ``diffaccel.apply(pipe, TUNED)`` uses it on that pipeline."""
     registry = registry or Registry()
-    started = time.perf_counter()
+    started, started_at = time.perf_counter(), time.localtime()
     pipe, source = None, None
     if not isinstance(config, (str, Path)):
-        pipe, config, source = config, None, _pipeline_config(config, model, strategies, registry)
+        pipe, config, source = config, None, _pipeline_config(config, model, strategies)
     elif model is not None or strategies is not None:
         raise ConfigError("diffaccel.tune: model= and strategies= go with a pipeline; a config file has its own")
     out = Path(out)
@@ -340,8 +336,8 @@ def tune(config: Any, budget: Sequence[str] | str, out: str | Path, *, trials: i
         for b in batches:
             seeds = max(1, math.ceil(heldout / b))
             res = run_bench(paths, seeds=seeds, seed=heldout_seed, batch=b, judge=judge, judge_noise=False, noise_floor=False,
-                            progress=progress, registry=registry, json_path=str(report / f"heldout-b{b}.json"), pipe=pipe)
-            _drop_run_reports(report / f"heldout-b{b}.json")
+                            progress=progress, registry=registry, pipe=pipe)
+            _write_heldout(report / f"heldout-b{b}.json", res)
             base_q = next(e for e in res["entries"] if e["name"] == "baseline")["quality"]
             for e in res["entries"]:
                 if e["name"] == "baseline":
@@ -369,7 +365,7 @@ def tune(config: Any, budget: Sequence[str] | str, out: str | Path, *, trials: i
     # the wall time of every session of this study (a resumed tune adds one), for "how long does a tune take"
     previous = report / "tune.json"
     sessions = json.loads(previous.read_text()).get("sessions", []) if previous.is_file() else []
-    sessions.append({"started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - (time.perf_counter() - started))),
+    sessions.append({"started": time.strftime("%Y-%m-%dT%H:%M:%S", started_at),
                      "wall_s": round(time.perf_counter() - started, 1), "trials_before": trials_before,
                      "trials_after": len(study.trials)})
     (report / "tune.json").write_text(json.dumps({
