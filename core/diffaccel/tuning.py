@@ -37,6 +37,7 @@ from .bench import _load_judge, run_bench
 from .budget import parse_all
 from .config import RunConfig, load_config, parse_config, read_toml
 from .errors import ConfigError, DiffaccelError
+from .placement import DeviceClock
 from .plugins import Registry, call_own
 from .search import Measured, Space, Tunable, feasible_front, open_study, run_trials
 from .stats import finite
@@ -143,6 +144,8 @@ class _Trials:
         self.base_out: dict[int, Any] = {}
         self.base_quality: dict[tuple[int, ...], dict[str, float]] = {}
         self.count = 0
+        # the bench's clock: on an accelerator it synchronises the device around each timed run
+        self.clock = DeviceClock(config.model.device)
         # the last point's runs, seed by seed (base time, trial time, output, skipped anything):
         # a trial measured on its first chunk, then on every seed, runs the first chunk once
         self.runs: tuple[str, dict[int, tuple[float, float, Any, bool]]] = ("", {})
@@ -158,16 +161,16 @@ class _Trials:
         for i, seed in enumerate(s for s in seeds if s not in done):
             for which in (("base", "trial") if i % 2 == 0 else ("trial", "base")):
                 if which == "base":
-                    t0 = time.perf_counter()
-                    out = self.adapter.run(self.pipe, self.config.without_strategies(), seed, progress=False)
-                    t_base = time.perf_counter() - t0
+                    with self.clock.region() as r:
+                        out = self.adapter.run(self.pipe, self.config.without_strategies(), seed, progress=False)
+                    t_base = r.seconds
                     self.base_out.setdefault(seed, out)
                 else:
                     handle = apply(self.pipe, cfg, strategies=strategies, registry=self.registry)
                     with handle:
-                        t0 = time.perf_counter()
-                        trial_out = self.adapter.run(self.pipe, cfg, seed, progress=False)
-                        t_trial = time.perf_counter() - t0
+                        with self.clock.region() as r:
+                            trial_out = self.adapter.run(self.pipe, cfg, seed, progress=False)
+                        t_trial = r.seconds
             done[seed] = (t_base, t_trial, trial_out, _skipped(handle.last_report))
         t_base = sum(done[s][0] for s in seeds)
         t_trial = sum(done[s][1] for s in seeds)
