@@ -176,7 +176,7 @@ def test_adapter_reports_task_scores_with_intervals(tmp_path):
     assert len(scores) == 6
     # the pooled figures are the rows' scores, recomputed here from the texts the run wrote
     spec = task_spec("arith")
-    again = [spec.score(spec.heldout(i), o.split("\n")[1:]) for i, o in enumerate(t for o in keep["baseline"] for t in o.readable())]
+    again = [spec.score(spec.heldout(i), o.split("\n")[1:]) for i, o in enumerate(t for o in keep["baseline"] for t in o.texts)]
     assert again == scores
     assert base["quality"]["acc"] == pytest.approx(np.mean([s["acc"] for s in scores]))
     assert base["quality"]["steps_acc"] == pytest.approx(np.mean([s["steps_acc"] for s in scores]))
@@ -199,3 +199,16 @@ def test_damaged_task_checkpoint_is_one_line(tmp_path, capsys):
     assert main(["generate", str(_config(tmp_path, folder)), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "model.safetensors" in err
+
+
+def test_tune_budget_on_acc_needs_no_judge():
+    from diffaccel.adapters_registry import get_adapter
+    from diffaccel.config import load_config
+    from diffaccel.plugins import Registry
+    from diffaccel.tuning import reported_metrics
+
+    registry = Registry()
+    cfg = load_config("configs/arith-tune.toml", registry)
+    keys = reported_metrics(get_adapter("text"), cfg, registry, "default")
+    assert "gen_ppl" not in keys and {"acc", "steps_acc"} <= set(keys)
+    assert parse("acc>=-0.01", keys).metric == "acc"

@@ -178,7 +178,7 @@ class TextAdapter:
 
     @staticmethod
     def write(outputs: list[TextOutput], out: str | None) -> str:
-        text = "\n\n".join(f"--- sample {i} ---\n{t}" for i, o in enumerate(outputs) for t in [*o.readable()])
+        text = "\n\n".join(f"--- sample {i} ---\n{t}" for i, o in enumerate(outputs) for t in [*o.texts])
         if out is None:
             sys.stdout.write(text + "\n")
             return "stdout"
@@ -192,7 +192,7 @@ class TextAdapter:
     @staticmethod
     def write_item(output: TextOutput, out_dir: Path, stem: str) -> dict[str, Any]:
         """``generate --prompts``: one item's fields of results.jsonl (its text; nothing else to write)."""
-        return {"text": output.readable()[0]}
+        return {"text": output.texts[0]}
 
     @staticmethod
     def load_judge(spec: str | None):

@@ -144,7 +144,3 @@ class TextOutput:
     def task_scores(self) -> list[dict[str, float]] | None:
         """A task run's per-row scores (``acc`` and the task's second metric); None otherwise."""
         return None if self.task is None else self.task.scores(self)
-
-    def readable(self) -> list[str]:
-        """The rows as ``generate`` writes them: a task run's problem and solution line by line."""
-        return self.texts if self.task is None else self.task.texts(self)

@@ -10,7 +10,7 @@ import attrs
 import numpy as np
 
 from . import arith, sudoku
-from .common import HELD_OUT_EVERY, Problem, PromptError, build_tokenizer, heldout_seed, is_held_out
+from .common import HELD_OUT_EVERY, Problem, PromptError, build_tokenizer, heldout_problem, is_held_out
 
 TASKS = ("arith", "sudoku")
 GRIDS = tuple(sudoku.BOXES)
@@ -31,7 +31,9 @@ class TaskSpec:
     steps: int
     """Full steps: one committed token per step for the longest generation."""
     problem: Callable[[int], Problem]
-    """Problem of a generator seed."""
+    """Problem of a generator seed (of either split)."""
+    draw: Callable[[np.random.Generator], Problem]
+    """A problem of the test distribution drawn from a generator (arith: 2 to 4 operations)."""
     generate: Callable[[np.random.Generator, int], Problem]
     """A problem drawn from a generator at a curriculum level (arith: operations; sudoku: ignored)."""
     parse: Callable[[str], Problem]
@@ -48,14 +50,14 @@ class TaskSpec:
 
     def heldout(self, index: int) -> Problem:
         """The ``index``-th held-out problem: the bench's seed ``index``."""
-        return self.problem(heldout_seed(self.key, self.problem, index))
+        return heldout_problem(self.key, self.draw, index)
 
 
 def task_spec(name: str, grid: int = 9) -> TaskSpec:
     """The task ``name`` (``sudoku``: of ``grid`` x ``grid`` cells)."""
     if name == "arith":
         return TaskSpec(name="arith", key="arith", words=arith.WORDS, max_len=arith.PROMPT_LEN + arith.GEN_LEN,
-                        steps=arith.GEN_LEN + arith.PROMPT_LEN - arith.MIN_PROMPT_LEN, problem=arith.problem,
+                        steps=arith.GEN_LEN + arith.PROMPT_LEN - arith.MIN_PROMPT_LEN, problem=arith.problem, draw=arith.generate,
                         generate=lambda rng, level: arith.generate(rng, level), parse=arith.parse, score=arith.score,
                         metrics=("acc", "steps_acc"), levels=arith.MAX_OPS)
     if name == "sudoku":
@@ -63,7 +65,7 @@ def task_spec(name: str, grid: int = 9) -> TaskSpec:
             raise ValueError(f"sudoku grid {grid}: allowed {', '.join(map(str, GRIDS))}")
         gen = grid * grid + grid - 1  # the rows and the line breaks between them
         return TaskSpec(name="sudoku", key=f"sudoku{grid}", words=sudoku.WORDS, max_len=grid * grid + 1 + gen, steps=gen,
-                        problem=partial(sudoku.problem, n=grid), generate=lambda rng, level: sudoku.generate(rng, grid),
+                        problem=partial(sudoku.problem, n=grid), draw=partial(sudoku.generate, n=grid), generate=lambda rng, level: sudoku.generate(rng, grid),
                         parse=partial(sudoku.parse, n=grid), score=partial(sudoku.score, n=grid),
                         metrics=("acc", "cells_acc"), grid=grid)
     raise ValueError(f"unknown task '{name}'; allowed: {', '.join(TASKS)}")

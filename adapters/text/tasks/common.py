@@ -2,8 +2,8 @@
 
 A task (``arith``, ``sudoku``) makes a problem from a seed, deterministically. A content hash of
 the problem's prompt decides its split: one problem in ``HELD_OUT_EVERY`` is held out, and
-training never sees one (``training_problem`` rejects them). The bench's seed ``s`` is the s-th
-held-out problem (``heldout_problem``), so any seed range is a set of unseen problems.
+training never sees one (``training_problem`` rejects them). The bench's seed ``s`` is held-out
+problem s (``heldout_problem``), so any seed range is a set of unseen problems.
 """
 
 from __future__ import annotations
@@ -42,24 +42,21 @@ def is_held_out(prompt: str) -> bool:
     return int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:8], "big") % HELD_OUT_EVERY == 0
 
 
-def seed_rng(task: str, seed: int) -> np.random.Generator:
-    """The generator of problem ``seed`` of ``task`` (independent streams per task)."""
-    return np.random.default_rng([int.from_bytes(task.encode(), "big") % (2**32), seed])
+def seed_rng(task: str, *seed: int) -> np.random.Generator:
+    """The generator of problem ``seed`` (one or more integers) of ``task`` (independent streams per task)."""
+    return np.random.default_rng([int.from_bytes(task.encode(), "big") % (2**32), *seed])
 
 
-_HELDOUT: dict[str, list[int]] = {}  # task key -> the seeds of its held-out problems, in order, found so far
-
-
-def heldout_seed(task: str, make: Callable[[int], Problem], index: int) -> int:
-    """The generator seed of the ``index``-th held-out problem of ``task`` (``make``: its problem
-    of a seed). The seeds are found once per process, scanning seeds upward as far as needed."""
-    seeds = _HELDOUT.setdefault(task, [])
-    s = seeds[-1] + 1 if seeds else 0
-    while len(seeds) <= index:
-        if is_held_out(make(s).prompt):
-            seeds.append(s)
-        s += 1
-    return seeds[index]
+def heldout_problem(task: str, draw: Callable[[np.random.Generator], Problem], index: int) -> Problem:
+    """Held-out problem ``index`` of ``task``: the first held-out one of the problems drawn from
+    the streams (index, 0), (index, 1), ... (about ``HELD_OUT_EVERY`` draws; no scan over the
+    indices before it, so any seed is as quick as seed 0)."""
+    j = 0
+    while True:
+        p = draw(seed_rng(task, index, j))
+        if is_held_out(p.prompt):
+            return p
+        j += 1
 
 
 def training_problem(make: Callable[[np.random.Generator], Problem], rng: np.random.Generator) -> Problem:

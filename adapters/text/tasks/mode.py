@@ -31,6 +31,8 @@ def check_options(options) -> None:
         raise ConfigValueError("grid", f"must be one of {', '.join(map(str, GRIDS))} (a sudoku's size), got {options.grid!r}")
     spec = spec_of(options)
     for i, prompt in enumerate(options.prompts):
+        if not prompt.strip():
+            continue  # an empty prompt: the row's own held-out problem
         try:
             spec.parse(prompt)
         except PromptError as exc:
@@ -45,23 +47,26 @@ def check_model(spec: TaskSpec, max_len: int, where: str) -> None:
                                f"{spec.max_len} (another task or grid?)")
 
 
-def problems(spec: TaskSpec, options, seed: int, batch: int):
-    if options.prompts:
-        return [spec.parse(options.prompts[r % len(options.prompts)]) for r in range(batch)]
-    return [spec.heldout(seed + r) for r in range(batch)]
+def problems(spec: TaskSpec, options, seeds: list[int]):
+    """Row r's problem: the user's prompt, or held-out problem ``seeds[r]`` where there is none
+    (no ``prompts``, or an empty one: what ``serve`` sends for an unconditional request)."""
+    given = [options.prompts[r % len(options.prompts)] if options.prompts else "" for r in range(len(seeds))]
+    return [spec.parse(p) if p.strip() else spec.heldout(s) for s, p in zip(seeds, given)]
 
 
 def run(pipe, config, seed: int, progress: bool = True, **extra):
-    """A run of the task: the problems' prompts, greedy or not as ``temperature`` says. The output
-    keeps its problems; scoring (``scores``) and the readable texts (``texts``) wait until asked,
-    so the bench's timed region holds the sampler alone."""
+    """A run of the task: the problems' prompts, greedy or not as ``temperature`` says. ``texts``
+    are each row's problem and its generation line by line; the output keeps its problems, and
+    scoring waits until the scores are asked for (outside the bench's timed region)."""
     m, o = config.model, config.options
     spec = spec_of(o)
-    probs = problems(spec, o, seed, m.batch)
+    # a row's seed picks its problem: seed + r, or serve's own seed per row
+    probs = problems(spec, o, extra.get("seeds") or [seed + r for r in range(m.batch)])
     out = pipe([p.prompt for p in probs], length=spec.max_len, steps=m.steps or spec.steps, seed=seed, batch=m.batch,
                sampler="masked", temperature=o.temperature, block_size=o.block_size, progress=progress,
                prefix_cache=o.prefix_cache, **extra)
-    return attrs.evolve(out, task=TaskRun(spec, probs, pipe.tokenizer))
+    task = TaskRun(spec, probs, pipe.tokenizer)
+    return attrs.evolve(out, texts=task.texts(out), task=task)
 
 
 @attrs.define
