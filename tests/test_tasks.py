@@ -212,3 +212,32 @@ def test_tune_budget_on_acc_needs_no_judge():
     keys = reported_metrics(get_adapter("text"), cfg, registry, "default")
     assert "gen_ppl" not in keys and {"acc", "steps_acc"} <= set(keys)
     assert parse("acc>=-0.01", keys).metric == "acc"
+
+
+def test_rows_take_their_own_seeds_problem_or_the_users():
+    import attrs as _attrs
+
+    from diffaccel.adapters.text.adapter import TextOptions
+    from diffaccel.adapters.text.tasks import mode
+
+    spec = task_spec("sudoku", 6)
+    opts = TextOptions(task="sudoku", grid=6, length=spec.max_len)
+    assert mode.problems(spec, opts, [7, 3]) == [spec.heldout(7), spec.heldout(3)]  # serve's per-row seeds
+    user = spec.heldout(50).prompt
+    opts = _attrs.evolve(opts, prompts=["", user])  # serve's unconditional request is an empty prompt
+    assert [p.prompt for p in mode.problems(spec, opts, [7, 3])] == [spec.heldout(7).prompt, user]
+    with pytest.raises(Exception, match="key 'prompts': prompt 2 is not a problem of task 'sudoku6'"):
+        _attrs.evolve(opts, prompts=["", "12"])
+
+
+def test_focus_marks_the_result_digits_only():
+    from diffaccel.adapters.text.tasks.train import result_positions
+
+    spec = task_spec("arith")
+    tok = spec.tokenizer()
+    p = arith.parse("Tom has 12 apples. He buys 5 more. He gives away 3. He doubles them. How many apples does Tom have now?")
+    ids, gen = encode(spec, tok, [p])
+    marked = [tok.tok.id_to_token(int(i)) for i in ids[0][result_positions(tok, ids, gen)[0]]]
+    assert "".join(marked) == "17" + "14" + "28" + "28"
+    assert not result_positions(task_spec("sudoku", 6).tokenizer(), *encode(task_spec("sudoku", 6), task_spec("sudoku", 6).tokenizer(),
+                                                                            [sudoku.problem(0, n=6)])).any()

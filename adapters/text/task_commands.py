@@ -30,6 +30,8 @@ def _arguments(t: argparse.ArgumentParser) -> None:
     t.add_argument("--eval-n", type=int, default=100, help="held-out problems per evaluation (default 100)")
     t.add_argument("--curriculum", type=float, default=0.2, help="arith: share of steps over which the operation cap grows 1 -> 4")
     t.add_argument("--max-minutes", type=float, default=0.0, help="stop with a checkpoint after this many minutes (0: none)")
+    t.add_argument("--focus", type=float, default=0.0, help="arith: chance each result digit is masked whatever the row's rate")
+    t.add_argument("--init", metavar="FOLDER", help="start from this model folder's weights (not its optimiser)")
     t.add_argument("--no-bf16", action="store_true", help="train in float32 (default: bfloat16 autocast)")
     t.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     t.add_argument("--seed", type=int, default=0)
@@ -43,6 +45,7 @@ def _train(args: argparse.Namespace) -> int:
     cfg = TaskTrainConfig(task=args.task, grid=args.grid, out=args.out, steps=args.steps, batch=args.batch, lr=args.lr,
                           dim=args.dim, layers=args.layers, heads=args.heads, eval_every=args.eval_every, eval_n=args.eval_n,
                           curriculum=args.curriculum, max_minutes=args.max_minutes, bf16=not args.no_bf16,
+                          focus=args.focus, init=args.init,
                           threads=args.threads, seed=args.seed)
     torch.set_num_threads(cfg.threads)  # command-line entry points only, never library code
     print(f"wrote {train_task(cfg)}")

@@ -54,9 +54,29 @@ class TaskTrainConfig:
     """arith: share of the steps over which the operation cap grows from 1 to 4."""
     max_minutes: float = 0.0
     """Stop (with a checkpoint) after this many minutes of this process (0: no limit)."""
+    focus: float = 0.0
+    """arith: chance that each result digit (after ``=``, and the final answer's) is masked whatever
+    the row's mask rate. At a low rate its operands are then visible while it is scored: with
+    t ~ U(0, 1) alone a result is scored with both operands visible in about 1 row in 5."""
+    init: str | None = None
+    """Start from this folder's weights (a stage-one model; not its optimiser or history)."""
     bf16: bool = True
     """Forward and backward under bfloat16 autocast (weights and optimiser stay float32): a
     CPU with AMX or AVX512-BF16 runs the matrix products faster."""
+
+
+def result_positions(tok, ids: torch.Tensor, gen: torch.Tensor) -> torch.Tensor:
+    """(B, N) bool: the generation's result digits, the two tokens after each ``=`` and the two
+    after ``#### ▁`` (arith's layout; nothing in a sudoku grid)."""
+    eq, answer, space = (tok.tok.token_to_id(t) for t in ("=", "####", "\u2581"))
+    out = torch.zeros_like(gen)
+    if eq is None or answer is None:
+        return out
+    after_eq = ids == eq
+    after_answer = (ids == space) & F.pad(ids == answer, (1, 0))[:, :-1]
+    for k in (1, 2):  # the two digits after "=" and after the final line's "▁"
+        out[:, k:] |= after_eq[:, :-k] | after_answer[:, :-k]
+    return out & gen
 
 
 def encode(spec: TaskSpec, tok, problems) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,10 +95,13 @@ def encode(spec: TaskSpec, tok, problems) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, gen
 
 
-def masked_loss(model: TextDiffusionLM, ids: torch.Tensor, gen: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+def masked_loss(model: TextDiffusionLM, ids: torch.Tensor, gen: torch.Tensor, g: torch.Generator,
+                focus: torch.Tensor | None = None, focus_p: float = 0.0) -> torch.Tensor:
     B = ids.shape[0]
     t = ((torch.arange(B) + torch.rand(B, generator=g)) / B)[torch.randperm(B, generator=g)]  # stratified U(0, 1)
     masked = gen & (torch.rand(ids.shape, generator=g) < t.clamp(min=0.02)[:, None])
+    if focus is not None and focus_p > 0:
+        masked |= focus & (torch.rand(ids.shape, generator=g) < focus_p)
     x = torch.where(masked, torch.full_like(ids, model.config.mask_id), ids)
     c = model.condition(None, B)
     h = model.embed(x)
@@ -132,6 +155,8 @@ def train_task(cfg: TaskTrainConfig) -> Path:
     torch.manual_seed(cfg.seed)
     model = TextDiffusionLM(TextDiffusionConfig(vocab_size=tok.vocab_size, kind="masked", max_len=spec.max_len, dim=cfg.dim,
                                                 n_layers=cfg.layers, n_heads=cfg.heads, mask_id=tok.mask_id, pad_id=tok.pad_id))
+    if cfg.init:
+        model.load_state_dict(TextDiffusionLM.load(cfg.init).state_dict())
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.98))
     warmup = max(1, cfg.steps // 50)
     began, before = time.time(), 0.0
@@ -163,8 +188,9 @@ def train_task(cfg: TaskTrainConfig) -> Path:
     for step in bar:
         model.train()
         ids, gen = encode(spec, tok, [sampler.draw(level_cap(spec, cfg, step)) for _ in range(cfg.batch)])
+        focus = result_positions(tok, ids, gen) if cfg.focus else None
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-            loss = masked_loss(model, ids, gen, g)
+            loss = masked_loss(model, ids, gen, g, focus, cfg.focus)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -176,7 +202,7 @@ def train_task(cfg: TaskTrainConfig) -> Path:
         if done % cfg.eval_every == 0 or stop:
             _evaluate(spec, model, tok, problems, history, done, minutes(), out)
             _save_atomic(_state(model, opt, sampler, g, done, history, minutes()), ckpt)
-            plot_curves(out / "curves.png", history, spec.key)
+            plot_curves(out / "curves.png", history, spec.key, spec.metrics[1])
             _write_json(out, cfg, spec, sampler, history, done, minutes())
             bar.set_postfix(loss=f"{np.mean(history['loss'][-50:]):.3f}", acc=f"{history['eval'][-1][2]:.2f}")
         elif done % 10 == 0:
@@ -212,7 +238,7 @@ def _write_json(out: Path, cfg, spec, sampler, history, step, minutes) -> None:
     (out / "train.json").write_text(json.dumps(facts, indent=2))
 
 
-def plot_curves(path: Path, history: dict, key: str) -> None:
+def plot_curves(path: Path, history: dict, key: str, second: str = "second metric") -> None:
     import matplotlib  # slow to import: only the curves need it
 
     matplotlib.use("Agg")
@@ -227,7 +253,7 @@ def plot_curves(path: Path, history: dict, key: str) -> None:
     a.legend()
     ev = np.array(history["eval"]) if history["eval"] else np.zeros((0, 4))
     b.plot(ev[:, 0], ev[:, 2], marker="o", label="acc")
-    b.plot(ev[:, 0], ev[:, 3], marker=".", label="second metric")
+    b.plot(ev[:, 0], ev[:, 3], marker=".", label=second)
     for s, m, acc, _ in history["eval"][-1:]:
         b.annotate(f"{m:.0f} min", (s, acc))
     b.set(xlabel="step", ylabel="held-out", ylim=(0, 1), title="held-out accuracy (greedy, full steps)")
