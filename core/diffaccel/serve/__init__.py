@@ -58,7 +58,7 @@ def main(args: Any) -> int:
     from .app import create_app
     from .engine import Engine
 
-    engine = Engine(args.config, presets, batch_inexact=args.batch_inexact)
+    engine = Engine(args.config, presets, batch_inexact=args.batch_inexact, max_batch=args.max_batch)
     app = create_app(engine, max_batch=args.max_batch, window_s=args.batch_window_ms / 1000, queue=args.queue)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.log_level == "debug",
                             timeout_graceful_shutdown=args.shutdown_timeout, lifespan="on")
