@@ -180,6 +180,18 @@ def test_broken_plugins_are_left_out_with_one_warning_line_each(broken_site):
     assert "broken plugins" in text and "regbad  (diffaccel-regbad-test 9.8.7)" in text
 
 
+def test_plugins_check_lists_each_broken_plugin_and_exits_1(broken_site):
+    proc = _run(broken_site, "plugins", "--check")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    listed = [line for line in proc.stderr.splitlines() if not line.startswith("diffaccel: warning:")]
+    assert listed == [
+        "plugin echo (diffaccel-broken-test 9.8.7): broken, left out: failed to load: RuntimeError: plugin import exploded",
+        "plugin regbad (diffaccel-regbad-test 9.8.7): broken, left out: diffaccel_register failed: RuntimeError: "
+        "registration exploded",
+    ]
+    assert "strategy fine: ok" in proc.stdout  # the working plugin is still checked
+
+
 def test_commands_that_do_not_use_a_broken_plugin_work(broken_site, tmp_path):
     ok = tmp_path / "ok.toml"
     ok.write_text('[model]\nadapter = "text"\n[[strategy]]\nuse = "fine"\n')

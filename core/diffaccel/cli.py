@@ -312,7 +312,9 @@ def _plugins(args) -> int:
 
 def _plugins_check(registry, adapters) -> int:
     """Build each strategy with its config's defaults and check its hooks; adapters were checked
-    against the Adapter protocol when ``describe_adapters`` loaded them."""
+    against the Adapter protocol when ``describe_adapters`` loaded them. Exit 1 when any plugin is
+    broken (left out: it failed to import or to register) or breaks the contract: a plugin's fault,
+    as for every command; a plugin author runs this in CI."""
     from .plugins import contract_problems
 
     from .commands import undeclared
@@ -320,6 +322,9 @@ def _plugins_check(registry, adapters) -> int:
     bad = 0
     for line in undeclared(CORE, registry):  # a command --help would not list and typing would not find
         print(line, file=sys.stderr)
+        bad += 1
+    for b in sorted(registry.broken.values(), key=lambda b: b.name):
+        print(f"plugin {b.name} ({b.distribution} {b.version}): broken, left out: {b.reason}", file=sys.stderr)
         bad += 1
     for a in adapters:
         print(f"adapter {a['name']}: ok")
@@ -335,7 +340,7 @@ def _plugins_check(registry, adapters) -> int:
         bad += bool(problems)
         if not problems:
             print(f"strategy {name}: ok")
-    return 2 if bad else 0
+    return 1 if bad else 0
 
 
 def _check(args) -> int:
