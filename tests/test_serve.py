@@ -62,6 +62,22 @@ def test_health_models_and_a_completion_equal_to_generate(server, config):
     assert offline[0] != offline[1]
 
 
+def test_usage_counts_the_prompt_and_the_generated_tokens(server, config):
+    import diffaccel
+    from diffaccel.adapters_registry import get_adapter
+
+    cfg = diffaccel.load_config(config)
+    prompt_tokens = len(get_adapter("text").load(cfg).tokenizer.encode("a dog is"))
+    assert prompt_tokens > 0
+    for body, prompt in (({"prompt": "a dog is", "n": 3, "seed": 1, "max_tokens": 24}, prompt_tokens),
+                         ({"prompt": "", "n": 1, "seed": 1}, 0)):
+        r = _post(server, body)
+        assert r.status_code == 200, r.text
+        generated = body["n"] * (body.get("max_tokens", 32) - prompt)  # max_tokens counts the prompt
+        assert r.json()["usage"] == {"prompt_tokens": prompt, "completion_tokens": generated,
+                                     "total_tokens": prompt + generated}
+
+
 def test_requests_batched_together_equal_their_single_runs(server, config):
     bodies = [{"prompt": "", "n": 1, "seed": 3}, {"prompt": "a dog", "n": 2, "seed": 100},
               {"prompt": "", "n": 1, "seed": 3}, {"prompt": "the cat is", "n": 3, "seed": 9},
