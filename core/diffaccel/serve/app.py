@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from .batcher import Batcher, Job
-from .engine import NO_STRATEGIES, Engine, RequestError, Work
+from .engine import FIELDS, NO_STRATEGIES, Engine, RequestError, Work
 from .metrics import Metrics
 
 MAX_SEED = 2**63 - 1
@@ -194,7 +194,7 @@ async def _submit(request: Request, batcher: Batcher, engine: Engine, kind: str,
         engine.check_keys(model, options)
     except ValueError as exc:
         key = getattr(exc, "key", None)
-        field = {"length": "max_tokens", "temperature": "temperature", "steps": "diffaccel.steps"}.get(key, key)
+        field = FIELDS.get(key, key)
         raise RequestError(400, f"{field}: {getattr(exc, 'message', exc)}", "invalid_request_error", param=field) from None
     seed = engine.config.model.seed if seed is None else seed
     if seed + n - 1 > MAX_SEED:

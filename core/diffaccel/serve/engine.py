@@ -42,6 +42,8 @@ NO_STRATEGIES = "none"
 """The preset every server offers: the model with no strategy (the baseline)."""
 DEFAULT_PRESET = "default"
 """The preset of the served config's own ``[[strategy]]`` tables."""
+FIELDS = {"length": "max_tokens", "temperature": "temperature", "steps": "diffaccel.steps"}
+"""A config key a request sets, by the request field that sets it (errors name the field)."""
 
 
 @runtime_checkable
@@ -241,5 +243,7 @@ def error_of(exc: BaseException) -> RequestError:
     if isinstance(exc, ModelError):  # the model's own computation raised (an out-of-memory in a layer, say)
         return RequestError(500, first, "model_error")
     if isinstance(exc, ValueError):  # the adapter refused this request's input (e.g. a prompt longer than max_tokens)
-        return RequestError(400, first or type(exc).__name__, "invalid_request_error")
+        field = FIELDS.get(getattr(exc, "key", None) or "")  # the option it names, where it names one
+        return RequestError(400, f"{field}: {first}" if field else first or type(exc).__name__, "invalid_request_error",
+                            param=field)
     return RequestError(500, f"{type(exc).__name__}: {first}", "server_error")
