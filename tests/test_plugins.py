@@ -217,6 +217,17 @@ def test_a_broken_plugin_is_warned_about_once_per_process(broken_site):
     assert proc.stdout.split(maxsplit=1) == ["2", "['echo', 'regbad']\n"]
 
 
+def test_the_broken_plugin_warning_points_at_the_users_line(broken_site):
+    code = ("import warnings, diffaccel\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    diffaccel.Registry()\n"  # line 4
+            "print(sorted({(x.filename, x.lineno) for x in w if issubclass(x.category, diffaccel.PluginWarning)}))\n")
+    proc = _run(broken_site, code=code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[('<string>', 4)]"  # not diffaccel's plugins.py
+
+
 def test_a_plugin_registered_by_hand_that_fails_raises():
     import diffaccel
 

@@ -17,6 +17,7 @@ import ast
 import importlib.metadata as md
 import inspect
 import os
+import sys
 import textwrap
 import warnings
 from collections.abc import Callable
@@ -156,7 +157,7 @@ class Registry:
         self.strategies = {k: s for k, s in self.strategies.items() if s.plugin != name}
         if (name, reason) not in _REPORTED:
             _REPORTED.add((name, reason))
-            warnings.warn(broken.line(), PluginWarning, stacklevel=3)
+            warnings.warn(broken.line(), PluginWarning, stacklevel=_outside_diffaccel())
 
     def _collect(self, plugin_name: str, plugin: Any, strict: bool = False) -> None:
         impl = getattr(plugin, "diffaccel_register", None)
@@ -270,6 +271,16 @@ def call_own(strategy: Any, hook: str, **kwargs: Any) -> list[Any]:
 def own_impl(strategy: Any, hook: str) -> Callable[..., Any] | None:
     """The function implementing ``hook`` on ``strategy`` (resolved once, for the hot path), or None."""
     return own(strategy, hook)
+
+
+def _outside_diffaccel() -> int:
+    """The ``stacklevel`` of the first caller outside the diffaccel package, for a warning raised
+    inside it: the user's line (``Registry()`` may be built several calls deep in diffaccel)."""
+    root = os.path.dirname(sys.modules["diffaccel"].__file__ or "") + os.sep
+    frame, level = sys._getframe(1), 1  # the caller of this function is level 1 to warnings.warn
+    while frame is not None and frame.f_code.co_filename.startswith(root):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _first_line(exc: BaseException) -> str:
