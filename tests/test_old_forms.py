@@ -14,7 +14,7 @@ import warnings
 import torch
 
 from diffaccel import Accelerator, Layer, RunState, hookimpl
-from diffaccel.sequence import RunSequence, StepModel
+from diffaccel.runtime.sequence import RunSequence, StepModel
 
 STEPS, ROWS, WIDTH = 4, 3, 8
 
@@ -164,8 +164,8 @@ def test_an_old_form_adapter_counts_as_the_current_one_with_one_warning_per_form
     # and the accelerator driven by hand (start_run / end_run), which the core never sees step
     old, warned = _deprecations(lambda: old_run(Model(True), Accelerator([Skipper()], "mini")))
     assert torch.equal(old[0], base[0]) and old[1]["counters"] == base[1]["counters"]
-    assert sorted(warned) == ["Accelerator.end_run is deprecated; use Accelerator.run_end (or diffaccel.sequence.RunSequence)",
-                              "Accelerator.start_run is deprecated; use Accelerator.run_start (or diffaccel.sequence.RunSequence)"]
+    assert sorted(warned) == ["Accelerator.end_run is deprecated; use Accelerator.run_end (or diffaccel.runtime.sequence.RunSequence)",
+                              "Accelerator.start_run is deprecated; use Accelerator.run_start (or diffaccel.runtime.sequence.RunSequence)"]
 
 
 def test_a_layer_of_the_current_form_computing_part_of_the_positions_says_how_many():

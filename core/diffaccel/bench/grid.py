@@ -16,7 +16,7 @@ from typing import Any
 
 import attrs
 
-from .errors import ConfigError
+from ..contract.errors import ConfigError
 
 FORM = "--grid [STRATEGY.]KEY=V1,V2,... (e.g. --grid threshold=0.05,0.1,0.2 or --grid swd.tau=0.8,0.9)"
 
@@ -80,7 +80,7 @@ def _table(data: dict[str, Any], axis: Axis, source: str, registry) -> dict[str,
 
 def expand(path: str, axes: list[Axis], registry) -> list[Any]:
     """The configs of ``path`` over the grid, each a ``RunConfig`` named by its values, validated."""
-    from .config import parse_config, read_toml
+    from ..runtime.config import parse_config, read_toml
 
     data = read_toml(path)
     stem = Path(path).stem

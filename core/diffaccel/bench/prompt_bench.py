@@ -1,6 +1,6 @@
 """``diffaccel bench CONFIGS --prompts FILE``: the bench over the items of a prompts file.
 
-Every item (one row: its prompt, its seed, as ``generate --prompts`` reads them, ``diffaccel.jobs``)
+Every item (one row: its prompt, its seed, as ``generate --prompts`` reads them, ``diffaccel.runtime.jobs``)
 runs in every entry (the baseline, each config's strategies, each ``[[peer]]``), interleaved in
 an order that rotates with the item's line, so the order does not depend on which process runs
 it. Under ``accelerate launch`` each process takes its share of the items
@@ -16,7 +16,7 @@ from typing import Any
 
 import attrs
 
-from .errors import DiffaccelError
+from ..contract.errors import DiffaccelError
 
 
 def run_prompt_bench(paths: list[str], prompts: str, *, noise_floor: bool = True, progress: bool = True,
@@ -26,13 +26,13 @@ def run_prompt_bench(paths: list[str], prompts: str, *, noise_floor: bool = True
     from accelerate.utils import gather_object
     from tqdm.auto import tqdm
 
-    from .accelerator import apply, build_strategies
-    from .adapter import PeersRunOtherConfigs
-    from .adapters_registry import get_adapter
-    from .bench import _judge_quality, _load_judge, _peer_entries, _strategy_quality, entry_name, load_bench_configs, with_seed
-    from .jobs import check_job_config, on_own_device, process_state, item_config, load_problem, raise_if_any, read_items
-    from .placement import DeviceClock
-    from .plugins import Registry
+    from ..runtime.accelerator import apply, build_strategies
+    from ..contract.adapter import PeersRunOtherConfigs
+    from ..runtime.adapters_registry import get_adapter
+    from .runner import _judge_quality, _load_judge, _peer_entries, _strategy_quality, entry_name, load_bench_configs, with_seed
+    from ..runtime.jobs import check_job_config, on_own_device, process_state, item_config, load_problem, raise_if_any, read_items
+    from ..runtime.placement import DeviceClock
+    from ..runtime.registry import Registry
 
     wall0 = time.perf_counter()
     base = problem = None
@@ -142,11 +142,11 @@ def main_bench(args) -> int:
     import json
     from pathlib import Path
 
-    from .bench import format_table
+    from .runner import format_table
 
     if args.batch is not None or args.repeats != 1:
         raise DiffaccelError("bench --prompts runs every item once, one row per call: --batch and --repeats do not apply")
-    from .jobs import exit_together
+    from ..runtime.jobs import exit_together
 
     try:
         result = run_prompt_bench(args.configs, args.prompts, noise_floor=not args.no_noise_floor,

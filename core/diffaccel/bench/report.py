@@ -27,9 +27,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .errors import DiffaccelError
-from .jobs import atomic_write
-from .memory import memory_cell
+from ..contract.errors import DiffaccelError
+from ..runtime.jobs import atomic_write
+from ..runtime.memory import memory_cell
 
 # quality measures, in the order the Pareto plot prefers them; True: higher is better
 MEASURES = {"gen_ppl": False, "psnr": True, "perplexity": False, "ssim": True, "agreement": True}
@@ -49,7 +49,7 @@ def versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             out[dist] = "not installed"
     try:
-        from .plugins import Registry
+        from ..runtime.registry import Registry
 
         for row in Registry().describe():
             out.setdefault(row["distribution"], str(row["version"]))

@@ -29,16 +29,16 @@ from typing import Any
 import attrs
 from tqdm.auto import tqdm
 
-from .accelerator import apply, build_strategies
-from .adapter import JudgesSamples, PeersRunOtherConfigs, PoolsQuality
-from .adapters_registry import get_adapter
-from .config import RunConfig, load_config
-from .errors import ConfigError, DiffaccelError
+from ..runtime.accelerator import apply, build_strategies
+from ..contract.adapter import JudgesSamples, PeersRunOtherConfigs, PoolsQuality
+from ..runtime.adapters_registry import get_adapter
+from ..runtime.config import RunConfig, load_config
+from ..contract.errors import ConfigError, DiffaccelError
 from .grid import expand
-from .memory import DevicePeak, memory_cell, process_peak_rss_mb
-from .placement import DeviceClock
-from .plugins import Registry, call_own
-from .stats import finite, pooled_ci, ratio_ci
+from ..runtime.memory import DevicePeak, memory_cell, process_peak_rss_mb
+from ..runtime.placement import DeviceClock
+from ..runtime.registry import Registry, call_own
+from ..kit.stats import finite, pooled_ci, ratio_ci
 
 
 def entry_name(config: RunConfig) -> str:
@@ -88,7 +88,7 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
     ``noise_floor``): also score the baseline on as many seeds again for ``gen_ppl_noise``.
     ``keep_outputs``: a dict that receives every entry's outputs (name -> one per seed), for the report.
     ``timed``: False runs every entry once per seed with no warm-up and no timing (speedup None).
-    ``grid``: ``diffaccel.grid.Axis`` list (``bench --grid``): each config with strategies becomes
+    ``grid``: ``diffaccel.bench.grid.Axis`` list (``bench --grid``): each config with strategies becomes
     one entry per combination of values. ``pipe``: a pipeline already loaded for these configs
     (``diffaccel.tune`` on a pipeline), used instead of loading the one ``[model]`` names."""
     if not timed and repeats != 1:

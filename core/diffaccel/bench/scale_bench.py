@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .errors import DiffaccelError
+from ..contract.errors import DiffaccelError
 
 
 def _free_port() -> int:
@@ -35,12 +35,12 @@ def _free_port() -> int:
 def launch_command(processes: int, args: list[str], port: int | None = None) -> list[str]:
     """``diffaccel ARGS`` as ``processes`` CPU processes under ``accelerate launch`` (1: plain python)."""
     if processes == 1:
-        return [sys.executable, "-m", "diffaccel.cli", *args]
+        return [sys.executable, "-m", "diffaccel.cli.entry", *args]
     # accelerate launch --cpu starts one process unless it goes through mpirun; --multi_gpu is its
     # torchrun launcher, which starts N processes on a CPU-only machine too (gloo, jobs.process_state)
     return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
             "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-            "--main_process_port", str(port or _free_port()), "-m", "diffaccel.cli", *args]
+            "--main_process_port", str(port or _free_port()), "-m", "diffaccel.cli.entry", *args]
 
 
 def _run(processes: int, config: str, prompts: str, out: Path, threads: int) -> dict:
@@ -120,7 +120,7 @@ def same_outputs(a: Path, b: Path) -> bool:
 
 
 def scale_bench(args) -> int:
-    from .jobs import read_items
+    from ..runtime.jobs import read_items
 
     if args.processes < 2 or args.threads < 1 or args.repeats < 1:
         raise DiffaccelError(f"scale-bench: --processes must be 2 or more, --threads and --repeats 1 or more; got "

@@ -35,7 +35,7 @@ from typing import Any
 
 import attrs
 
-from .errors import PluginError
+from ..contract.errors import PluginError
 
 ENTRY_GROUP = "diffaccel.commands"
 """Entry-point group declaring commands by name (read without importing anything)."""
@@ -93,8 +93,8 @@ def collect(core: tuple[str, ...], registry: Any = None) -> tuple[list[Command],
 
     Each registration runs on its own: one that raises (or takes a name already taken) is left
     out whole, nothing it added is kept, and the others still register."""
-    from .adapters_registry import adapter_names, get_adapter
-    from .plugins import Registry
+    from ..runtime.adapters_registry import adapter_names, get_adapter
+    from ..runtime.registry import Registry
 
     taken: set[tuple[str | None, str]] = {(None, name) for name in core}
     found: list[Command] = []
@@ -138,7 +138,7 @@ def _adapter_dist(name: str) -> str:
 
 @attrs.frozen(kw_only=True)
 class Declared:
-    """A command declared in a distribution's metadata (``diffaccel.commands``), not yet imported."""
+    """A command declared in a distribution's metadata (``diffaccel.cli.commands``), not yet imported."""
 
     name: str
     group: str | None
@@ -157,7 +157,7 @@ def declared(core: tuple[str, ...]) -> tuple[list[Declared], list[str]]:
     imported), and one line per declaration refused: a core command's name, a name declared
     twice, a group the core does not have. Commands of a distribution whose every plugin is
     blocked (``DIFFACCEL_PLUGINS``, ``DIFFACCEL_BLOCK_PLUGINS``) are left out."""
-    from .plugins import blocked_distributions
+    from ..runtime.registry import blocked_distributions
 
     blocked = blocked_distributions()
     taken: set[tuple[str | None, str]] = {(None, name) for name in core}

@@ -8,15 +8,15 @@ import shlex
 import sys
 import textwrap
 
-from .cli_examples import EXAMPLES
-from .errors import ConfigError, DiffaccelError, ModelError, NonFiniteError, StrategyError
+from .examples import EXAMPLES
+from ..contract.errors import ConfigError, DiffaccelError, ModelError, NonFiniteError, StrategyError
 
 CORE_CHECKED = ("generate", "bench", "overhead", "partial", "check", "tune", "scale-bench", "fluency")
 """Core commands whose paths, files and counts ``outputs.precheck`` checks first."""
 
 
 def add_command(sub, c, common: argparse.ArgumentParser) -> None:
-    """A registered command (``diffaccel.commands.Command``) as a subparser that runs it."""
+    """A registered command (``diffaccel.cli.commands.Command``) as a subparser that runs it."""
     epilog = f"{textwrap.dedent(c.examples).strip()}\n(from {c.source})" if c.examples else f"(from {c.source})"
     p = sub.add_parser(c.name, help=c.help, description=c.help, epilog=epilog,
                        formatter_class=argparse.RawDescriptionHelpFormatter, parents=[common])
@@ -26,7 +26,7 @@ def add_command(sub, c, common: argparse.ArgumentParser) -> None:
 
 
 def _parser(extra: list | None = None) -> argparse.ArgumentParser:
-    from . import __version__
+    from .. import __version__
 
     extra = extra or []
 
@@ -195,16 +195,16 @@ def _listed(d) -> object:
 
 def _generate(args) -> int:
     if args.prompts is not None:
-        from .jobs import main_generate
+        from ..runtime.jobs import main_generate
 
         return main_generate(args)
     import attrs
 
-    from .accelerator import apply, build_strategies
-    from .adapters_registry import get_adapter
-    from .config import load_config
+    from ..runtime.accelerator import apply, build_strategies
+    from ..runtime.adapters_registry import get_adapter
+    from ..runtime.config import load_config
     from .outputs import generate_out
-    from .plugins import Registry
+    from ..runtime.registry import Registry
 
     registry = Registry()
     cfg = load_config(args.config, registry)
@@ -226,7 +226,7 @@ def _generate(args) -> int:
           f"skipped {c['layers_skipped']}, positions computed {c['fraction_computed']:.0%}; output: {where}", file=sys.stderr)
     rel = out.report.get("reliability")
     if rel:
-        from .guard import describe
+        from ..runtime.guard import describe
 
         print(f"diffaccel: {describe(rel)}", file=sys.stderr)
     return 0
@@ -237,15 +237,15 @@ def _bench(args) -> int:
 
     check_bench_args(args)  # before any config or model loads
     if args.prompts is not None:
-        from .prompt_bench import main_bench
+        from ..bench.prompt_bench import main_bench
 
         for option, given in (("--report", args.report_dir), ("--plots", args.plot_dir), ("--quality-only", args.quality_only or None),
                               ("--grid", args.grid or None)):
             if given is not None:
                 raise ConfigError(f"{option}: not available with --prompts (the sharded bench writes --json only)")
         return main_bench(args)
-    from .bench import format_table, run_bench
-    from .grid import parse_grid
+    from ..bench.runner import format_table, run_bench
+    from ..bench.grid import parse_grid
 
     if args.quality_only and args.report_dir:
         raise ConfigError("--report: not available with --quality-only (a report plots speedup against quality)")
@@ -259,14 +259,14 @@ def _bench(args) -> int:
     if args.json_path:
         print(f"wrote {args.json_path}")
     if args.report_dir:
-        from .report import write_report
+        from ..bench.report import write_report
 
         print(f"wrote {write_report(args.report_dir, result, outputs, command=args.command_line, plot_dir=plot_dir)}")
     return 0
 
 
 def _scale_bench(args) -> int:
-    from .scale_bench import scale_bench
+    from ..bench.scale_bench import scale_bench
 
     return scale_bench(args)
 
@@ -274,8 +274,8 @@ def _scale_bench(args) -> int:
 def _plugins(args) -> int:
     import attrs
 
-    from .adapters_registry import describe_adapters
-    from .plugins import Registry
+    from ..runtime.adapters_registry import describe_adapters
+    from ..runtime.registry import Registry
 
     registry = Registry()
     adapters, rows = describe_adapters(), registry.describe()
@@ -313,7 +313,7 @@ def _plugins(args) -> int:
 def _plugins_check(registry, adapters) -> int:
     """Build each strategy with its config's defaults and check its hooks; adapters were checked
     against the Adapter protocol when ``describe_adapters`` loaded them."""
-    from .plugins import contract_problems
+    from ..runtime.registry import contract_problems
 
     from .commands import undeclared
 
@@ -339,10 +339,10 @@ def _plugins_check(registry, adapters) -> int:
 
 
 def _check(args) -> int:
-    from .accelerator import build_strategies
-    from .adapters_registry import get_adapter
-    from .config import load_config
-    from .plugins import Registry
+    from ..runtime.accelerator import build_strategies
+    from ..runtime.adapters_registry import get_adapter
+    from ..runtime.config import load_config
+    from ..runtime.registry import Registry
 
     registry = Registry()
     for path in args.configs:
@@ -357,13 +357,13 @@ def _check(args) -> int:
 
 
 def _serve(args) -> int:
-    from .serve import main as serve  # FastAPI and uvicorn load only for this command
+    from ..serve import main as serve  # FastAPI and uvicorn load only for this command
 
     return serve(args)
 
 
 def _tune(args) -> int:
-    from .tuning import tune
+    from ..tuning.tuner import tune
 
     try:
         result = tune(args.config, args.budget, args.out, trials=args.trials, tune_seeds=args.tune_seeds, heldout=args.heldout,
@@ -417,7 +417,7 @@ def _warnings_as_lines() -> None:
     """diffaccel's own warnings (a plugin left out as broken) as one stderr line each, no source line."""
     import warnings
 
-    from .plugins import PluginWarning
+    from ..runtime.registry import PluginWarning
 
     shown = warnings.showwarning
 

@@ -61,7 +61,7 @@ EXAMPLES = {
         Lists each adapter installed through the 'diffaccel.adapters' entry-point group (with the
         capabilities it declares) and each strategy installed through the 'diffaccel' group (with
         the capabilities it requires). --check also builds every strategy with its defaults and
-        verifies its hooks against the contract (diffaccel.hookspecs): misspelled or unmarked
+        verifies its hooks against the contract (diffaccel.contract.hookspecs): misspelled or unmarked
         hooks and methods the core no longer calls are reported, exit code 2.""",
     "check": """
         example:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .adapter import WritesFiles
-from .errors import ConfigError
+from ..contract.adapter import WritesFiles
+from ..contract.errors import ConfigError
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -99,11 +99,11 @@ def precheck(args) -> None:
     library is imported: config files (TOML, tables, adapter name, ``[model]`` keys where the
     adapter declares them lightly), prompts files, counts and output paths. One ``ConfigError``
     or ``DiffaccelError`` line; the commands repeat what needs the adapter once it is imported."""
-    from .config import precheck_config
+    from ..runtime.config import precheck_config
 
     command = args.command
     if command == "bench":
-        from .grid import parse_grid
+        from ..bench.grid import parse_grid
 
         check_bench_args(args)
         parse_grid(args.grid)
@@ -114,7 +114,7 @@ def precheck(args) -> None:
     checked = [precheck_config(path) for path in configs]
     prompts = getattr(args, "prompts", None)
     if prompts is not None:
-        from .jobs import check_out_dir, read_items
+        from ..runtime.jobs import check_out_dir, read_items
 
         read_items(prompts, 0)
         if command == "generate":

@@ -8,17 +8,17 @@ from typing import Any
 
 import attrs
 
-from .accelerator import Accelerator
-from .adapter import JudgesSamples, MeasuresFluency, TimesPartialSteps
-from .adapters_registry import get_adapter
-from .bench import with_batch
-from .config import load_config
-from .errors import ConfigError, DiffaccelError
-from .guard import GuardConfig, all_finite
-from .placement import DeviceClock
-from .plugins import Registry, hookimpl
-from .sequence import RunSequence, StepModel
-from .state import Layer, RunState
+from ..runtime.accelerator import Accelerator
+from ..contract.adapter import JudgesSamples, MeasuresFluency, TimesPartialSteps
+from ..runtime.adapters_registry import get_adapter
+from ..bench.runner import with_batch
+from ..runtime.config import load_config
+from ..contract.errors import ConfigError, DiffaccelError
+from ..runtime.guard import GuardConfig, all_finite
+from ..runtime.placement import DeviceClock
+from ..runtime.registry import Registry, hookimpl
+from ..runtime.sequence import RunSequence, StepModel
+from ..contract.state import Layer, RunState
 
 
 def _load(path: str, registry: Registry | None = None):

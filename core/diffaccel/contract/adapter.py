@@ -6,7 +6,7 @@ entry-point group (``text = "pkg.module:TextAdapter"``); the entry-point name is
 pyproject.toml (``diffaccel plugins`` lists every installed one), and nothing in the core knows
 their names.
 
-An adapter's run drives the core's step sequence (``diffaccel.sequence.RunSequence``), which
+An adapter's run drives the core's step sequence (``diffaccel.runtime.sequence.RunSequence``), which
 calls the hooks in order and keeps the run's counters; the adapter sets
 ``run.positions_per_layer`` and ``run.info`` and routes each layer through
 ``accelerator.layer_output``. ``diffaccel.testing.check_adapter`` checks an adapter against this
@@ -15,7 +15,7 @@ contract; docs/writing-an-adapter.md is the guide (generated in part from this m
 The object the entry point names (a class with static methods, or an instance) must provide every
 member of ``Adapter``; ``diffaccel plugins --check`` and the first use verify it
 (``missing_members``). What the adapter's layers and steps offer to strategies is its
-``capabilities`` (``diffaccel.capabilities``).
+``capabilities`` (``diffaccel.contract.capabilities``).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class Adapter(Protocol):
     Options: type
     """Frozen attrs class of the ``[model]`` keys only this adapter reads."""
     capabilities: frozenset[str]
-    """What its layers and steps offer strategies (``diffaccel.capabilities``)."""
+    """What its layers and steps offer strategies (``diffaccel.contract.capabilities``)."""
     PEERS: Mapping[str, type]
     """Other libraries' accelerators ``bench`` may compare (``[[peer]] use = name``): name -> attrs
     class of the peer's keys. Empty when it offers none."""
@@ -133,7 +133,7 @@ class JudgesSamples(Protocol):
 
 @runtime_checkable
 class WritesItems(Protocol):
-    """Optional: ``diffaccel generate --prompts`` (one item per line, results.jsonl; ``diffaccel.jobs``)."""
+    """Optional: ``diffaccel generate --prompts`` (one item per line, results.jsonl; ``diffaccel.runtime.jobs``)."""
 
     def write_item(self, output: Any, out_dir: Any, stem: str) -> dict[str, Any]:
         """Write one item's files (a one-row ``output``) into ``out_dir`` as ``stem.*``, each under a

@@ -23,9 +23,9 @@ Each hook's merge rule is declared once, here, with ``@contract(...)`` (``RULES`
 collected list, pipe, union, each with wrappers, per strategy), and the core's dispatcher is
 built from that data. Hooks marked *per strategy* are called on one strategy at a time (its own
 result is used); the others run over every strategy of the config, in config order
-(``tryfirst`` / ``trylast`` respected), then the built-in default (``diffaccel.builtin``), a
+(``tryfirst`` / ``trylast`` respected), then the built-in default (``diffaccel.runtime.builtin``), a
 plain plugin with ``trylast`` implementations. The order of a run's hooks is the core's step
-sequence (``diffaccel.sequence``), the same on every adapter.
+sequence (``diffaccel.runtime.sequence``), the same on every adapter.
 
 Exceptions: a ``ConfigValueError`` from ``diffaccel_setup`` becomes a one-line ``ConfigError``
 naming the config file and strategy; a ``DiffaccelError`` (or subclass) raised by any hook ends
@@ -171,7 +171,7 @@ def diffaccel_register(register: Callable[[Any], None]) -> None:
     """Called once per plugin module when plugins are loaded (module level, not per strategy).
 
     Call ``register(Strategy(name=..., config=..., factory=..., requires=...))`` for each strategy
-    the plugin offers; ``requires`` lists capabilities (``diffaccel.capabilities``), a tuple of
+    the plugin offers; ``requires`` lists capabilities (``diffaccel.contract.capabilities``), a tuple of
     alternatives standing for any one of them. Returns nothing.
     """
 
@@ -285,7 +285,7 @@ def diffaccel_post_step(run: "RunState", output: Any) -> None:
     ``top1_prob``, ``logits``, ``computed`` (and ``masked`` with ``mask-confidences``,
     ``latents`` for continuous samplers). ``spatial-features``: ``latents``, ``noise_pred`` and
     ``pred_original``. Returns nothing; strategies update their state and may set ``run.stop``:
-    the core's step sequence (``diffaccel.sequence``) then ends the run after this step on every
+    the core's step sequence (``diffaccel.runtime.sequence``) then ends the run after this step on every
     adapter. Text samplers finalise with what they have (masked positions left are filled by
     finalize); DiffusionGemma's block sampler ends the active block (the model's own early exit)
     and goes on with the next; UNet and DiT finalise at once from the scheduler's clean estimate
@@ -312,7 +312,7 @@ def diffaccel_memory(run: "RunState") -> "int | None":
     ``diffaccel_run_end`` releases per-run memory: the bytes this strategy holds for the run
     beyond the model's own (caches, anchors, every guidance branch), on whatever device they
     live. Return None (or implement nothing) to let the core count the tensors in the strategy's
-    ``run.state`` states, each storage once (``diffaccel.memory.state_bytes``); implement it when
+    ``run.state`` states, each storage once (``diffaccel.runtime.memory.state_bytes``); implement it when
     the strategy holds memory elsewhere or pre-allocates beyond what it uses. Merge: the
     strategy's own answer; the run report lists each under ``memory.state_bytes`` and ``bench``
     reports the largest over its seeds (``state_mb``).
@@ -365,7 +365,7 @@ def diffaccel_register_commands(commands: Any) -> None:
     group and every adapter (group ``diffaccel.adapters``) that has the attribute, and reports
     commands added but not declared. Add subcommands with ``commands.add(name,
     help=..., run=..., arguments=..., examples=..., group=None)`` (a
-    ``diffaccel.commands.Commands``). ``group="train"`` makes it ``diffaccel train NAME`` (how
+    ``diffaccel.cli.commands.Commands``). ``group="train"`` makes it ``diffaccel train NAME`` (how
     adapters offer training). A plugin's command imports only the core (``diffaccel``), never an
     adapter or another plugin.
 

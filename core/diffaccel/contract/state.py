@@ -17,8 +17,8 @@ from typing import Any
 import attrs
 
 from .errors import PluginError
-from .guard import Reliability
 from .hookspecs import own
+from .reliability import Reliability
 
 MODEL_FAULT = "diffaccel_layer"
 """Attribute set on an exception raised inside a ``Layer.compute``: the layer's name. The core
@@ -38,7 +38,7 @@ def _hand_counted(cls: type) -> None:
         return
     _HAND_COUNTED.add(cls)
     warnings.warn(f"{cls.__qualname__}.compute adds to run.counters itself; the core counts every computed layer now "
-                  "(diffaccel.sequence.RunSequence): remove those lines, and for a call computing only some positions "
+                  "(diffaccel.runtime.sequence.RunSequence): remove those lines, and for a call computing only some positions "
                   "set self.computed_positions (deprecated, counted once until 0.3.0)", DeprecationWarning, stacklevel=4)
 
 
@@ -92,7 +92,7 @@ def _model_side(compute: Callable[..., Any]) -> Callable[..., Any]:
 @attrs.define
 class Counters:
     """What the denoiser actually did during a run, counted by the core (``Layer.compute`` and
-    ``diffaccel.sequence.RunSequence``); strategies add their ``cache_hits``."""
+    ``diffaccel.runtime.sequence.RunSequence``); strategies add their ``cache_hits``."""
 
     layers_computed: int = 0
     """Layer or block calls that ran (partially or fully)."""
@@ -345,7 +345,7 @@ class RunState:
     """Set by a strategy: an external condition vector (B, cond_dim) for models with condition
     gating (text adapter, reference models with ``cond_dim`` > 0); None: no external condition."""
     capabilities: frozenset[str] = frozenset()
-    """What the adapter offers at this run (``diffaccel.capabilities``); strategies that serve
+    """What the adapter offers at this run (``diffaccel.contract.capabilities``); strategies that serve
     several kinds of model choose their behaviour from it."""
     reliability: Reliability = attrs.Factory(Reliability)
     """What the core did for this run's reliability (strategies disabled, steps recomputed, guard

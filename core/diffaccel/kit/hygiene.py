@@ -34,7 +34,7 @@ from typing import Any
 
 import attrs
 
-from .hookspecs import RUN_HOOKS
+from ..contract.hookspecs import RUN_HOOKS
 
 STEP_HOOKS = tuple(h for h in RUN_HOOKS if h not in ("diffaccel_run_start", "diffaccel_finalize", "diffaccel_run_end"))
 """The hooks called inside a step: those ``watch`` records."""
@@ -94,7 +94,7 @@ def watch(strategies: Sequence[Any], *, device: Any, dtype: Any, small: int = 0)
     from torch.overrides import TorchFunctionMode
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from .state import Layer
+    from ..contract.state import Layer
 
     device = torch.device(device)
     seen = Seen()

@@ -1,12 +1,12 @@
 """Strategies of one config bound together: the object adapters call during a run.
 
-The dispatcher is built from the contract's data (``diffaccel.hookspecs.RULES``): for each run
+The dispatcher is built from the contract's data (``diffaccel.contract.hookspecs.RULES``): for each run
 hook, the implementations of the strategies not disabled, in config order (``tryfirst`` /
-``trylast`` respected), then the built-in default (``diffaccel.builtin``), resolved into plain
+``trylast`` respected), then the built-in default (``diffaccel.runtime.builtin``), resolved into plain
 lists once per ``apply`` (and again only when a strategy is disabled); each hook's merge rule
 (first result, collected list, pipe, union, each with wrappers) is one function of ``MERGES``.
 Every implementation is called inside its own ``try``: a fault is blamed at the call site, on the
-strategy whose implementation was called (``diffaccel.guard``), never by walking a traceback, and
+strategy whose implementation was called (``diffaccel.runtime.guard``), never by walking a traceback, and
 an exception the model raised inside ``layer.compute`` is the model's, whoever called it.
 """
 
@@ -19,14 +19,14 @@ from typing import Any
 
 from .adapters_registry import adapter_for, get_adapter
 from .builtin import DefaultBehaviour
-from .capabilities import describe, missing
+from ..contract.capabilities import describe, missing
 from .config import RunConfig, load_config, parse_config
-from .errors import ConfigError, ConfigValueError, DiffaccelError, NonFiniteError
+from ..contract.errors import ConfigError, ConfigValueError, DiffaccelError, NonFiniteError
 from .guard import GuardConfig, all_finite, call_guarded, relative_error, strategy_error
-from .hookspecs import COLLECT, EACH, FIRST, PIPE, RULES, RUN_HOOKS, UNION, implementation, own
+from ..contract.hookspecs import COLLECT, EACH, FIRST, PIPE, RULES, RUN_HOOKS, UNION, implementation, own
 from .memory import state_bytes
-from .plugins import Registry, check_strategy
-from .state import MODEL_FAULT, Layer, RunState, StepPlan
+from .registry import Registry, check_strategy
+from ..contract.state import MODEL_FAULT, Layer, RunState, StepPlan
 
 APPLY_SOURCE = "diffaccel.apply"
 """What ``ConfigError`` lines name in place of a file for ``apply(pipe, strategies=[{...}])``."""
@@ -36,7 +36,7 @@ Entry = tuple[str | None, Callable[..., Any]]
 
 
 def _renamed(old: str, new: str) -> None:
-    warnings.warn(f"Accelerator.{old} is deprecated; use Accelerator.{new} (or diffaccel.sequence.RunSequence)",
+    warnings.warn(f"Accelerator.{old} is deprecated; use Accelerator.{new} (or diffaccel.runtime.sequence.RunSequence)",
                   DeprecationWarning, stacklevel=3)
 
 
@@ -93,7 +93,7 @@ class Accelerator:
     ``StrategyError``, or drops that strategy for the rest of the run when its policy
     (``on_error``) is ``disable``. ``guard`` (a ``GuardConfig``) sets the non-finite check and the
     quality guard; ``registry`` names the strategies' distributions in errors (looked up only when
-    one happens). Adapters drive it through ``diffaccel.sequence.RunSequence``.
+    one happens). Adapters drive it through ``diffaccel.runtime.sequence.RunSequence``.
     """
 
     def __init__(self, strategies: Sequence[Any] = (), adapter: str = "", *, on_error: Mapping[str, str] | None = None,
@@ -244,7 +244,7 @@ class Accelerator:
         run.reliability.disabled.append({"strategy": name, "hook": hook, "step": run.step, "error": why.strip().split("\n")[0]})
         self._resolve()
 
-    # -- the run lifecycle, called through diffaccel.sequence.RunSequence ------------------------
+    # -- the run lifecycle, called through diffaccel.runtime.sequence.RunSequence ------------------------
     def run_start(self, run: RunState) -> None:
         if self._disabled or self._bypass:  # disabled for the last run only: a new run starts with all
             self._disabled.clear()

@@ -1,7 +1,7 @@
 """Where the core finds adapters: the ``diffaccel.adapters`` entry-point group, loaded on first use.
 
 Every adapter, the shipped ones included, is a distribution's entry point
-``name = "module:object"``; the object must conform to ``diffaccel.adapter.Adapter``. This module
+``name = "module:object"``; the object must conform to ``diffaccel.contract.adapter.Adapter``. This module
 knows no adapter by name.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from .errors import ConfigError, DiffaccelError, PluginError
+from ..contract.errors import ConfigError, DiffaccelError, PluginError
 
 GROUP = "diffaccel.adapters"
 
@@ -55,7 +55,7 @@ def get_adapter(name: str, *, where: str = "") -> Any:
 
 
 def _check(adapter: Any, name: str, dist: str) -> None:
-    from .adapter import missing_members
+    from ..contract.adapter import missing_members
 
     gone = missing_members(adapter)
     if gone:

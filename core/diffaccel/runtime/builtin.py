@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from .hookspecs import hookimpl
+from ..contract.hookspecs import hookimpl
 
 
 class DefaultBehaviour:
     """Computes a layer in full when no strategy answered, and finalises with the adapter's default."""
 
-    name = "diffaccel.builtin"
+    name = "diffaccel.runtime.builtin"
 
     @hookimpl(trylast=True)
     def diffaccel_layer_output(self, run, layer, hidden) -> Any:

@@ -13,7 +13,7 @@ file, the table and the key, what was wrong and what is allowed.
     use = "swd"               # strategy name, see `diffaccel plugins`
     tau = 0.9
 
-    [guard]                   # optional: checks of the run beside the strategies (diffaccel.guard)
+    [guard]                   # optional: checks of the run beside the strategies (diffaccel.runtime.guard)
     every = 10                # quality guard: a full step beside the strategies' every 10 steps
 
     [[peer]]                  # optional: another library's accelerator for `bench` to compare
@@ -31,10 +31,10 @@ from typing import Any
 
 import attrs
 
-from .errors import ConfigError, ConfigValueError
+from ..contract.errors import ConfigError, ConfigValueError
 from .guard import GuardConfig, on_error_value
 from .placement import DTYPES, check_placement
-from .validators import non_empty, one_of, positive
+from ..contract.validators import non_empty, one_of, positive
 
 
 @attrs.frozen(kw_only=True)
@@ -53,7 +53,7 @@ class ModelConfig:
     batch: int = attrs.field(default=1, validator=positive)
     """Samples generated together."""
     device: str = attrs.field(default="cpu", validator=non_empty)
-    """torch device, e.g. ``cpu``, ``cuda`` or ``cuda:1``; checked before loading (``diffaccel.placement``)."""
+    """torch device, e.g. ``cpu``, ``cuda`` or ``cuda:1``; checked before loading (``diffaccel.runtime.placement``)."""
     dtype: str = attrs.field(default="float32", validator=one_of(DTYPES))
     """The denoiser's weights and activations: ``float32``, ``bfloat16`` or ``float16`` (where the device
     has its kernels). Strategies' caches follow it; the text adapter's judge keeps its own (float32)."""
@@ -104,7 +104,7 @@ class RunConfig:
     peers: tuple[PeerEntry, ...] = ()
     """``[[peer]]`` tables in file order; only ``bench`` runs them."""
     guard: GuardConfig = GuardConfig()
-    """The ``[guard]`` table: non-finite check and quality guard (``diffaccel.guard``)."""
+    """The ``[guard]`` table: non-finite check and quality guard (``diffaccel.runtime.guard``)."""
     name: str | None = None
     """Its ``bench`` entry name when not the file's stem (``bench --grid``: the stem and the values)."""
 
@@ -286,8 +286,8 @@ def precheck_config(path: str | Path) -> Precheck:
 
 def parse_config(data: dict[str, Any], source: str = "<config>", registry=None) -> RunConfig:
     from .adapters_registry import get_adapter
-    from .capabilities import describe, missing
-    from .plugins import Registry
+    from ..contract.capabilities import describe, missing
+    from .registry import Registry
 
     model_table, adapter = _model_table(data, source)
     where = f"{source}: [model]"

@@ -4,7 +4,7 @@
   inside its own ``try`` (free unless something is raised), so it knows whose call raised; such
   an exception becomes a ``StrategyError`` (or, with the strategy's ``on_error = "disable"``,
   drops that strategy for the rest of the run). What a layer's own ``compute`` raises is marked
-  as the model's where it is raised (``diffaccel.state.Layer``), also when a strategy's hook
+  as the model's where it is raised (``diffaccel.contract.state.Layer``), also when a strategy's hook
   called it, and the step sequence reports it as a ``ModelError`` naming the checkpoint and the
   step; an exception raised outside every strategy (the adapter) propagates as it is.
 * Non-finite outputs. Each step's raw denoiser output is checked with one sum (``all_finite``;
@@ -22,9 +22,11 @@ from typing import Any
 
 import attrs
 
-from .errors import ConfigValueError, DiffaccelError, StrategyError
-from .plugins import Registry
-from .validators import non_negative, one_of, positive
+from ..contract.errors import ConfigValueError, DiffaccelError, StrategyError
+# Reliability (what the core did, kept on RunState) lives beside the run state in the contract layer
+from ..contract.reliability import Reliability  # noqa: F401 - also importable here, as before
+from ..contract.validators import non_negative, one_of, positive
+from .registry import Registry
 
 ON_ERROR = ("raise", "disable")
 """Values of a ``[[strategy]]`` table's ``on_error`` key."""
@@ -109,30 +111,6 @@ def relative_error(accelerated: Any, full: Any) -> float:
     a, f = accelerated.float(), full.float()
     denom = float(f.norm())
     return float((a - f).norm()) / denom if denom > 0 else float((a - f).norm() > 0)
-
-
-@attrs.define
-class Reliability:
-    """What the core did for a run's reliability (``RunState.reliability``; in the report when
-    anything happened)."""
-
-    disabled: list[dict[str, Any]] = attrs.Factory(list)
-    """Strategies dropped for the rest of the run (``on_error = "disable"`` or the guard):
-    strategy, hook, step, error."""
-    nonfinite_recomputed: int = 0
-    """Steps whose output held NaN or inf with strategies active, recomputed without them."""
-    guard_checks: int = 0
-    """Steps the quality guard computed in full beside the strategies' step."""
-    guard_trips: int = 0
-    """Of those, how many were past the threshold (then reset or disabled)."""
-    guard_resets: int = 0
-    """Times every strategy's per-run state was dropped by the guard."""
-    guard_max_error: float = 0.0
-    """Largest relative error the guard saw."""
-
-    def as_dict(self) -> dict[str, Any] | None:
-        d = attrs.asdict(self)
-        return d if any(d.values()) else None
 
 
 def describe(reliability: dict[str, Any]) -> str:

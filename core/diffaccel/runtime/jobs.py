@@ -32,8 +32,8 @@ from typing import Any
 
 import attrs
 
-from .adapter import WritesItems
-from .errors import ConfigError, DiffaccelError
+from ..contract.adapter import WritesItems
+from ..contract.errors import ConfigError, DiffaccelError
 
 RESULTS = "results.jsonl"
 PARTS = ".parts"
@@ -273,7 +273,7 @@ def generate_job(config_path: str, prompts: str, out: str | None, *, seed: int |
     Under ``accelerate launch`` call it on every process: all return the same summary."""
     from .adapters_registry import get_adapter
     from .config import load_config
-    from .plugins import Registry
+    from .registry import Registry
 
     # Everything a user can get wrong is checked here, on every process, before any model loads;
     # then the processes compare notes, so that each prints the same line and none waits for another.

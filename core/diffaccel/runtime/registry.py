@@ -25,35 +25,14 @@ from typing import Any
 import attrs
 import pluggy
 
-from . import hookspecs
-from .errors import PluginError
-from .hookspecs import hookimpl, own
+from ..contract import hookspecs
+from ..contract.errors import PluginError
+from ..contract.hookspecs import hookimpl, own
+# Strategy (what a plugin registers) is in the contract layer, importable here as before
+from ..contract.strategy import Strategy
 
 GROUP = "diffaccel"
 __all__ = ["GROUP", "Registry", "Strategy", "call_own", "check_strategy", "contract_problems", "hookimpl", "own_impl"]
-
-
-@attrs.frozen(kw_only=True)
-class Strategy:
-    """What a plugin registers: a strategy name as written in configs and how to build it."""
-
-    name: str
-    """Name used in ``[[strategy]] use = "..."``."""
-    config: type
-    """Frozen, keyword-only attrs class of the strategy's parameters."""
-    factory: Callable[[Any], Any]
-    """Called with a config instance; returns the object whose hookimpls run."""
-    requires: tuple[str | tuple[str, ...], ...] = attrs.field(default=(), converter=lambda r: tuple(
-        x if isinstance(x, str) else tuple(x) for x in r))
-    """Capabilities the model must offer (``diffaccel.capabilities``); a tuple inside stands for
-    alternatives, e.g. ``((TOKEN_POSITIONS, BLOCK_STACK),)``: either will do. Never adapter names."""
-    description: str = ""
-    """One line for ``diffaccel plugins``."""
-    reports: tuple[str, ...] = attrs.field(default=(), converter=tuple)
-    """Quality keys its ``diffaccel_bench_quality`` adds to a bench (``diffaccel tune``'s budgets
-    may name them, e.g. ``key_term_recall>=0.95``)."""
-    plugin: str = ""
-    """Entry-point name of the plugin that registered it (set by the registry)."""
 
 
 def new_plugin_manager() -> pluggy.PluginManager:

@@ -22,7 +22,7 @@ same methods from their wrappers (``start`` at the first denoiser call, ``denois
 again.
 
 The run's counters are the core's: while ``denoise`` computes a step the run is current
-(``diffaccel.state.CURRENT_RUN``), and every ``Layer.compute`` called meanwhile, by whoever, adds
+(``diffaccel.contract.state.CURRENT_RUN``), and every ``Layer.compute`` called meanwhile, by whoever, adds
 a computed layer and its positions (``run.positions_per_layer``, or ``layer.computed_positions``
 for a layer that ran on part of them); ``layer_output`` adds every layer call to
 ``positions_total`` and counts the calls nothing computed as skipped; ``skipped`` counts the plan's
@@ -34,8 +34,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .errors import ModelError
-from .state import CURRENT_RUN, MODEL_FAULT, Layer, RunState, StepPlan
+from ..contract.errors import ModelError
+from ..contract.state import CURRENT_RUN, MODEL_FAULT, Layer, RunState, StepPlan
 
 
 class NullAccelerator:

@@ -24,7 +24,7 @@ from typing import Any
 
 import attrs
 
-from .errors import ConfigError
+from ..contract.errors import ConfigError
 
 ALIASES = {"acc": "cond_acc", "accuracy": "cond_acc", "distinct2": "distinct_2", "distinct1": "distinct_1",
            "ppl": "perplexity", "genppl": "gen_ppl"}

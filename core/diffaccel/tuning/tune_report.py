@@ -76,7 +76,7 @@ def write_report(folder: Path, study: Any, budgets: Sequence[Budget], figures: d
 
 def tune_blocks(folder: Path, title: str, command: str) -> list[tuple]:
     """A tune report folder (its ``tune.json``) as report blocks for a combined page
-    (``diffaccel.report.combine``'s ``extra``): the command, the budget, the held-out figures of
+    (``diffaccel.bench.report.combine``'s ``extra``): the command, the budget, the held-out figures of
     every re-measured point and the config as given, and the trial plots (paths relative to
     ``folder``)."""
     import json

@@ -1,10 +1,10 @@
 """``diffaccel tune``: the fastest settings of a config's strategies within a quality budget, on
 the user's own model, proven on seeds it did not tune on.
 
-1. The budgets (``diffaccel.budget``) are checked against the metrics the adapter and the config's
+1. The budgets (``diffaccel.tuning.budget``) are checked against the metrics the adapter and the config's
    strategies report, and the search space is read from the strategies' plugins
    (``diffaccel_tunables``), before any model loads.
-2. Trials (``diffaccel.search``) run on the tuning seeds: each measures the trial's strategies and
+2. Trials (``diffaccel.tuning.search``) run on the tuning seeds: each measures the trial's strategies and
    the baseline on the same seeds, interleaved (speedup: the ratio of their wall times), and its
    quality beside the baseline's with the bench's own metrics (and judge).
 3. The best few feasible points and the config as given are re-measured by the ordinary bench on
@@ -30,17 +30,17 @@ from typing import Any
 import attrs
 from tqdm.auto import tqdm
 
-from .accelerator import apply, build_strategies
-from .adapter import JudgesSamples, ReportsQuality
-from .adapters_registry import get_adapter
-from .bench import _load_judge, run_bench
+from ..runtime.accelerator import apply, build_strategies
+from ..contract.adapter import JudgesSamples, ReportsQuality
+from ..runtime.adapters_registry import get_adapter
+from ..bench.runner import _load_judge, run_bench
 from .budget import parse_all
-from .config import RunConfig, load_config, parse_config, read_toml
-from .errors import ConfigError, DiffaccelError
-from .placement import DeviceClock
-from .plugins import Registry, call_own
+from ..runtime.config import RunConfig, load_config, parse_config, read_toml
+from ..contract.errors import ConfigError, DiffaccelError
+from ..runtime.placement import DeviceClock
+from ..runtime.registry import Registry, call_own
 from .search import Measured, Space, Tunable, feasible_front, open_study, run_trials
-from .stats import finite
+from ..kit.stats import finite
 from .toml_out import dumps
 from .tune_report import write_report
 
@@ -217,7 +217,7 @@ class _Trials:
 def _pipeline_config(pipe: Any, model: dict[str, Any] | None, strategies: Sequence[dict[str, Any]] | None) -> dict[str, Any]:
     """The config (as TOML tables) of a tune on a loaded pipeline: its adapter, ``model``'s keys
     and the ``strategies`` tables."""
-    from .adapters_registry import adapter_for
+    from ..runtime.adapters_registry import adapter_for
 
     if not strategies or not all(isinstance(s, dict) for s in strategies):
         raise ConfigError("diffaccel.tune(pipe, ...): give strategies=[{'use': ...}, ...], the [[strategy]] tables to tune")
