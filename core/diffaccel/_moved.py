@@ -58,13 +58,18 @@ REMOVED_IN = "0.3"
 
 
 def _stacklevel() -> int:
-    """The ``stacklevel`` that points a warning at the import statement (or ``import_module``
-    call) that asked for the old path, past the import system's own frames and this module's."""
-    frame, level = sys._getframe(2), 2
-    while frame is not None and (frame.f_code.co_filename.startswith("<frozen importlib")
-                                 or frame.f_code.co_filename == __file__
-                                 or frame.f_code.co_filename.endswith(("importlib/__init__.py", "importlib\\__init__.py"))):
-        frame, level = frame.f_back, level + 1
+    """The ``stacklevel`` (counted from ``warn``) that points a warning at the import statement or
+    ``import_module`` call that asked for the old path: past this module's frames and
+    ``importlib.import_module``'s. The import system's own frames (importlib._bootstrap) are
+    skipped by ``warnings`` itself and are not counted."""
+    frame, level = sys._getframe(2), 1
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not ("importlib" in name and "_bootstrap" in name):
+            if name != __file__ and not name.endswith(("importlib/__init__.py", "importlib\\__init__.py")):
+                return level + 1
+            level += 1
+        frame = frame.f_back
     return level
 
 
@@ -116,6 +121,9 @@ def old_names(package: str, module: str) -> Callable[[str], Any]:
         if not hasattr(new, name):
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         warn(f"{package}.{name}", f"{module}.{name}")
-        return getattr(new, name)
+        value = getattr(new, name)
+        # kept on the package: one warning per name and process, as for an old module path
+        setattr(sys.modules[package], name, value)
+        return value
 
     return __getattr__
