@@ -112,6 +112,8 @@ def old_names(package: str, module: str) -> Callable[[str], Any]:
     (``diffaccel.bench`` was bench.py, now ``diffaccel.bench.runner``): the old module's names
     resolve, with a DeprecationWarning naming the new place. Submodules resolve as submodules."""
 
+    warned: set[str] = set()  # one warning per name and process, as for an old module path
+
     def __getattr__(name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
@@ -120,10 +122,10 @@ def old_names(package: str, module: str) -> Callable[[str], Any]:
         new = importlib.import_module(module)
         if not hasattr(new, name):
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        warn(f"{package}.{name}", f"{module}.{name}")
-        value = getattr(new, name)
-        # kept on the package: one warning per name and process, as for an old module path
-        setattr(sys.modules[package], name, value)
-        return value
+        if name not in warned:
+            warned.add(name)
+            warn(f"{package}.{name}", f"{module}.{name}")
+        # not kept on the package: a later monkeypatch of the new module is seen through the old name
+        return getattr(new, name)
 
     return __getattr__

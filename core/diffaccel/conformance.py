@@ -40,10 +40,10 @@ from typing import Any
 import attrs
 
 from .contract import capabilities as caps
+from .contract.state import Layer
 from .runtime.accelerator import apply
 from .runtime.guard import GuardConfig
 from .runtime.registry import hookimpl
-from .contract.state import Layer
 
 CHECKS = ("idle", "order", "stop", "state", "guards", "report", "commit")
 """Every check ``check_adapter`` runs (``skip`` takes names from here)."""

@@ -29,16 +29,16 @@ from typing import Any
 import attrs
 from tqdm.auto import tqdm
 
-from ..runtime.accelerator import apply, build_strategies
 from ..contract.adapter import JudgesSamples, PeersRunOtherConfigs, PoolsQuality
+from ..contract.errors import ConfigError, DiffaccelError
+from ..kit.stats import finite, pooled_ci, ratio_ci
+from ..runtime.accelerator import apply, build_strategies
 from ..runtime.adapters_registry import get_adapter
 from ..runtime.config import RunConfig, load_config
-from ..contract.errors import ConfigError, DiffaccelError
-from .grid import expand
 from ..runtime.memory import DevicePeak, memory_cell, process_peak_rss_mb
 from ..runtime.placement import DeviceClock
 from ..runtime.registry import Registry, call_own
-from ..kit.stats import finite, pooled_ci, ratio_ci
+from .grid import expand
 
 
 def entry_name(config: RunConfig) -> str:

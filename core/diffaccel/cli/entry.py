@@ -8,8 +8,8 @@ import shlex
 import sys
 import textwrap
 
-from .examples import EXAMPLES
 from ..contract.errors import ConfigError, DiffaccelError, ModelError, NonFiniteError, StrategyError
+from .examples import EXAMPLES
 
 CORE_CHECKED = ("generate", "bench", "overhead", "partial", "check", "tune", "scale-bench", "fluency")
 """Core commands whose paths, files and counts ``outputs.precheck`` checks first."""

@@ -8,17 +8,17 @@ from typing import Any
 
 import attrs
 
-from ..runtime.accelerator import Accelerator
-from ..contract.adapter import JudgesSamples, MeasuresFluency, TimesPartialSteps
-from ..runtime.adapters_registry import get_adapter
 from ..bench.runner import with_batch
-from ..runtime.config import load_config
+from ..contract.adapter import JudgesSamples, MeasuresFluency, TimesPartialSteps
 from ..contract.errors import ConfigError, DiffaccelError
+from ..contract.state import Layer, RunState
+from ..runtime.accelerator import Accelerator
+from ..runtime.adapters_registry import get_adapter
+from ..runtime.config import load_config
 from ..runtime.guard import GuardConfig, all_finite
 from ..runtime.placement import DeviceClock
 from ..runtime.registry import Registry, hookimpl
 from ..runtime.sequence import RunSequence, StepModel
-from ..contract.state import Layer, RunState
 
 
 def _load(path: str, registry: Registry | None = None):

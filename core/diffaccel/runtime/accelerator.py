@@ -17,16 +17,16 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from ..contract.capabilities import describe, missing
+from ..contract.errors import ConfigError, ConfigValueError, DiffaccelError, NonFiniteError
+from ..contract.hookspecs import COLLECT, EACH, FIRST, PIPE, RULES, RUN_HOOKS, UNION, implementation, own
+from ..contract.state import MODEL_FAULT, Layer, RunState, StepPlan
 from .adapters_registry import adapter_for, get_adapter
 from .builtin import DefaultBehaviour
-from ..contract.capabilities import describe, missing
 from .config import RunConfig, load_config, parse_config
-from ..contract.errors import ConfigError, ConfigValueError, DiffaccelError, NonFiniteError
 from .guard import GuardConfig, all_finite, call_guarded, relative_error, strategy_error
-from ..contract.hookspecs import COLLECT, EACH, FIRST, PIPE, RULES, RUN_HOOKS, UNION, implementation, own
 from .memory import state_bytes
 from .registry import Registry, check_strategy
-from ..contract.state import MODEL_FAULT, Layer, RunState, StepPlan
 
 APPLY_SOURCE = "diffaccel.apply"
 """What ``ConfigError`` lines name in place of a file for ``apply(pipe, strategies=[{...}])``."""

@@ -32,9 +32,9 @@ from typing import Any
 import attrs
 
 from ..contract.errors import ConfigError, ConfigValueError
+from ..contract.validators import non_empty, one_of, positive
 from .guard import GuardConfig, on_error_value
 from .placement import DTYPES, check_placement
-from ..contract.validators import non_empty, one_of, positive
 
 
 @attrs.frozen(kw_only=True)

@@ -27,11 +27,11 @@ from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
+from ..contract.errors import ConfigError, DiffaccelError, ModelError, NonFiniteError, StrategyError
 from ..contract.hookspecs import hookimpl
 from ..runtime.accelerator import apply, build_strategies
 from ..runtime.adapters_registry import get_adapter
 from ..runtime.config import RunConfig, load_config
-from ..contract.errors import ConfigError, DiffaccelError, ModelError, NonFiniteError, StrategyError
 from ..runtime.registry import Registry
 
 NO_STRATEGIES = "none"

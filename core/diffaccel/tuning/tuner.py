@@ -30,17 +30,17 @@ from typing import Any
 import attrs
 from tqdm.auto import tqdm
 
-from ..runtime.accelerator import apply, build_strategies
-from ..contract.adapter import JudgesSamples, ReportsQuality
-from ..runtime.adapters_registry import get_adapter
 from ..bench.runner import _load_judge, run_bench
-from .budget import parse_all
-from ..runtime.config import RunConfig, load_config, parse_config, read_toml
+from ..contract.adapter import JudgesSamples, ReportsQuality
 from ..contract.errors import ConfigError, DiffaccelError
+from ..kit.stats import finite
+from ..runtime.accelerator import apply, build_strategies
+from ..runtime.adapters_registry import get_adapter
+from ..runtime.config import RunConfig, load_config, parse_config, read_toml
 from ..runtime.placement import DeviceClock
 from ..runtime.registry import Registry, call_own
+from .budget import parse_all
 from .search import Measured, Space, Tunable, feasible_front, open_study, run_trials
-from ..kit.stats import finite
 from .toml_out import dumps
 from .tune_report import write_report
 
