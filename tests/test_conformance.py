@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import diffaccel
-from diffaccel.adapters_registry import get_adapter
+from diffaccel.runtime.adapters_registry import get_adapter
 from diffaccel.adapters.text.testing import tiny_llama_folder
 from diffaccel.testing import check_adapter
 
@@ -39,7 +39,7 @@ TOY = Path(__file__).resolve().parent / "toy_adapter"
 def toy(install_distribution):
     """The toy adapter (tests/toy_adapter, a third party's distribution) installed and on sys.path
     for this module only: what an outside developer's test of their own adapter sees."""
-    from diffaccel import adapters_registry
+    from diffaccel.runtime import adapters_registry
 
     with pytest.MonkeyPatch.context() as mp:
         mp.syspath_prepend(str(install_distribution(TOY)))

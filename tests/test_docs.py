@@ -48,11 +48,12 @@ def missing_from_guide(text: str) -> list[str]:
     hook session's public names. Read from the code here, not from the generator."""
     import inspect
 
-    from diffaccel import adapter, capabilities, conformance, hookspecs
-    from diffaccel.accelerator import Accelerator
+    from diffaccel import conformance
+    from diffaccel.contract import adapter, capabilities, hookspecs
+    from diffaccel.runtime.accelerator import Accelerator
     from diffaccel.adapters import diffusers_hooks
-    from diffaccel.sequence import RunSequence, StepModel
-    from diffaccel.state import Counters, RunInfo
+    from diffaccel.runtime.sequence import RunSequence, StepModel
+    from diffaccel.contract.state import Counters, RunInfo
 
     import attrs
 

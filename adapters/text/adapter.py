@@ -9,10 +9,10 @@ from typing import Any
 
 import attrs
 
-from diffaccel.capabilities import MASK_CONFIDENCES, PINNED_TOKENS, TOKEN_LOGITS, TOKEN_POSITIONS
-from diffaccel.errors import ConfigError, ConfigValueError, DiffaccelError
-from diffaccel.placement import torch_dtype
-from diffaccel.validators import in_range, one_of, positive
+from diffaccel.contract.capabilities import MASK_CONFIDENCES, PINNED_TOKENS, TOKEN_LOGITS, TOKEN_POSITIONS
+from diffaccel.contract.errors import ConfigError, ConfigValueError, DiffaccelError
+from diffaccel.runtime.placement import torch_dtype
+from diffaccel.contract.validators import in_range, one_of, positive
 
 from . import commands, judge, measure, metrics
 from .diffusion_gemma import BLOCK, BLOCK_CAPABILITIES, DiffusionGemmaPipeline, GemmaLayer

@@ -34,10 +34,10 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from diffaccel.capabilities import TOKEN_LOGITS, TOKEN_POSITIONS
-from diffaccel.sequence import RunSequence, StepModel
-from diffaccel.hygiene import deliberate
-from diffaccel.state import RunState
+from diffaccel.contract.capabilities import TOKEN_LOGITS, TOKEN_POSITIONS
+from diffaccel.runtime.sequence import RunSequence, StepModel
+from diffaccel.kit.hygiene import deliberate
+from diffaccel.contract.state import RunState
 
 from .logits import TopKLogits, most_probable
 from .diffusion_gemma_layers import GemmaLayer, _Block, _GemmaContext, decoder_layer, softcap

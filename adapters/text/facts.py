@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from diffaccel.errors import ConfigError
+from diffaccel.contract.errors import ConfigError
 
 from .diffusion_gemma import BLOCK
 from .loading import model_facts

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from diffaccel.errors import ModelLoadError
+from diffaccel.contract.errors import ModelLoadError
 
 
 def first_line(exc: BaseException, limit: int | None = None) -> str:

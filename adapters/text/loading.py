@@ -46,7 +46,7 @@ or config and whose ``load`` builds the base with ``llama.py``'s functions (``hf
 
 from __future__ import annotations
 
-from diffaccel.errors import ModelLoadError
+from diffaccel.contract.errors import ModelLoadError
 
 from ..checkpoints import check_module_finite
 from . import bert, diffusion_gemma_loading, llama, reference, smollm2_dlm, synthetic

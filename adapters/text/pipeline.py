@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from diffaccel.capabilities import MASK_CONFIDENCES, PINNED_TOKENS, TOKEN_LOGITS, TOKEN_POSITIONS
-from diffaccel.sequence import RunSequence, StepModel
-from diffaccel.state import RunState
+from diffaccel.contract.capabilities import MASK_CONFIDENCES, PINNED_TOKENS, TOKEN_LOGITS, TOKEN_POSITIONS
+from diffaccel.runtime.sequence import RunSequence, StepModel
+from diffaccel.contract.state import RunState
 
 from .logits import CdfCache, TopKLogits, clean_estimate, draw, most_probable
 from .model import KVCache

@@ -39,11 +39,11 @@ from typing import Any
 
 import attrs
 
-from . import capabilities as caps
-from .accelerator import apply
-from .guard import GuardConfig
-from .plugins import hookimpl
-from .state import Layer
+from .contract import capabilities as caps
+from .contract.state import Layer
+from .runtime.accelerator import apply
+from .runtime.guard import GuardConfig
+from .runtime.registry import hookimpl
 
 CHECKS = ("idle", "order", "stop", "state", "guards", "report", "commit")
 """Every check ``check_adapter`` runs (``skip`` takes names from here)."""
