@@ -27,7 +27,17 @@ small: a few steps, a tiny model):
   no skip, every layer call computed in full (``positions_computed == positions_total``), a
   whole number of passes over ``info(pipe)["layers"]`` per step;
 * ``commit`` (adapters declaring ``mask-confidences``): a strategy committing every candidate at
-  step 0 ends the run in fewer steps than configured.
+  step 0 ends the run in fewer steps than configured;
+* ``partial`` (layers with ``supports_positions``): at step 1, each such layer computed on part of
+  its positions (a ragged (B, N) mask: different positions in each row) equals the same layer
+  computed in full at those positions, to the dtype's tolerance (``PARTIAL_TOLERANCE``), and keeps
+  its full output elsewhere; an adapter whose partial path drops a mask (a sliding window) or
+  returns something else fails here, though its full runs are right;
+* ``facts`` (adapters with ``facts``): ``facts(config)`` agrees with ``info(pipe)`` on ``layers``
+  and ``n_layers``, and refuses what ``load`` refuses: for a config naming a checkpoint folder
+  that does not exist, and for each config of ``refused`` (configs ``load`` must refuse), both
+  raise, with the same line;
+* ``name``: the report names the adapter that ran (``report["adapter"] == adapter.name``).
 
 A failure raises ``AssertionError`` naming the check and what differed.
 """
@@ -45,7 +55,7 @@ from .guard import GuardConfig
 from .plugins import hookimpl
 from .state import Layer
 
-CHECKS = ("idle", "order", "stop", "state", "guards", "report", "commit")
+CHECKS = ("idle", "order", "stop", "state", "guards", "report", "commit", "partial", "facts", "name")
 """Every check ``check_adapter`` runs (``skip`` takes names from here)."""
 
 
@@ -212,14 +222,109 @@ class _CommitAll:
         return proposal.candidates
 
 
+PARTIAL_TOLERANCE = {"float64": 1e-10, "float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
+"""Per dtype, the largest difference between a partial and a full layer call allowed, relative to
+the largest magnitude of the full output (at least 1): reductions in another order, nothing more."""
+
+
+def _probe_mask(shape: tuple[int, ...], device: Any) -> Any:
+    """A ragged (B, N) mask: in row r, the positions p with (p + r) % 3 == 0 (so rows hold
+    different positions and, at odd N, different numbers of them)."""
+    import torch
+
+    B, N = shape
+    pos = torch.arange(N, device=device)[None, :] + torch.arange(B, device=device)[:, None]
+    return pos % 3 == 0
+
+
+class _PartialProbe:
+    """At step 1, runs each layer that takes positions in full, then on a ragged part of its
+    positions (its caches now hold this step's keys and values, so the part must reproduce the
+    full output there), records the largest difference, and hands on a full computation."""
+
+    name = "conformance-partial"
+
+    def __init__(self):
+        self.seen: list[tuple[str, float, float, Any]] = []  # (layer, max diff, scale, dtype)
+        self.kept: list[str] = []  # layers whose part changed the positions it did not compute
+
+    @hookimpl
+    def diffaccel_layer_output(self, run, layer, hidden):
+        import torch
+
+        if run.step != 1 or not getattr(layer, "supports_positions", False) or not isinstance(hidden, torch.Tensor) \
+                or hidden.dim() < 2:
+            return None
+        full = layer.compute(hidden).clone()
+        mask = _probe_mask(tuple(hidden.shape[:2]), hidden.device)
+        part = layer.compute(hidden, mask).clone()
+        diff = float((part[mask].float() - full[mask].float()).abs().max())
+        self.seen.append((layer.name, diff, max(1.0, float(full.float().abs().max())), full.dtype))
+        if not torch.equal(part[~mask], full[~mask]):
+            self.kept.append(layer.name)
+        return layer.compute(hidden)  # a full computation: the rest of the step sees the layer's true output
+
+
+def _check_partial(run, info_layers) -> None:
+    probe = _PartialProbe()
+    run(strategies=[probe])
+    if not probe.seen:
+        _fail("partial", "no layer with supports_positions was handed over at step 1")
+    for name, diff, scale, dtype in probe.seen:
+        tol = PARTIAL_TOLERANCE.get(str(dtype).removeprefix("torch."), 1e-5)
+        if not diff <= tol * scale:
+            _fail("partial", f"layer '{name}' computed on part of its positions differs from its full computation there "
+                             f"by {diff:.3g} (tolerance {tol * scale:.3g} in {dtype}): the partial path must compute "
+                             "what the full one does (same attention mask, same positions)")
+    if probe.kept:
+        _fail("partial", f"layer '{probe.kept[0]}' computed on part of its positions changed the others: they must keep "
+                         "their cached output")
+
+
+def _refusal(fn, config) -> str | None:
+    """The line ``fn(config)`` refuses ``config`` with (a ``DiffaccelError``), or None."""
+    from .errors import DiffaccelError
+
+    try:
+        fn(config)
+    except DiffaccelError as exc:
+        return str(exc)
+    return None
+
+
+def _check_facts(adapter, cfg, info, refused, where) -> None:
+    facts = adapter.facts(cfg)
+    for key in ("n_layers", "layers"):
+        if key in info and facts.get(key) != info[key]:
+            _fail("facts", f"facts(config)[{key!r}] is {facts.get(key)!r}, info(pipe) says {info[key]!r}")
+    model = getattr(cfg, "model", None)
+    probes = list(refused)
+    if model is not None and attrs.has(type(model)) and "checkpoint" in attrs.fields_dict(type(model)):
+        probes.insert(0, attrs.evolve(cfg, model=attrs.evolve(model, checkpoint=str(where / "no-such-model"))))
+    for bad in probes:
+        said = _refusal(adapter.load, bad)
+        checked = _refusal(adapter.facts, bad)
+        if said is not None and checked is None:
+            _fail("facts", f"load refuses checkpoint {bad.model.checkpoint!r} ({said}) but facts accepts it: "
+                           "`diffaccel check` would say ok to what `generate` refuses")
+        if said is None and checked is not None:
+            _fail("facts", f"facts refuses checkpoint {bad.model.checkpoint!r} ({checked}) but load accepts it")
+        if said != checked:
+            _fail("facts", f"load and facts refuse checkpoint {bad.model.checkpoint!r} with different lines: "
+                           f"{said!r} against {checked!r}")
+
+
 def _fail(check: str, what: str) -> None:
     raise AssertionError(f"adapter conformance, {check}: {what}")
 
 
-def check_adapter(adapter: Any, pipe: Any, config: Any, *, seed: int = 0, skip: Iterable[str] = ()) -> list[str]:
+def check_adapter(adapter: Any, pipe: Any, config: Any, *, seed: int = 0, skip: Iterable[str] = (),
+                  refused: Iterable[Any] = ()) -> list[str]:
     """Run the conformance checks of ``adapter`` on ``pipe`` loaded for ``config`` (a
-    ``RunConfig`` without strategies; keep it small). Returns the checks that ran; raises
-    ``AssertionError`` naming the first that failed."""
+    ``RunConfig`` without strategies; keep it small). ``refused``: configs that ``load`` must
+    refuse (a model family the adapter cannot run, an option the model does not fit), for the
+    ``facts`` check. Returns the checks that ran; raises ``AssertionError`` naming the first
+    that failed."""
     skip = set(skip)
     unknown = skip - set(CHECKS)
     if unknown:
@@ -229,6 +334,7 @@ def check_adapter(adapter: Any, pipe: Any, config: Any, *, seed: int = 0, skip: 
     layers = list(info.get("layers", ()))
     offered = set(info.get("capabilities", adapter.capabilities))
     ran: list[str] = []
+    handed: list[Any] | None = None  # the layers a recorded run was handed
 
     def run(strategies=None, guard=None):
         if strategies is None and guard is None:
@@ -251,7 +357,7 @@ def check_adapter(adapter: Any, pipe: Any, config: Any, *, seed: int = 0, skip: 
         rec = _Recorder()
         out = run(strategies=[rec])
         steps = out.report["steps_run"]
-        log = rec.log
+        log, handed = rec.log, rec.layers
         if "order" not in skip:
             if not same_output(plain, out):
                 _fail("order", "a strategy that only records hooks changed the output")
@@ -343,4 +449,30 @@ def check_adapter(adapter: Any, pipe: Any, config: Any, *, seed: int = 0, skip: 
         if out.report["steps_run"] >= plain.report["steps_run"]:
             _fail("commit", f"committing every candidate at step 0 still took {out.report['steps_run']} steps")
         ran.append("commit")
+
+    if "partial" not in skip and any(getattr(layer, "supports_positions", False)
+                                      for layer in (handed if handed is not None else _layers_of(run))):
+        _check_partial(run, layers)
+        ran.append("partial")
+
+    if "facts" not in skip and callable(getattr(adapter, "facts", None)):
+        import tempfile
+        from pathlib import Path
+
+        with tempfile.TemporaryDirectory() as where:
+            _check_facts(adapter, cfg, info, list(refused), Path(where))
+        ran.append("facts")
+
+    if "name" not in skip:
+        if plain.report.get("adapter") != adapter.name:
+            _fail("name", f"the report names adapter {plain.report.get('adapter')!r}, but {adapter.name!r} ran: "
+                          "RunState(adapter=...) must be the adapter's name")
+        ran.append("name")
     return ran
+
+
+def _layers_of(run) -> list[Any]:
+    """The layers one run with a recording strategy is handed."""
+    rec = _Recorder()
+    run(strategies=[rec])
+    return rec.layers
