@@ -81,7 +81,7 @@ def reference() -> str:
     parts += ["", "### Adapters and their layer objects", "",
               "Installed here (`diffaccel plugins` lists yours): what each declares and the `Layer` objects "
               "its `diffaccel_layer_output` calls hand over.", ""]
-    for aname in adapter_names():
+    for aname in adapter_names(shipped=True):  # the project's own: an installed third party's is not ours to document
         a = get_adapter(aname)
         parts += [f"#### `{aname}`", "", f"Capabilities: {', '.join(f'`{c}`' for c in sorted(a.capabilities))}.", ""]
         for layer_type in a.layer_types:
@@ -292,7 +292,7 @@ def architecture_tables() -> dict[str, str]:
     from diffaccel.adapters_registry import describe_adapters
 
     adapters = ["| adapter | distribution | capabilities |", "| --- | --- | --- |"]
-    adapters += [f"| {a['name']} | {a['distribution']} | {', '.join(a['capabilities'])} |" for a in describe_adapters()]
+    adapters += [f"| {a['name']} | {a['distribution']} | {', '.join(a['capabilities'])} |" for a in describe_adapters(shipped=True)]
     strategies = ["| strategy | requires |", "| --- | --- |"]
     strategies += [f"| {r['name']} | {_needs(r['requires'])} |" for r in Registry().describe()]
     return {"adapters": "\n".join(adapters) + "\n", "strategies": "\n".join(strategies) + "\n"}
