@@ -127,12 +127,16 @@ class KVCache:
 
 
 def attend_positions(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache, sel: Positions,
-                     scale: float | None = None) -> torch.Tensor:
+                     scale: float | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Attention for the T positions ``sel`` of a partial step: their keys and values ``k``, ``v``
     (T, Hkv, dh) are written into ``kv`` (B, Hkv, N, dh each) in place, one ``index_copy_`` per tensor,
     and their queries ``q`` (T, H, dh) attend over every position of their row. Returns (T, H * dh).
     Queries are padded to the longest row for the one attention call only; rows with no
-    position (finished rows) are not in it."""
+    position (finished rows) are not in it.
+
+    ``mask``: which keys each query position may attend to, a (N, N) bool tensor indexed
+    [query position, key position] (True: attend), the same the full step passes to its own
+    attention (a sliding window: ``(i - j).abs() <= w``); None: every position."""
     T, H, dh = q.shape
     Hkv = k.shape[1]  # fewer than H with grouped-query attention: each serves H / Hkv query heads
     # a full step leaves the values as a strided view of its qkv product: make them one block once
@@ -143,8 +147,11 @@ def attend_positions(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCa
     rows = sel.kv_index(Hkv)
     kv.k.view(-1, dh).index_copy_(0, rows, k.reshape(T * Hkv, dh))
     kv.v.view(-1, dh).index_copy_(0, rows, v.reshape(T * Hkv, dh))
+    allowed = None
+    if mask is not None:  # each query's row of the mask; padded queries may attend anywhere (no NaN)
+        allowed = (~sel.pad(~mask.index_select(0, sel.pos)))[:, None]  # (L, 1, M, N)
     a = F.scaled_dot_product_attention(sel.pad(q).transpose(1, 2), sel.live_rows(kv.k), sel.live_rows(kv.v), scale=scale,
-                                       enable_gqa=Hkv != H)  # (L, H, M, dh)
+                                       attn_mask=allowed, enable_gqa=Hkv != H)  # (L, H, M, dh)
     return sel.unpad(a.transpose(1, 2)).reshape(T, H * dh)
 
 
