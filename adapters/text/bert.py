@@ -65,7 +65,8 @@ def load_hf_masked_lm(source: Source) -> Loaded:
         den = family_of(source)(model, tok.mask_token_id, set(tok.all_special_ids))
     except TypeError as exc:
         raise ModelLoadError(f"checkpoint '{name_or_path}': {exc}") from None
-    return Loaded(denoiser=den, tokenizer=HFTokenizer(tok), name=source.name, weights=model, where=where)
+    return Loaded(denoiser=den, tokenizer=HFTokenizer(tok), name=source.name, weights=model, where=where,
+                  model_kind=source.config().get("model_type"))
 
 
 class BertLoader:

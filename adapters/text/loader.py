@@ -85,6 +85,9 @@ class Loaded:
     """The weights' file or folder (or hub id), as the finite check's error names it."""
     pipeline: type | None = None
     """The pipeline class, when not ``TextDiffusionPipeline``; built as ``pipeline(denoiser, tokenizer, name=name)``."""
+    model_kind: str | None = None
+    """The model kind named in run reports (``report["model"]``); None: the entry-point name of
+    a third-party kind, nothing for the shipped loaders."""
 
 
 @attrs.frozen
