@@ -29,6 +29,7 @@ GUIDE = DOCS / "writing-a-plugin.md"
 ADAPTER_TEMPLATE = DOCS / "templates" / "writing-an-adapter.md"
 ADAPTER_GUIDE = DOCS / "writing-an-adapter.md"
 EXAMPLE = DOCS.parent / "adapters" / "unet2d.py"
+TEXT_EXAMPLE = DOCS.parent / "adapters" / "text" / "modernbert.py"
 """The adapter guide's worked example, included whole."""
 ARCHITECTURE = DOCS / "architecture.md"
 """Hand-written, but for its tables between ``<!-- generated: NAME -->`` and ``<!-- end generated -->``."""
@@ -272,9 +273,34 @@ def adapter_reference() -> str:
     return "\n".join(parts).rstrip() + "\n"
 
 
+def text_protocol() -> str:
+    """The text-model protocol, from ``diffaccel.adapters.text.protocol``: its docstring, the
+    denoiser's members and optional members, the public pieces."""
+    from diffaccel.adapters.text import protocol
+    from diffaccel.plugins import field_doc
+
+    P = protocol.TextDenoiser
+    parts = [inspect.getdoc(protocol), "", "**The denoiser** (`TextDenoiser`), attributes:", ""]
+    parts += [f"* `{n}`: {' '.join((field_doc(P, n) or '').split())}" for n in P.__annotations__]
+    parts += ["", "Methods:", ""]
+    parts += [f"* `{n}{inspect.signature(getattr(P, n))}`: {inspect.getdoc(getattr(P, n))}"
+              for n in ("condition", "embed", "block", "logits")]
+    parts += ["", "Optional members:", ""] + [f"* `{n}`: {doc}" for n, doc in protocol.OPTIONAL.items()]
+    parts += ["", "**The pieces** (`from diffaccel.adapters.text.protocol import ...`):", ""]
+    for name in protocol.__all__:
+        obj = getattr(protocol, name)
+        doc = inspect.getdoc(obj) if callable(obj) or isinstance(obj, type) else None
+        first = " ".join((doc or "").split("\n\n")[0].split()) if doc and name not in ("KINDS_GROUP", "OPTIONAL") else ""
+        parts += [f"* `{name}`" + (f": {first}" if first else "")]
+    return "\n".join(parts) + "\n"
+
+
 def render_adapter_guide() -> str:
     example = EXAMPLE.read_text()
+    text_example = TEXT_EXAMPLE.read_text()
     return (ADAPTER_TEMPLATE.read_text().replace("{{EXAMPLE}}\n", f"```python\n{example}```\n")
+            .replace("{{TEXT_PROTOCOL}}\n", text_protocol())
+            .replace("{{TEXT_EXAMPLE}}\n", f"```python\n{text_example}```\n")
             .replace("{{REFERENCE}}\n", adapter_reference()))
 
 

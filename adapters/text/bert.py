@@ -12,7 +12,7 @@ from diffaccel.errors import ModelLoadError
 
 from ..checkpoints import check_loading_info, check_vocab, precheck_folder, quiet_loading
 from .denoisers import BertDenoiser
-from .encoders import AlbertDenoiser, DistilBertDenoiser, ModernBertDenoiser
+from .encoders import AlbertDenoiser, DistilBertDenoiser
 from .llama import refuse_unsupported_decoder
 from .loader import Loaded, ModelFacts, Source, first_line
 from .tokenizer import HFTokenizer
@@ -20,7 +20,7 @@ from .tokenizer import HFTokenizer
 
 FAMILIES: dict[str, type] = {
     "bert": BertDenoiser, "roberta": BertDenoiser, "xlm-roberta": BertDenoiser, "electra": BertDenoiser,
-    "distilbert": DistilBertDenoiser, "albert": AlbertDenoiser, "modernbert": ModernBertDenoiser,
+    "distilbert": DistilBertDenoiser, "albert": AlbertDenoiser,
 }
 """config.json ``model_type`` -> the denoiser that runs it (each checked against transformers'
 own forward in tests/test_text_families.py)."""
@@ -33,8 +33,11 @@ def family_of(source: Source) -> type:
     families that run (and where to read how to add one) for any other."""
     model_type = source.config().get("model_type")
     if model_type not in FAMILIES:
+        from .loading import loaders  # the other kinds' families (ModernBERT's, a third party's): listed too
+
+        runs = set(FAMILIES) | {t for _, ld in loaders() for t in getattr(ld, "model_types", ())}
         raise ModelLoadError(f"checkpoint '{source.checkpoint}': model_type {model_type!r} is not a masked-LM family "
-                             f"the text adapter runs (it runs: {', '.join(sorted(FAMILIES))}); another family needs a "
+                             f"the text adapter runs (it runs: {', '.join(sorted(runs))}); another family needs a "
                              f"text model kind of its own ({GUIDE})")
     return FAMILIES[model_type]
 

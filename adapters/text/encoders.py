@@ -1,11 +1,12 @@
 """transformers masked-LM encoders beyond BERT's layout, run as text denoisers through the public
-text-model protocol (``diffaccel.adapters.text.protocol``): DistilBERT, ALBERT and ModernBERT.
+text-model protocol (``diffaccel.adapters.text.protocol``): DistilBERT and ALBERT.
 
 Each is an ``EncoderDenoiser``: the base does the protocol's bookkeeping (full and partial
 steps, the per-layer key/value cache, the attention call with an optional mask), a family
 says how its embeddings, projections, layer tail and head are computed, reading the
 transformers module's own weights (nothing is copied). BERT, RoBERTa, XLM-RoBERTa and the
-ELECTRA generator share BERT's layout and run on ``denoisers.BertDenoiser``.
+ELECTRA generator share BERT's layout and run on ``denoisers.BertDenoiser``; ModernBERT is a
+model kind of its own, the worked example (``modernbert.py``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 from .model import KVCache, attend_positions
 from .positions import Positions
 
-__all__ = ["AlbertDenoiser", "DistilBertDenoiser", "EncoderDenoiser", "ModernBertDenoiser"]
+__all__ = ["AlbertDenoiser", "DistilBertDenoiser", "EncoderDenoiser"]
 
 
 class EncoderDenoiser:
@@ -137,57 +138,3 @@ class AlbertDenoiser(EncoderDenoiser):
 
     def logits(self, h):
         return self.model.predictions(h)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-class ModernBertDenoiser(EncoderDenoiser):
-    """``ModernBertForMaskedLM``: pre-norm layers, rotary positions (one table per layer type),
-    global layers and sliding-window layers (a query attends to keys within ``sliding_window``
-    positions: the same mask on full and partial steps), a final norm before the head."""
-
-    def __init__(self, model, mask_id: int, special_ids: set[int]):
-        cfg, base = model.config, model.model
-        super().__init__(model, mask_id, special_ids, list(base.layers), cfg.num_attention_heads,
-                         cfg.hidden_size // cfg.num_attention_heads)
-        self.base = base
-        self.types = list(cfg.layer_types)
-        self.window = int(cfg.sliding_window)
-        self._masks: dict[tuple[int, str], torch.Tensor] = {}
-
-    def _embed(self, ids, pos):
-        return self.base.embeddings(input_ids=ids)  # positions enter through the rotary tables
-
-    def mask(self, i: int, n: int, device) -> torch.Tensor | None:
-        if self.types[i] != "sliding_attention":
-            return None
-        key = (n, str(device))
-        if key not in self._masks:  # one per length and device, shared by every sliding layer
-            idx = torch.arange(n, device=device)
-            self._masks[key] = (idx[:, None] - idx[None, :]).abs() <= self.window
-        return self._masks[key]
-
-    def _qkv(self, i, h, pos):
-        layer = self.layers[i]
-        qkv = layer.attn.Wqkv(layer.attn_norm(h)).view(*h.shape[:-1], 3, self.heads, self.head_dim)
-        q, k, v = qkv.unbind(-3)
-        if pos is None:
-            pos = torch.arange(h.shape[1], device=h.device)[None]
-        else:
-            pos = pos[None]
-        cos, sin = self.base.rotary_emb(h, pos, self.types[i])  # (1, N or T, head_dim)
-        cos, sin = (t[0].unsqueeze(-2) for t in (cos, sin))  # broadcast over the heads
-        q, k = ((x.float() * cos + _rotate_half(x.float()) * sin).to(x.dtype) for x in (q, k))
-        return q, k, v
-
-    def _tail(self, i, h, ctx):
-        layer = self.layers[i]
-        h = h + layer.attn.Wo(ctx)
-        return h + layer.mlp(layer.mlp_norm(h))
-
-    def logits(self, h):
-        m = self.model
-        return m.decoder(m.head(self.base.final_norm(h)))

@@ -18,6 +18,8 @@ The loaders, in the order they are asked:
 * ``smollm2_dlm.LOADER``: a folder holding a low-rank delta on a LLaMA base (config.json
   ``"diffaccel_delta": "smollm2-dlm"``: SmolLM2-135M adapted into a masked DLM);
 * ``llama.LOADER``: a LLaMA/Qwen2-class masked DLM (LLaDA, Dream), a local folder or a hub id;
+* ``modernbert.KIND``: config.json ``model_type = "modernbert"`` (the guide's worked example of a
+  text model kind, written against the public protocol only);
 * ``bert.LOADER``: any other config.json, read as a transformers BERT-family masked LM (it refuses
   a causal LM it cannot run in one line first); the catch-all, so it stays last.
 
@@ -58,17 +60,14 @@ import importlib.metadata as md
 from diffaccel.errors import ModelLoadError, PluginError
 
 from ..checkpoints import check_module_finite
-from . import bert, diffusion_gemma_loading, llama, reference, smollm2_dlm, synthetic
-from .loader import Loaded, Loader, ModelFacts, Source
+from . import bert, diffusion_gemma_loading, llama, modernbert, reference, smollm2_dlm, synthetic
+from .loader import KINDS_GROUP, Loaded, Loader, ModelFacts, Source
 from .pipeline import TextDiffusionPipeline
 
 #: asked in this order; the first that recognises a checkpoint loads it (bert's catch-all last)
 LOADERS: list[Loader] = [reference.SHIPPED_LOADER, synthetic.LOADER, diffusion_gemma_loading.LOADER, reference.LOADER,
-                         smollm2_dlm.LOADER, llama.LOADER, bert.LOADER]
+                         smollm2_dlm.LOADER, llama.LOADER, modernbert.KIND, bert.LOADER]
 
-
-KINDS_GROUP = "diffaccel.text_models"
-"""The entry-point group of third-party text model kinds (each names a ``Loader``)."""
 
 _kinds: dict[str, Loader] = {}  # loaded third-party kinds, by entry-point name
 

@@ -27,6 +27,9 @@ from torch import nn
 
 from .positions import Positions
 
+__all__ = ["SCHEDULES", "Block", "KVCache", "TextDiffusionConfig", "TextDiffusionLM", "alphas_cumprod", "apply_rope",
+           "attend_positions", "mask_rate", "rope_tables", "timestep_embedding"]
+
 SCHEDULES = ("linear", "cosine", "scaled-linear")
 
 
@@ -117,7 +120,13 @@ def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
 # ---- the network --------------------------------------------------------------------------
 
 class KVCache:
-    """Keys and values of one layer for every position, refreshed where the layer last ran."""
+    """Keys and values of one layer for every position, refreshed where the layer last ran.
+
+    ``k`` and ``v`` are (B, Hkv, N, dh) each (None before the first step). A denoiser's full
+    ``block`` call sets both (a view of its projection is fine); a partial call writes its
+    positions' rows in place (``attend_positions`` does, and makes them contiguous once). The
+    pipeline keeps one per layer for a generation and writes a finished prefix into them
+    (``prefix_cache``), so the layout is part of the protocol."""
 
     __slots__ = ("k", "v")
 
