@@ -18,8 +18,8 @@ from diffaccel.adapters_registry import get_adapter
 from diffaccel.cli import main
 from diffaccel.testing import check_adapter
 
-RUN = ("bert", "roberta", "xlm-roberta", "electra", "distilbert", "albert", "modernbert")
-REFUSED = ("deberta-v2",)  # disentangled attention: not run (yet); refused by check and generate alike
+RUN = ("bert", "roberta", "xlm-roberta", "electra", "distilbert", "albert", "modernbert", "deberta-v2", "deberta-v3")
+REFUSED = ("deberta-v2-conv",)  # a convolution outside attention: refused by check and generate alike
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def _config(path, strategies=(), **model):
 
 
 def test_every_family_that_runs_is_tested():
-    assert set(FAMILIES) | {"modernbert"} == set(RUN)
+    assert set(FAMILIES) | {"modernbert"} == set(RUN) - {"deberta-v3"}  # v3: a DeBERTa-v2 config (model_type deberta-v2)
 
 
 @pytest.mark.parametrize("family", RUN)
@@ -56,7 +56,7 @@ def test_it_conforms_from_a_config_naming_its_folder(folders, family):
     cfg = _config(folders[family][0])
     adapter = get_adapter("text")
     pipe = diffaccel.load_pipeline(cfg)
-    ran = check_adapter(adapter, pipe, cfg, refused=[_config(folders["deberta-v2"][0])], skip=("guards",))
+    ran = check_adapter(adapter, pipe, cfg, refused=[_config(folders["deberta-v2-conv"][0])], skip=("guards",))
     assert {"partial", "facts", "name", "commit"} <= set(ran)
 
 
@@ -111,14 +111,27 @@ def test_the_strategies_run_on_it(folders, family, strategy):
         assert "topk" in rep["strategies"], rep["strategies"]
 
 
-@pytest.mark.parametrize("command", ["check", "generate"])
-def test_check_and_generate_refuse_a_family_alike(folders, tmp_path, capsys, command):
-    path = folders["deberta-v2"][0]
+def _refused(command, path, tmp_path, capsys) -> str:
     toml = tmp_path / "c.toml"
     toml.write_text(f'[model]\nadapter = "text"\ncheckpoint = "{path}"\nlength = 16\nsteps = 4\n')
     assert main([command, str(toml)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
-    assert (f"checkpoint '{path}': model_type 'deberta-v2' is not a masked-LM family the text adapter runs "
-            "(it runs: albert, bert, distilbert, electra, modernbert, roberta, xlm-roberta); another family needs a "
-            "text model kind of its own (docs/writing-an-adapter.md)") in err
+    return err
+
+
+@pytest.mark.parametrize("command", ["check", "generate"])
+def test_check_and_generate_refuse_a_family_alike(tmp_path, capsys, command):
+    path = tmp_path / "funnel"  # a config.json alone: refused before any weight is looked for
+    path.mkdir()
+    (path / "config.json").write_text('{"model_type": "funnel", "vocab_size": 30}')
+    assert (f"checkpoint '{path}': model_type 'funnel' is not a masked-LM family the text adapter runs "
+            "(it runs: albert, bert, deberta-v2, distilbert, electra, modernbert, roberta, xlm-roberta); another family "
+            "needs a text model kind of its own (docs/writing-an-adapter.md)") in _refused(command, path, tmp_path, capsys)
+
+
+@pytest.mark.parametrize("command", ["check", "generate"])
+def test_check_and_generate_refuse_a_variant_alike(folders, tmp_path, capsys, command):
+    path = folders["deberta-v2-conv"][0]
+    assert (f"checkpoint '{path}': deberta-v2: conv_kernel_size > 0: its first layer's convolution mixes neighbouring "
+            "positions outside attention") in _refused(command, path, tmp_path, capsys)

@@ -12,6 +12,7 @@ from diffaccel.errors import ModelLoadError
 
 from ..checkpoints import check_loading_info, check_vocab, precheck_folder, quiet_loading
 from .denoisers import BertDenoiser
+from .deberta import DebertaV2Denoiser
 from .encoders import AlbertDenoiser, DistilBertDenoiser
 from .llama import refuse_unsupported_decoder
 from .loader import Loaded, ModelFacts, Source, first_line
@@ -20,10 +21,11 @@ from .tokenizer import HFTokenizer
 
 FAMILIES: dict[str, type] = {
     "bert": BertDenoiser, "roberta": BertDenoiser, "xlm-roberta": BertDenoiser, "electra": BertDenoiser,
-    "distilbert": DistilBertDenoiser, "albert": AlbertDenoiser,
+    "distilbert": DistilBertDenoiser, "albert": AlbertDenoiser, "deberta-v2": DebertaV2Denoiser,
 }
 """config.json ``model_type`` -> the denoiser that runs it (each checked against transformers'
-own forward in tests/test_text_families.py)."""
+own forward in tests/test_text_families.py). A denoiser class may say why it ``refuses`` a
+variant of its family (``refuses(config) -> str | None``), checked by ``load`` and ``facts``."""
 
 GUIDE = "docs/writing-an-adapter.md"
 
@@ -39,6 +41,9 @@ def family_of(source: Source) -> type:
         raise ModelLoadError(f"checkpoint '{source.checkpoint}': model_type {model_type!r} is not a masked-LM family "
                              f"the text adapter runs (it runs: {', '.join(sorted(runs))}); another family needs a "
                              f"text model kind of its own ({GUIDE})")
+    problem = getattr(FAMILIES[model_type], "refuses", lambda config: None)(source.config())
+    if problem:  # a variant of the family the denoiser cannot run
+        raise ModelLoadError(f"checkpoint '{source.checkpoint}': {model_type}: {problem}")
     return FAMILIES[model_type]
 
 

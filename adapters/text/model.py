@@ -28,7 +28,7 @@ from torch import nn
 from .positions import Positions
 
 __all__ = ["SCHEDULES", "Block", "KVCache", "TextDiffusionConfig", "TextDiffusionLM", "alphas_cumprod", "apply_rope",
-           "attend_positions", "mask_rate", "rope_tables", "timestep_embedding"]
+           "attend_positions", "mask_rate", "rope_tables", "timestep_embedding", "write_positions"]
 
 SCHEDULES = ("linear", "cosine", "scaled-linear")
 
@@ -135,6 +135,21 @@ class KVCache:
         self.v: torch.Tensor | None = None
 
 
+def write_positions(k: torch.Tensor, v: torch.Tensor, kv: KVCache, sel: Positions) -> None:
+    """Write the keys and values ``k``, ``v`` (T, Hkv, dh) of the T positions ``sel`` into ``kv``
+    (B, Hkv, N, dh each) in place, one ``index_copy_`` per tensor: the cache duty of a partial
+    step whose attention is not ``attend_positions``' (an additive bias: DeBERTa)."""
+    T, Hkv, dh = k.shape
+    # a full step leaves the values as a strided view of its qkv product: make them one block once
+    if not kv.k.is_contiguous():
+        kv.k = kv.k.contiguous()
+    if not kv.v.is_contiguous():
+        kv.v = kv.v.contiguous()
+    rows = sel.kv_index(Hkv)
+    kv.k.view(-1, dh).index_copy_(0, rows, k.reshape(T * Hkv, dh))
+    kv.v.view(-1, dh).index_copy_(0, rows, v.reshape(T * Hkv, dh))
+
+
 def attend_positions(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache, sel: Positions,
                      scale: float | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Attention for the T positions ``sel`` of a partial step: their keys and values ``k``, ``v``
@@ -148,14 +163,7 @@ def attend_positions(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCa
     attention (a sliding window: ``(i - j).abs() <= w``); None: every position."""
     T, H, dh = q.shape
     Hkv = k.shape[1]  # fewer than H with grouped-query attention: each serves H / Hkv query heads
-    # a full step leaves the values as a strided view of its qkv product: make them one block once
-    if not kv.k.is_contiguous():
-        kv.k = kv.k.contiguous()
-    if not kv.v.is_contiguous():
-        kv.v = kv.v.contiguous()
-    rows = sel.kv_index(Hkv)
-    kv.k.view(-1, dh).index_copy_(0, rows, k.reshape(T * Hkv, dh))
-    kv.v.view(-1, dh).index_copy_(0, rows, v.reshape(T * Hkv, dh))
+    write_positions(k, v, kv, sel)
     allowed = None
     if mask is not None:  # each query's row of the mask; padded queries may attend anywhere (no NaN)
         allowed = (~sel.pad(~mask.index_select(0, sel.pos)))[:, None]  # (L, 1, M, N)

@@ -36,13 +36,14 @@ from typing import Any, Protocol, runtime_checkable
 
 from .facts import check_options
 from .loader import KINDS_GROUP, Loaded, Loader, ModelFacts, Source
-from .model import KVCache, attend_positions
+from .model import KVCache, attend_positions, write_positions
 from .pipeline import TextDiffusionPipeline
 from .positions import Positions
 from .tokenizer import HFTokenizer, TextTokenizer
 
 __all__ = ["KINDS_GROUP", "OPTIONAL", "HFTokenizer", "KVCache", "Loaded", "Loader", "ModelFacts", "Positions", "Source",
-           "TextDenoiser", "TextDiffusionPipeline", "TextTokenizer", "attend_positions", "check_options", "missing_members"]
+           "TextDenoiser", "TextDiffusionPipeline", "TextTokenizer", "attend_positions", "check_options", "missing_members",
+           "write_positions"]
 
 
 @runtime_checkable

@@ -29,6 +29,12 @@ def _configs() -> dict[str, tuple[str, dict[str, Any]]]:
         "modernbert": ("ModernBert", {**SIZE, "num_hidden_layers": 3, "global_attn_every_n_layers": 3, "local_attention": 8,
                                       "bos_token_id": 2, "eos_token_id": 3, "cls_token_id": 2, "sep_token_id": 3}),
         "deberta-v2": ("DebertaV2", {**SIZE, "relative_attention": True, "pos_att_type": ["c2p", "p2c"]}),
+        # v3's settings: log-bucketed distances, shared key projections, no absolute positions
+        "deberta-v3": ("DebertaV2", {**SIZE, "relative_attention": True, "pos_att_type": ["p2c", "c2p"], "position_buckets": 8,
+                                     "max_relative_positions": 32, "share_att_key": True, "norm_rel_ebd": "layer_norm",
+                                     "position_biased_input": False}),
+        "deberta-v2-conv": ("DebertaV2", {**SIZE, "relative_attention": True, "pos_att_type": ["c2p", "p2c"],
+                                          "conv_kernel_size": 3}),
     }
 
 
