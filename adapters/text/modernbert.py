@@ -85,11 +85,12 @@ class ModernBertDenoiser:
         return self._masks[key]
 
     def _qkv(self, i: int, h: torch.Tensor, pos: torch.Tensor):
-        """Queries, keys, values (*lead, heads, head_dim), rotated at positions ``pos`` (*lead)."""
+        """Queries, keys, values (*lead, heads, head_dim), rotated at positions ``pos``: (N,) on a
+        full step (the same for every row), (T,) on a partial one."""
         layer = self.layers[i]
         qkv = layer.attn.Wqkv(layer.attn_norm(h)).view(*h.shape[:-1], 3, self.heads, self.head_dim)
         q, k, v = qkv.unbind(-3)
-        cos, sin = self.base.rotary_emb(h, pos.reshape(1, -1), self.types[i])  # (1, B * N or T, head_dim)
+        cos, sin = self.base.rotary_emb(h, pos[None], self.types[i])  # (1, N or T, head_dim)
         cos, sin = (t.view(*pos.shape, 1, -1) for t in (cos, sin))  # broadcast over the heads
         q, k = ((x.float() * cos + _rotate_half(x.float()) * sin).to(x.dtype) for x in (q, k))
         return q, k, v
@@ -102,7 +103,7 @@ class ModernBertDenoiser:
         layer = self.layers[i]
         if positions is None:
             B, N = h.shape[:2]
-            q, k, v = (t.transpose(1, 2) for t in self._qkv(i, h, torch.arange(N, device=h.device).expand(B, N)))
+            q, k, v = (t.transpose(1, 2) for t in self._qkv(i, h, torch.arange(N, device=h.device)))
             kv.k, kv.v = k, v
             ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask(i, N, h.device))
             ctx = ctx.transpose(1, 2).reshape(B, N, -1)
