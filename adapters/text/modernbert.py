@@ -20,7 +20,6 @@ module's own weights (nothing is copied), so its forward is transformers' own, t
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 
