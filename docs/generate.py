@@ -29,6 +29,7 @@ GUIDE = DOCS / "writing-a-plugin.md"
 ADAPTER_TEMPLATE = DOCS / "templates" / "writing-an-adapter.md"
 ADAPTER_GUIDE = DOCS / "writing-an-adapter.md"
 EXAMPLE = DOCS.parent / "adapters" / "unet2d.py"
+TEXT_EXAMPLE = DOCS.parent / "adapters" / "text" / "modernbert.py"
 """The adapter guide's worked example, included whole."""
 ARCHITECTURE = DOCS / "architecture.md"
 """Hand-written, but for its tables between ``<!-- generated: NAME -->`` and ``<!-- end generated -->``."""
@@ -81,7 +82,7 @@ def reference() -> str:
     parts += ["", "### Adapters and their layer objects", "",
               "Installed here (`diffaccel plugins` lists yours): what each declares and the `Layer` objects "
               "its `diffaccel_layer_output` calls hand over.", ""]
-    for aname in adapter_names():
+    for aname in adapter_names(shipped=True):  # the project's own: an installed third party's is not ours to document
         a = get_adapter(aname)
         parts += [f"#### `{aname}`", "", f"Capabilities: {', '.join(f'`{c}`' for c in sorted(a.capabilities))}.", ""]
         for layer_type in a.layer_types:
@@ -273,9 +274,34 @@ def adapter_reference() -> str:
     return "\n".join(parts).rstrip() + "\n"
 
 
+def text_protocol() -> str:
+    """The text-model protocol, from ``diffaccel.adapters.text.protocol``: its docstring, the
+    denoiser's members and optional members, the public pieces."""
+    from diffaccel.adapters.text import protocol
+    from diffaccel.runtime.registry import field_doc
+
+    P = protocol.TextDenoiser
+    parts = [inspect.getdoc(protocol), "", "**The denoiser** (`TextDenoiser`), attributes:", ""]
+    parts += [f"* `{n}`: {' '.join((field_doc(P, n) or '').split())}" for n in P.__annotations__]
+    parts += ["", "Methods:", ""]
+    parts += [f"* `{n}{inspect.signature(getattr(P, n))}`: {inspect.getdoc(getattr(P, n))}"
+              for n in ("condition", "embed", "block", "logits")]
+    parts += ["", "Optional members:", ""] + [f"* `{n}`: {doc}" for n, doc in protocol.OPTIONAL.items()]
+    parts += ["", "**The pieces** (`from diffaccel.adapters.text.protocol import ...`):", ""]
+    for name in protocol.__all__:
+        obj = getattr(protocol, name)
+        doc = inspect.getdoc(obj) if callable(obj) or isinstance(obj, type) else None
+        first = " ".join((doc or "").split("\n\n")[0].split()) if doc and name not in ("KINDS_GROUP", "OPTIONAL") else ""
+        parts += [f"* `{name}`" + (f": {first}" if first else "")]
+    return "\n".join(parts) + "\n"
+
+
 def render_adapter_guide() -> str:
     example = EXAMPLE.read_text()
+    text_example = TEXT_EXAMPLE.read_text()
     return (ADAPTER_TEMPLATE.read_text().replace("{{EXAMPLE}}\n", f"```python\n{example}```\n")
+            .replace("{{TEXT_PROTOCOL}}\n", text_protocol())
+            .replace("{{TEXT_EXAMPLE}}\n", f"```python\n{text_example}```\n")
             .replace("{{REFERENCE}}\n", adapter_reference()))
 
 
@@ -293,7 +319,7 @@ def architecture_tables() -> dict[str, str]:
     from diffaccel.runtime.adapters_registry import describe_adapters
 
     adapters = ["| adapter | distribution | capabilities |", "| --- | --- | --- |"]
-    adapters += [f"| {a['name']} | {a['distribution']} | {', '.join(a['capabilities'])} |" for a in describe_adapters()]
+    adapters += [f"| {a['name']} | {a['distribution']} | {', '.join(a['capabilities'])} |" for a in describe_adapters(shipped=True)]
     strategies = ["| strategy | requires |", "| --- | --- |"]
     strategies += [f"| {r['name']} | {_needs(r['requires'])} |" for r in Registry().describe()]
     return {"adapters": "\n".join(adapters) + "\n", "strategies": "\n".join(strategies) + "\n"}

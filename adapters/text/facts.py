@@ -15,14 +15,18 @@ from typing import Any
 from diffaccel.contract.errors import ConfigError
 
 from .diffusion_gemma import BLOCK
-from .loading import model_facts
 from .pipeline import run_capabilities
+
+
+__all__ = ["check_options", "text_facts"]
 
 
 def text_facts(config: Any) -> dict[str, Any] | None:
     """``info`` of the text model ``config`` names, without loading its weights; the
     ``[model]`` options are checked against them as ``load`` checks them. None where the facts
     need the model (DiffusionGemma)."""
+    from .loading import model_facts  # loading imports the kinds, which import this module's check_options
+
     f = model_facts(config.model.checkpoint, config.model.allow_pickle)
     if f is None:
         return None

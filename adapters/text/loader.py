@@ -13,6 +13,10 @@ import attrs
 from diffaccel.contract.errors import ModelLoadError
 
 
+KINDS_GROUP = "diffaccel.text_models"
+"""The entry-point group of third-party text model kinds (each names a ``Loader``)."""
+
+
 def first_line(exc: BaseException, limit: int | None = None) -> str:
     """An exception's first line (``limit`` characters at most), for one-line errors."""
     text = str(exc).strip()
@@ -85,6 +89,9 @@ class Loaded:
     """The weights' file or folder (or hub id), as the finite check's error names it."""
     pipeline: type | None = None
     """The pipeline class, when not ``TextDiffusionPipeline``; built as ``pipeline(denoiser, tokenizer, name=name)``."""
+    model_kind: str | None = None
+    """The model kind named in run reports (``report["model"]``); None: the entry-point name of
+    a third-party kind, nothing for the shipped loaders."""
 
 
 @attrs.frozen
@@ -100,10 +107,20 @@ class ModelFacts:
 
 
 class Loader(Protocol):
+    """A text model kind's loader (``loading.py``'s docstring says how the dispatch asks them)."""
+
     names: tuple[str, ...]
+    """Checkpoint names it answers to without a folder (may be empty)."""
 
-    def recognises(self, source: Source) -> bool: ...
+    def recognises(self, source: Source) -> bool:
+        """Whether this kind runs ``source`` (from ``source.checkpoint``, ``.path``, ``.config()``)."""
 
-    def load(self, source: Source) -> Loaded: ...
+    def load(self, source: Source) -> Loaded:
+        """The loaded components; one-line ``ModelLoadError`` for what it cannot run."""
 
-    def facts(self, source: Source) -> ModelFacts | None: ...
+    def facts(self, source: Source) -> ModelFacts | None:
+        """The model's facts from its config files, no weights; refuses what ``load`` refuses,
+        with the same line (None: the facts need the model)."""
+
+
+__all__ = ["KINDS_GROUP", "Loaded", "Loader", "ModelFacts", "Source", "first_line"]

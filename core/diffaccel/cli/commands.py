@@ -87,6 +87,11 @@ class Commands:
                                   group=group, source=self.source))
 
 
+def _function(impl: Any) -> Any:
+    """The function behind a (static, class or bound) method, the same object when inherited."""
+    return getattr(impl, "__func__", impl)
+
+
 def collect(core: tuple[str, ...], registry: Any = None) -> tuple[list[Command], list[str]]:
     """Every plugin's and adapter's commands, and one line per registration that failed
     (``registry``: the plugins, default ``Registry()``, those the entry points name).
@@ -117,6 +122,7 @@ def collect(core: tuple[str, ...], registry: Any = None) -> tuple[list[Command],
     for impl in registry.pm.hook.diffaccel_register_commands.get_hookimpls():  # registration order
         dist, version = registry.distribution(impl.plugin_name)
         register(f"plugin '{impl.plugin_name}' ({dist} {version})", impl.function)
+    registered: set[Any] = set()  # an adapter subclassing another inherits its commands: they register once
     for name in adapter_names():
         try:
             adapter = get_adapter(name)
@@ -124,7 +130,8 @@ def collect(core: tuple[str, ...], registry: Any = None) -> tuple[list[Command],
             problems.append(f"adapter '{name}': not loaded ({exc}); its commands are left out")
             continue
         impl = getattr(adapter, "diffaccel_register_commands", None)
-        if impl is not None:
+        if impl is not None and _function(impl) not in registered:
+            registered.add(_function(impl))
             register(f"adapter '{name}' ({_adapter_dist(name)})", impl)
     return found, problems
 

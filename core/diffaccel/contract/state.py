@@ -316,6 +316,9 @@ class RunState:
     """Denoising steps of this run."""
     batch_size: int
     """Rows in the batch (per guidance branch)."""
+    model: str | None = attrs.field(default=None, kw_only=True)
+    """The model kind that ran, where the adapter has several (the text adapter's kinds:
+    ``modernbert``, a third party's entry-point name); reports only, in ``report["model"]``."""
     step: int = -1
     """Index of the current step, 0-based; -1 before the first."""
     timestep: Any = None
@@ -401,6 +404,7 @@ class RunState:
         """A plain-data summary: counters and per-strategy metrics."""
         report = {
             "adapter": self.adapter,
+            **({"model": self.model} if self.model is not None else {}),
             "steps": self.num_steps,
             "steps_run": self.step + 1,
             "counters": self.counters.as_dict(),

@@ -9,6 +9,9 @@ Environment variables:
 * ``DIFFACCEL_PLUGINS``: comma-separated entry-point names to load; all others are blocked.
   Set it empty to load none.
 * ``DIFFACCEL_BLOCK_PLUGINS``: comma-separated entry-point names never to load.
+
+Both cover third-party adapters and text model kinds too (``adapters_registry``, the text
+adapter's ``loading``); the shipped adapters load unless blocked by name.
 """
 
 from __future__ import annotations
