@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import diffaccel
-from diffaccel import adapters_registry
+from diffaccel.runtime import adapters_registry
 from diffaccel.adapters.text.testing import tiny_text_pipeline
 from diffaccel.runtime.adapters_registry import adapter_for, adapter_names, get_adapter
 from diffaccel.contract.errors import ConfigError, DiffaccelError

@@ -25,8 +25,11 @@ NOT_NAMES = {
 
 def entry_point_groups() -> set[str]:
     """Entry-point group names (``diffaccel.adapters.options``, ``diffaccel.commands``): dotted,
-    backticked, and no module path."""
-    groups = set()
+    backticked, and no module path. The groups the project's packages fill, and those it reads for
+    third parties only (``diffaccel.text_models``: no shipped package declares one)."""
+    from diffaccel.adapters.text.loader import KINDS_GROUP
+
+    groups = {KINDS_GROUP}
     for path in [ROOT / "pyproject.toml", *ROOT.glob("plugins/*/pyproject.toml")]:
         groups |= set(tomllib.loads(path.read_text())["project"].get("entry-points", {}))
     return groups

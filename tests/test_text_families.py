@@ -15,7 +15,7 @@ from diffaccel.adapters.text.loading import load_pipeline
 from diffaccel.adapters.text.model import KVCache
 from diffaccel.adapters.text.tiny_families import tiny_masked_lm
 from diffaccel.runtime.adapters_registry import get_adapter
-from diffaccel.cli import main
+from diffaccel.cli.entry import main
 from diffaccel.testing import check_adapter
 
 RUN = ("bert", "roberta", "xlm-roberta", "electra", "distilbert", "albert", "modernbert", "deberta-v2", "deberta-v3")

@@ -14,7 +14,7 @@ import pytest
 import diffaccel
 from diffaccel.adapters.text import loading
 from diffaccel.runtime.adapters_registry import get_adapter
-from diffaccel.cli import main
+from diffaccel.cli.entry import main
 from diffaccel.testing import check_adapter
 
 PLUGIN = Path(__file__).resolve().parent / "text_kind_plugin"
@@ -70,7 +70,7 @@ def test_check_reads_its_facts_and_refuses_what_load_refuses(site, folder, tmp_p
 def test_blocked_it_is_not_asked(site, folder, monkeypatch):
     monkeypatch.setenv("DIFFACCEL_BLOCK_PLUGINS", "tinykind")
     assert "tinykind" not in dict(loading.loaders())
-    with pytest.raises(diffaccel.errors.ModelLoadError, match="model_type 'tiny-kind' is not a masked-LM family"):
+    with pytest.raises(diffaccel.ModelLoadError, match="model_type 'tiny-kind' is not a masked-LM family"):
         loading.load_pipeline(str(folder))
 
 

@@ -17,8 +17,8 @@ from diffaccel.contract.validators import in_range, one_of, positive
 from . import commands, judge, measure, metrics
 from .diffusion_gemma import BLOCK, BLOCK_CAPABILITIES, DiffusionGemmaPipeline, GemmaLayer
 from .diffusion_gemma_loading import precheck
-from .facts import check_options, text_facts
-from .loading import load_pipeline
+from .facts import check_options
+from .loading import load_pipeline, text_facts
 from .pipeline import SAMPLERS, TextDiffusionPipeline, TextLayer, TextOutput, run_capabilities
 
 #: Standard deviation of the logit perturbation whose effect is the agreement noise floor.

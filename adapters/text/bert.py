@@ -35,9 +35,7 @@ def family_of(source: Source) -> type:
     families that run (and where to read how to add one) for any other."""
     model_type = source.config().get("model_type")
     if model_type not in FAMILIES:
-        from .loading import loaders  # the other kinds' families (ModernBERT's, a third party's): listed too
-
-        runs = set(FAMILIES) | {t for _, ld in loaders() for t in getattr(ld, "model_types", ())}
+        runs = set(FAMILIES) | set(source.families)  # the other kinds' families (ModernBERT's, a third party's) too
         raise ModelLoadError(f"checkpoint '{source.checkpoint}': model_type {model_type!r} is not a masked-LM family "
                              f"the text adapter runs (it runs: {', '.join(sorted(runs))}); another family needs a "
                              f"text model kind of its own ({GUIDE})")

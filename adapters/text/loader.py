@@ -32,6 +32,10 @@ class Source:
     allow_pickle: bool = False
     known: tuple[str, ...] = ()
     """Every name a loader answers to (for the message when nothing matches)."""
+    families: tuple[str, ...] = ()
+    """The masked-LM families (``model_type``) that the other loaders run, shipped or installed
+    (``Loader.model_types``): listed where the catch-all refuses a family. Filled by
+    ``loading.source`` so that no loader needs to ask for the others."""
     _config: dict[str, Any] | None = attrs.field(default=None, init=False)
 
     @property

@@ -56,13 +56,15 @@ or config and whose ``load`` builds the base with ``llama.py``'s functions (``hf
 from __future__ import annotations
 
 import importlib.metadata as md
+from typing import Any
 
 from diffaccel.contract.errors import ModelLoadError, PluginError
 
 from ..checkpoints import check_module_finite
 from . import bert, diffusion_gemma_loading, llama, modernbert, reference, smollm2_dlm, synthetic
+from .facts import check_options
 from .loader import KINDS_GROUP, Loaded, Loader, ModelFacts, Source
-from .pipeline import TextDiffusionPipeline
+from .pipeline import TextDiffusionPipeline, run_capabilities
 
 #: asked in this order; the first that recognises a checkpoint loads it (bert's catch-all last)
 LOADERS: list[Loader] = [reference.SHIPPED_LOADER, synthetic.LOADER, diffusion_gemma_loading.LOADER, reference.LOADER,
@@ -106,7 +108,9 @@ def loaders() -> list[tuple[str | None, Loader]]:
 
 
 def source(checkpoint: str, allow_pickle: bool = False) -> Source:
-    return Source(str(checkpoint), allow_pickle, known=tuple(n for _, loader in loaders() for n in loader.names))
+    kinds = loaders()
+    return Source(str(checkpoint), allow_pickle, known=tuple(n for _, loader in kinds for n in loader.names),
+                  families=tuple(t for _, loader in kinds for t in getattr(loader, "model_types", ())))
 
 
 def loader_of(src: Source) -> Loader:
@@ -142,3 +146,19 @@ def model_facts(checkpoint: str, allow_pickle: bool = False) -> ModelFacts | Non
 
 __all__ = ["KINDS_GROUP", "LOADERS", "Loaded", "Loader", "ModelFacts", "Source", "installed_kinds", "load_pipeline", "loaders",
            "model_facts"]
+
+
+def text_facts(config: Any) -> dict[str, Any] | None:
+    """``info`` of the text model ``config`` names, without loading its weights (``TextAdapter.facts``,
+    for ``diffaccel check``): the same keys as ``TextAdapter.info(pipe)`` but the tokenizer, from the
+    facts the checkpoint's loader reads from its config files. The ``[model]`` options are checked
+    against them as ``load`` checks them; where ``load`` would refuse the checkpoint (missing folder,
+    hub id offline), this refuses it with the same line. None where the facts need the model
+    (DiffusionGemma)."""
+    f = model_facts(config.model.checkpoint, config.model.allow_pickle)
+    if f is None:
+        return None
+    check_options(config, f.kind, f.max_len, f.time_conditioned)
+    return {"adapter": "text", "vocab_size": f.vocab_size, "n_layers": f.n_layers, "kind": f.kind, "max_len": f.max_len,
+            "time_conditioned": f.time_conditioned, "layers": [f"block.{i}" for i in range(f.n_layers)], "cond_dim": f.cond_dim,
+            "capabilities": sorted(run_capabilities("masked" if f.kind == "masked" else "hybrid"))}
