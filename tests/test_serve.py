@@ -65,7 +65,7 @@ def test_health_models_and_a_completion_equal_to_generate(server, config):
 def diffaccel_tokenizer(config: str):
     """The served model's tokenizer, loaded here as generate loads it."""
     import diffaccel
-    from diffaccel.adapters_registry import get_adapter
+    from diffaccel.runtime.adapters_registry import get_adapter
 
     return get_adapter("text").load(diffaccel.load_config(config)).tokenizer
 

@@ -27,7 +27,7 @@ import torch
 from diffusers import DiffusionPipeline, UNet2DConditionModel
 from PIL import Image
 
-from diffaccel.errors import DiffaccelError, ModelLoadError
+from diffaccel.contract.errors import DiffaccelError, ModelLoadError
 
 from ..checkpoints import quiet_loading
 from ..diffusers_pipelines import (  # noqa: F401 - check_pipeline: importable from here as before

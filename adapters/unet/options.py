@@ -2,14 +2,14 @@
 
 This module imports attrs and the core's validators only (no torch, no diffusers): the command
 line reads it through the ``diffaccel.adapters.options`` entry point to check a config's options
-and ``--out`` before the adapter, and with it diffusers, is imported (``diffaccel.adapters_registry``).
+and ``--out`` before the adapter, and with it diffusers, is imported (``diffaccel.runtime.adapters_registry``).
 """
 
 from __future__ import annotations
 
 import attrs
 
-from diffaccel.validators import in_range, non_negative, one_of, positive
+from diffaccel.contract.validators import in_range, non_negative, one_of, positive
 
 SCHEDULERS = ("ddim", "checkpoint")
 
