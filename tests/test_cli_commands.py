@@ -93,7 +93,7 @@ def test_help_lists_declared_commands_without_importing_them(site, capsys):
 
 def test_an_undeclared_command_is_unknown_and_plugins_check_names_it(site, capsys, monkeypatch):
     """A registration whose command the metadata does not declare: typing it is argparse's
-    invalid choice (no registration imported), and ``plugins --check`` names it, exit 2."""
+    invalid choice (no registration imported), and ``plugins --check`` names it, exit 1."""
     import sys
 
     info = site / "good_cmds-0.1.dist-info"
@@ -105,7 +105,7 @@ def test_an_undeclared_command_is_unknown_and_plugins_check_names_it(site, capsy
     assert exc.value.code == 2 and "good_cmds" not in sys.modules
     assert "invalid choice: 'hello'" in capsys.readouterr().err
     monkeypatch.setenv("DIFFACCEL_PLUGINS", "good-cmds")
-    assert main(["plugins", "--check"]) == 2
+    assert main(["plugins", "--check"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "plugin 'good-cmds'" in err[0] and "'hello'" in err[0] and "diffaccel.commands" in err[0]
 

@@ -203,6 +203,101 @@ def test_a_layer_computed_after_its_run_is_not_counted_in_it():
     assert model.run.counters.as_dict() == report["counters"]
 
 
+# ---- a plugin written against the first contract: one report of every old form -------------------
+
+FIRST_CONTRACT = '''
+import attrs
+import diffaccel
+
+
+@attrs.frozen(kw_only=True)
+class LastLayerConfig:
+    layers: list = attrs.field(factory=lambda: [1])
+
+
+class LastLayer:
+    def __init__(self, config):
+        self.config = config
+
+    def setup(self, info):  # the first contract's option check, by name
+        if max(self.config.layers) >= info["n_layers"]:
+            raise diffaccel.ConfigValueError("layers", "past the model's layers")
+
+    def new_state(self, run):
+        return {"skipped": 0}
+
+    @diffaccel.hookimpl
+    def diffaccel_layer_output(self, run, layer, hidden):
+        state = run.state(self)
+        state["skipped"] += 1
+        return None
+
+
+@diffaccel.hookimpl
+def diffaccel_register(register):
+    register(diffaccel.Strategy(name="lastlayer", config=LastLayerConfig, factory=LastLayer, KEYWORD))
+'''
+OLD_KEYWORD, NEW_KEYWORD = 'adapters=("text",)', "requires=()"
+REPORT = ("written against the first plugin contract; change {adapters}LastLayer.setup -> diffaccel_setup marked "
+          "@diffaccel.hookimpl; LastLayer.new_state -> diffaccel_new_state marked @diffaccel.hookimpl; LastLayer: "
+          "run.state(self)['skipped'] on a state nothing makes (the first contract's empty dict) -> diffaccel_new_state "
+          "returning the state, an attrs object read by attribute (docs/writing-a-plugin.md)")
+ADAPTERS = "Strategy(adapters=...) -> Strategy(requires=(...)), capabilities from diffaccel.capabilities; "
+
+
+def _first_contract_module(folder, keyword, monkeypatch):
+    import importlib.util
+    import sys
+
+    path = folder / "diffaccel_lastlayer.py"
+    path.write_text(FIRST_CONTRACT.replace("KEYWORD", keyword))
+    spec = importlib.util.spec_from_file_location("diffaccel_lastlayer", path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "diffaccel_lastlayer", module)  # imported, as an entry point's module is
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_first_contract_plugin_gets_one_report_of_every_old_form(tmp_path, monkeypatch):
+    import pytest
+
+    from diffaccel import PluginError, Registry
+
+    for keyword, adapters in ((OLD_KEYWORD, ADAPTERS), (NEW_KEYWORD, "")):  # and once requires= is fixed
+        module = _first_contract_module(tmp_path, keyword, monkeypatch)
+        reg = Registry(load_entrypoints=False)
+        with pytest.raises(PluginError) as err:
+            reg.register_plugin(module, "lastlayer")
+        assert str(err.value) == "plugin 'lastlayer': " + REPORT.format(adapters=adapters)
+        assert "lastlayer" not in reg.strategies
+
+
+def test_plugins_check_and_every_run_show_the_report(tmp_path, install_distribution):
+    import subprocess
+    import sys
+
+    src = tmp_path / "lastlayer"
+    src.mkdir()
+    (src / "diffaccel_lastlayer.py").write_text(FIRST_CONTRACT.replace("KEYWORD", NEW_KEYWORD))
+    (src / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "diffaccel-lastlayer"\nversion = "0.1.0"\n'
+        '[project.entry-points.diffaccel]\nlastlayer = "diffaccel_lastlayer"\n'
+        '[tool.setuptools]\npy-modules = ["diffaccel_lastlayer"]\n')
+    site = install_distribution(src)
+    env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
+    line = ("plugin lastlayer (diffaccel-lastlayer 0.1.0): broken, left out: " + REPORT.format(adapters=""))
+    check = subprocess.run([sys.executable, "-m", "diffaccel.cli", "plugins", "--check"], capture_output=True, text=True,
+                           env=env, timeout=300)
+    assert check.returncode == 1 and line in check.stderr.splitlines()
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[model]\nadapter = "text"\n[[strategy]]\nuse = "lastlayer"\nlayers = [9]\n')
+    run = subprocess.run([sys.executable, "-m", "diffaccel.cli", "check", str(cfg)], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert run.returncode == 2 and REPORT.format(adapters="") in run.stderr  # the warning, and the config's error
+    assert f"{cfg}: [[strategy]] #1: strategy 'lastlayer': its plugin 'lastlayer'" in run.stderr
+
+
 def _fresh_import(old: str):
     """Import ``old`` as a plugin written before 0.2 would, with it out of sys.modules first."""
     import importlib

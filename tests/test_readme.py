@@ -1,6 +1,7 @@
-"""The README's Python examples run as written (the Stable Diffusion one on a tiny random pipeline
-substituted for the hub id, offline), and ``diffaccel.apply(pipe, strategies=[{...}])`` checks its
-tables exactly as a config file's ``[[strategy]]`` tables are checked."""
+"""The README stays short and links what moved out; the Python examples (docs/python.md, linked
+from the README) run as written (the Stable Diffusion one on a tiny random pipeline substituted
+for the hub id, offline), and ``diffaccel.apply(pipe, strategies=[{...}])`` checks its tables
+exactly as a config file's ``[[strategy]]`` tables are checked."""
 
 from __future__ import annotations
 
@@ -16,10 +17,21 @@ from diffaccel import ConfigError, load_config
 from diffaccel.adapters.text.testing import tiny_text_pipeline
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+PYTHON = README.parent / "docs" / "python.md"
 
 
 def python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    return re.findall(r"```python\n(.*?)```", PYTHON.read_text(), re.S)
+
+
+def test_readme_is_under_200_lines_with_the_commands_the_table_and_the_links():
+    text = README.read_text()
+    assert len(text.splitlines()) < 200
+    assert "```\nmake demo\n```" in text and "```\nmake test\n```" in text  # the two commands
+    assert "<!-- strategies table: generated" in text and "<!-- end of the generated strategies table -->" in text
+    for doc in ("docs/python.md", "docs/scale-out.md", "docs/serve.md", "docs/tune.md", "docs/writing-a-plugin.md"):
+        assert f"]({doc})" in text and (README.parent / doc).exists(), doc
+    assert "```python" not in text  # the examples live in docs/python.md
 
 
 def test_readme_has_a_text_and_a_diffusers_example_of_at_most_ten_lines():

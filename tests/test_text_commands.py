@@ -7,6 +7,18 @@ from diffaccel.contract.errors import ConfigError
 
 
 
+def test_generate_of_a_config_with_peers_is_quiet_about_them_unless_debugging(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("DIFFACCEL_DEBUG", raising=False)
+    cfg = tmp_path / "peers.toml"
+    cfg.write_text('[model]\nadapter = "text"\ncheckpoint = "wordnet-masked"\nlength = 8\nsteps = 2\n'
+                   '[[peer]]\nuse = "steps"\nsteps = 1\n')
+    out = str(tmp_path / "out.txt")
+    assert main(["generate", str(cfg), "--out", out, "--no-progress"]) == 0
+    assert "[[peer]]" not in capsys.readouterr().err  # valid for bench and generate: no note
+    assert main(["generate", str(cfg), "--out", out, "--no-progress", "--debug"]) == 0
+    assert "[[peer]] tables (steps) are compared by 'diffaccel bench' only" in capsys.readouterr().err
+
+
 def test_partial_command_prints_every_fraction_down_to_the_floor(tmp_path, capsys):
     cfg = tmp_path / "b2.toml"
     cfg.write_text('[model]\nadapter = "text"\ncheckpoint = "wordnet-masked"\nlength = 32\n')

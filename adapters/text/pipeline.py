@@ -325,8 +325,11 @@ class TextDiffusionPipeline:
         if len(prompts) != batch:
             batch = len(prompts)
         prompt_ids = [tok.encode(p) if p else [] for p in prompts]
-        if any(len(p) >= length for p in prompt_ids):
-            raise ValueError(f"a prompt fills all {length} positions; use a longer length")
+        longest = max((len(p) for p in prompt_ids), default=0)
+        if longest >= length:
+            exc = ValueError(f"a prompt fills all {length} positions (it is {longest} tokens); use a length of at least {longest + 1}")
+            exc.key = "length"  # type: ignore[attr-defined]  # the option to change: serve names its field (max_tokens)
+            raise exc
         if seeds is not None and len(seeds) != batch:
             raise ValueError(f"seeds: {len(seeds)} given for {batch} rows")
         seeds = list(seeds) if seeds is not None else [seed + r for r in range(batch)]

@@ -36,7 +36,7 @@ def _parser(extra: list | None = None) -> argparse.ArgumentParser:
         epilog="Run 'diffaccel COMMAND --help' for a command's options and an example.",
     )
     p.add_argument("--version", action="version", version=f"diffaccel {__version__}")
-    debug_help = "print the traceback of a strategy's exception too (or set DIFFACCEL_DEBUG=1)"
+    debug_help = "print the traceback of a strategy's exception too, and notes (or set DIFFACCEL_DEBUG=1)"
     p.add_argument("--debug", action="store_true", help=debug_help)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     common = argparse.ArgumentParser(add_help=False)
@@ -214,7 +214,7 @@ def _generate(args) -> int:
     out_path = generate_out(adapter, cfg, args.out)  # checked before the model loads
     pipe = adapter.load(cfg)
     strategies = build_strategies(cfg, registry, adapter.info(pipe))
-    if cfg.peers:
+    if cfg.peers and _debugging(args):  # a config valid for bench and generate runs quietly
         print(f"diffaccel: {cfg.source}: [[peer]] tables ({', '.join(p.name for p in cfg.peers)}) are compared by "
               f"'diffaccel bench' only; generate runs the config's strategies", file=sys.stderr)
     with apply(pipe, cfg, strategies=strategies, registry=registry):
@@ -312,7 +312,9 @@ def _plugins(args) -> int:
 
 def _plugins_check(registry, adapters) -> int:
     """Build each strategy with its config's defaults and check its hooks; adapters were checked
-    against the Adapter protocol when ``describe_adapters`` loaded them."""
+    against the Adapter protocol when ``describe_adapters`` loaded them. Exit 1 when any plugin is
+    broken (left out: it failed to import or to register) or breaks the contract: a plugin's fault,
+    as for every command; a plugin author runs this in CI."""
     from ..runtime.registry import contract_problems
 
     from .commands import undeclared
@@ -320,6 +322,9 @@ def _plugins_check(registry, adapters) -> int:
     bad = 0
     for line in undeclared(CORE, registry):  # a command --help would not list and typing would not find
         print(line, file=sys.stderr)
+        bad += 1
+    for b in sorted(registry.broken.values(), key=lambda b: b.name):
+        print(f"plugin {b.name} ({b.distribution} {b.version}): broken, left out: {b.reason}", file=sys.stderr)
         bad += 1
     for a in adapters:
         print(f"adapter {a['name']}: ok")
@@ -335,7 +340,7 @@ def _plugins_check(registry, adapters) -> int:
         bad += bool(problems)
         if not problems:
             print(f"strategy {name}: ok")
-    return 2 if bad else 0
+    return 1 if bad else 0
 
 
 def _check(args) -> int:
@@ -377,13 +382,11 @@ def _tune(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import os
-
     argv = sys.argv[1:] if argv is None else list(argv)
     _warnings_as_lines()
     args = _parser(_registered(argv)).parse_args(argv)
     args.command_line = "diffaccel " + shlex.join(argv)  # as the report records it
-    debug = getattr(args, "debug", False) or os.environ.get("DIFFACCEL_DEBUG", "") not in ("", "0")
+    debug = _debugging(args)
     handlers = {"generate": _generate, "bench": _bench, "plugins": _plugins, "check": _check, "tune": _tune,
                 "scale-bench": _scale_bench, "serve": _serve}
     try:
@@ -411,6 +414,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         _say("diffaccel: interrupted")
         return 130
+
+
+def _debugging(args) -> bool:
+    """``--debug`` or ``DIFFACCEL_DEBUG`` (tracebacks, and notes a normal run keeps quiet)."""
+    import os
+
+    return bool(getattr(args, "debug", False)) or os.environ.get("DIFFACCEL_DEBUG", "") not in ("", "0")
 
 
 def _warnings_as_lines() -> None:

@@ -20,6 +20,7 @@ import ast
 import importlib.metadata as md
 import inspect
 import os
+import sys
 import textwrap
 import warnings
 from collections.abc import Callable
@@ -138,7 +139,7 @@ class Registry:
         self.strategies = {k: s for k, s in self.strategies.items() if s.plugin != name}
         if (name, reason) not in _REPORTED:
             _REPORTED.add((name, reason))
-            warnings.warn(broken.line(), PluginWarning, stacklevel=3)
+            warnings.warn(broken.line(), PluginWarning, stacklevel=_outside_diffaccel())
 
     def _collect(self, plugin_name: str, plugin: Any, strict: bool = False) -> None:
         impl = getattr(plugin, "diffaccel_register", None)
@@ -159,16 +160,23 @@ class Registry:
                 )
             mine[strategy.name] = attrs.evolve(strategy, plugin=plugin_name)
 
+        reason = None
         try:
             impl(register=register)
         except Exception as exc:  # e.g. a Strategy field this core does not have
-            if isinstance(exc, PluginError):
+            old = old_forms(plugin, [], exc)
+            if old:  # the first contract: every old form at once, not the first error alone
+                reason = first_contract(old)
+            elif isinstance(exc, PluginError):
                 reason = str(exc).removeprefix(f"plugin '{plugin_name}': ")
             else:
-                hint = "; Strategy(adapters=...) is now requires=(capabilities)" if "adapters" in str(exc) else ""
-                reason = f"diffaccel_register failed: {type(exc).__name__}: {_first_line(exc)}{hint}"
+                reason = f"diffaccel_register failed: {type(exc).__name__}: {_first_line(exc)}"
+        else:
+            old = old_forms(plugin, [s.factory for s in mine.values()], None)
+            reason = first_contract(old) if old else None  # methods under old names would never be called
+        if reason is not None:
             if strict:
-                raise PluginError(reason if reason.startswith(("plugin ", "strategy ")) else f"plugin '{plugin_name}': {reason}") from None
+                raise PluginError(reason if reason.startswith(("plugin ", "strategy ")) else f"plugin '{plugin_name}': {reason}")
             self._leave_out(plugin_name, reason)  # nothing it registered is kept
             return
         self.strategies.update(mine)
@@ -207,6 +215,64 @@ class Registry:
                          "requires": [r if isinstance(r, str) else list(r) for r in s.requires],
                          "description": s.description, "fields": fields})
         return rows
+
+
+OLD_METHODS = {"setup": "diffaccel_setup", "new_state": "diffaccel_new_state", "bench_quality": "diffaccel_bench_quality",
+               "bench_plot": "diffaccel_bench_plot", "hooked_modules": "diffaccel_hooked_modules"}
+"""Methods the first contract found by name; they are hooks now, and a method of the old name is
+never called (on a class that lacks the hook: beside the hook, it is the plugin's own helper)."""
+
+
+def first_contract(forms: list[str]) -> str:
+    return "written against the first plugin contract; change " + "; ".join(forms) + " (docs/writing-a-plugin.md)"
+
+
+def old_forms(plugin: Any, factories: list[Any], exc: BaseException | None) -> list[str]:
+    """Every form of the first plugin contract found in ``plugin`` (its registration raised
+    ``exc``, or registered ``factories``), each as 'old -> new'. Without factories (the
+    registration failed), the plugin module's own classes are read."""
+    forms = []
+    if isinstance(exc, TypeError) and "'adapters'" in str(exc):
+        forms.append("Strategy(adapters=...) -> Strategy(requires=(...)), capabilities from diffaccel.capabilities")
+    classes = [f for f in factories if inspect.isclass(f)]
+    if not factories and inspect.ismodule(plugin):
+        classes = [c for c in vars(plugin).values()
+                   if inspect.isclass(c) and c.__module__ == plugin.__name__ and not attrs.has(c)]
+    for cls in classes:
+        for old, new in OLD_METHODS.items():
+            if callable(getattr(cls, old, None)) and not hasattr(cls, new):
+                forms.append(f"{cls.__name__}.{old} -> {new} marked @diffaccel.hookimpl")
+        read = _implicit_state(cls)
+        if read:
+            forms.append(f"{cls.__name__}: {read} on a state nothing makes (the first contract's empty dict) -> "
+                         "diffaccel_new_state returning the state, an attrs object read by attribute")
+    return forms
+
+
+def _implicit_state(cls: type) -> str | None:
+    """Where ``cls`` reads a per-run state that nothing makes: ``run.state(self)`` (no factory)
+    on a class without ``diffaccel_new_state``, as the first contract allowed (it made an empty
+    dict); None if nowhere (or no source to read)."""
+    if hasattr(cls, "diffaccel_new_state"):
+        return None
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    calls = [n for n in ast.walk(tree) if _is_state_call(n) and len(n.args) + len(n.keywords) == 1]
+    if not calls:
+        return None
+    names = {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign) and n.value in calls
+             for t in n.targets if isinstance(t, ast.Name)}  # state = run.state(self)
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str)
+                and (node.value in calls or (isinstance(node.value, ast.Name) and node.value.id in names))):
+            return f"run.state(self)[{node.slice.value!r}]"
+    return "run.state(self)"
+
+
+def _is_state_call(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "state"
 
 
 def contract_problems(strategy: Any) -> list[str]:
@@ -252,6 +318,16 @@ def call_own(strategy: Any, hook: str, **kwargs: Any) -> list[Any]:
 def own_impl(strategy: Any, hook: str) -> Callable[..., Any] | None:
     """The function implementing ``hook`` on ``strategy`` (resolved once, for the hot path), or None."""
     return own(strategy, hook)
+
+
+def _outside_diffaccel() -> int:
+    """The ``stacklevel`` of the first caller outside the diffaccel package, for a warning raised
+    inside it: the user's line (``Registry()`` may be built several calls deep in diffaccel)."""
+    root = os.path.dirname(sys.modules["diffaccel"].__file__ or "") + os.sep
+    frame, level = sys._getframe(1), 1  # the caller of this function is level 1 to warnings.warn
+    while frame is not None and frame.f_code.co_filename.startswith(root):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _first_line(exc: BaseException) -> str:
