@@ -14,6 +14,7 @@ logic holds under each; the diffusers hook session reads the step from ``schedul
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from diffaccel.errors import ConfigError
@@ -87,8 +88,18 @@ def _starts_without_signal(sched: Any, cfg: dict[str, Any]) -> bool:
             and float(alphas[-1]) < ZERO_SIGNAL)
 
 
+_SHIPPED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""pipeline -> the scheduler it was loaded with, for schedulers built later (the bench's steps peers)."""
+
+
 def set_scheduler(pipe: Any, name: str, checkpoint: str, source: str = "") -> None:
     """Put the scheduler ``name`` into ``pipe`` (``build_scheduler``; ``source``: the config file, said in errors)."""
+    _SHIPPED.setdefault(pipe, pipe.scheduler)
     sched = build_scheduler(name, pipe.scheduler, checkpoint, source)
     if sched is not pipe.scheduler:
         pipe.scheduler = sched
+
+
+def shipped_scheduler(pipe: Any) -> Any:
+    """The scheduler ``pipe`` was loaded with (its own, when ``set_scheduler`` never ran on it)."""
+    return _SHIPPED.get(pipe, pipe.scheduler)

@@ -50,6 +50,20 @@ class DeepCachePeer:
     """Entry name in bench (default: deepcache-i<interval>, with -b<branch> when the branch is not 0)."""
 
 
+@attrs.frozen(kw_only=True)
+class StepsPeer:
+    """Keys of ``[[peer]] use = "steps"``: the same pipeline with fewer steps, under the config's
+    scheduler or another one (``diffaccel.adapters.diffusers_peers``): the fewer-steps and solver
+    line every image strategy must sit above (``bench --solver-line`` adds a set of them)."""
+
+    steps: int = attrs.field(validator=positive)
+    """Denoising steps of this entry."""
+    scheduler: str | None = attrs.field(default=None, validator=one_of(SCHEDULERS))
+    """The scheduler of this entry (default: the config's)."""
+    name: str | None = None
+    """Entry name in bench (default: steps-<steps>, or <scheduler>-<steps> with a scheduler)."""
+
+
 class UNetSpec:
     """What the command line checks before importing the adapter (``adapters_registry.adapter_spec``)."""
 

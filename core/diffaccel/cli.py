@@ -68,6 +68,9 @@ def _parser(extra: list | None = None) -> argparse.ArgumentParser:
                    help="language model scoring text samples (gen_ppl): smollm2 (default), none, a causal LM folder or hub id, a .gguf file")
     b.add_argument("--quality-only", action="store_true",
                    help="no timing, no warm-up: each entry once per seed, quality only (more seeds; no quiet machine needed)")
+    b.add_argument("--solver-line", action="store_true",
+                   help="image models: add the same model at fewer steps (steps-N) and under DPM-Solver++ (dpm++2m-N), "
+                        "the line every strategy must sit above")
     b.add_argument("--grid", action="append", default=[], metavar="[STRATEGY.]KEY=V1,V2",
                    help="run each config's strategy at each value (repeat for a product grid); entries named by their values")
     b.add_argument("--no-progress", action="store_true")
@@ -240,7 +243,7 @@ def _bench(args) -> int:
         from .prompt_bench import main_bench
 
         for option, given in (("--report", args.report_dir), ("--plots", args.plot_dir), ("--quality-only", args.quality_only or None),
-                              ("--grid", args.grid or None)):
+                              ("--grid", args.grid or None), ("--solver-line", args.solver_line or None)):
             if given is not None:
                 raise ConfigError(f"{option}: not available with --prompts (the sharded bench writes --json only)")
         return main_bench(args)
@@ -254,7 +257,7 @@ def _bench(args) -> int:
     result = run_bench(args.configs, seeds=args.seeds, repeats=args.repeats, json_path=args.json_path,
                        noise_floor=not args.no_noise_floor, progress=not args.no_progress, plot_dir=plot_dir,
                        batch=args.batch, seed=args.seed, judge=args.judge, keep_outputs=outputs,
-                       timed=not args.quality_only, grid=parse_grid(args.grid))
+                       timed=not args.quality_only, grid=parse_grid(args.grid), solver_line=args.solver_line)
     print(format_table(result))
     if args.json_path:
         print(f"wrote {args.json_path}")
