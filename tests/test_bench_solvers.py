@@ -20,7 +20,7 @@ ANCHOR = '[[strategy]]\nuse = "time-anchor"\nthreshold = 0.5\nwarmup = 1\nmax_ag
 @pytest.fixture
 def paths(tmp_path):
     files = {"base": MODEL.format(steps=8, scheduler="ddim"),
-             "fast": MODEL.format(steps=4, scheduler="dpm++2m") + ANCHOR,
+             "fast": MODEL.format(steps=4, scheduler="dpm++2m") + ANCHOR + '[[peer]]\nuse = "deepcache"\ncache_interval = 2\n',
              "dpm": MODEL.format(steps=3, scheduler="dpm++2m")}
     for name, text in files.items():
         (tmp_path / f"{name}.toml").write_text(text)
@@ -55,6 +55,9 @@ def test_solver_line_and_a_cache_on_a_solver_judged_against_both(paths):
     assert fast["fraction_computed"] < 1.0 and fast["reports"][0]["steps_run"] == 4
     assert fast["vs_model"]["quality"]["psnr"] > fast["quality"]["psnr"]  # closer to its solver than to DDIM-8
     assert fast["vs_model"]["speedup"] > 0
+    # a [[peer]] of that config (DeepCache) runs on its model too: DPM-Solver++ at 4 steps
+    deep = by["deepcache-i2"]
+    assert deep["vs_model"]["entry"] == "dpm++2m-4" and deep["vs_model"]["quality"]["psnr"] > deep["quality"]["psnr"]
     # every peer ran on the bare pipeline and put its scheduler back: the baseline is DDIM-8 throughout
     assert by["dpm++2m-4"]["quality"]["psnr"] != by["steps-4"]["quality"]["psnr"]
     lines = steps_lines(result, "psnr")
@@ -66,3 +69,10 @@ def test_solver_line_needs_an_adapter_that_has_one(capsys):
     rc = main(["bench", "configs/text-default.toml", "--solver-line", "--seeds", "1", "--no-progress"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and err == ["diffaccel: error: --solver-line: adapter 'text' has no fewer-steps or solver line"]
+
+
+def test_a_peer_on_another_model_needs_its_own_name(paths, tmp_path):
+    other = tmp_path / "deep.toml"
+    other.write_text(MODEL.format(steps=8, scheduler="ddim") + '[[peer]]\nuse = "deepcache"\ncache_interval = 2\n')
+    with pytest.raises(ConfigError, match=r"fast.toml: \[\[peer\]\] #1: 'deepcache-i2' runs on another \[model\] elsewhere"):
+        run_bench([paths["base"], str(other), paths["fast"]], seeds=1, progress=False)

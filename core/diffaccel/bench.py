@@ -105,7 +105,7 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
     if seed is not None:
         configs = [with_seed(c, seed) for c in configs]
     adapter = get_adapter(configs[0].model.adapter)
-    configs, variants, alone = add_peers(configs, adapter, solver_line, entry_name)
+    configs, variants, alone, homes = add_peers(configs, adapter, solver_line, entry_name)
     base = configs[0]
     judge_obj, judge_info = _load_judge(adapter, judge)
     pipe = adapter.load(base) if pipe is None else pipe
@@ -117,7 +117,7 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
     entries += [(name, []) for name in peers]
     # a peer may run another config than the baseline's (the text adapter's ``steps`` peer)
     peer_run = adapter.peer_run_config if isinstance(adapter, PeersRunOtherConfigs) else None
-    peer_configs = {name: peer_run(base, p.config) for name, p in peers.items()} if peer_run else {}
+    peer_configs = {name: peer_run(homes.get(name, base), p.config) for name, p in peers.items()} if peer_run else {}
     seed_list = [base.model.seed + k * base.model.batch for k in range(seeds)]
 
     clock = DeviceClock(base.model.device, warmup_runs=1 if timed else 0)
@@ -138,9 +138,11 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
                 peer = peers.get(name)
                 run_cfg = peer_configs.get(name) or (policies[name] if name in variants else base)
                 with ExitStack() as stack:
-                    if peer or name in variants:  # a variant's model (its scheduler) is set up before its strategies
-                        stack.enter_context(adapter.peer_context(pipe, peer.config if peer else variants[name]))
-                    if not peer:
+                    if name in variants:  # a variant's model (its scheduler), set up before its strategies or peer
+                        stack.enter_context(adapter.peer_context(pipe, variants[name]))
+                    if peer:
+                        stack.enter_context(adapter.peer_context(pipe, peer.config))
+                    else:
                         stack.enter_context(apply(pipe, policies.get(name), strategies=strategies, registry=registry))
                     peak.reset()
                     with clock.region() as r:

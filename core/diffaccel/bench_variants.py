@@ -46,43 +46,54 @@ def check_same_model(first: RunConfig, other: RunConfig, adapter: Any) -> None:
 
 
 def add_peers(configs: list[RunConfig], adapter: Any, solver_line: bool,
-              name_of: Callable[[RunConfig], str]) -> tuple[list[RunConfig], dict[str, Any], dict[str, Any]]:
+              name_of: Callable[[RunConfig], str]) -> tuple[list[RunConfig], dict[str, Any], dict[str, Any], dict[str, Any]]:
     """``configs`` with the solver line and the variants' models as peers of the first config
-    (a variant without strategies becomes that peer, under its own name); entry name -> steps
-    peer of each variant with strategies (its model, set up by ``peer_context``), and entry name
-    -> the peer that runs that model alone."""
+    (a variant without strategies or peers becomes that peer, under its own name); entry name ->
+    the steps peer that sets up its model (``peer_context``) for the strategies and the peers of
+    each variant; entry name -> the entry that runs that model alone; peer entry name -> the
+    variant config it was listed in (it runs that config's model)."""
     base = configs[0]
     if solver_line and not hasattr(adapter, "solver_peers"):
         raise ConfigError(f"--solver-line: adapter '{base.model.adapter}' has no fewer-steps or solver line")
     extra = list(adapter.solver_peers(base)) if solver_line else []
-    variants, alone = {}, {}
+    variants, alone, homes = {}, {}, {}
+    elsewhere = {adapter.peer_name(p) for c in configs if not model_differs(base, c) for p in c.peers}
     for c in configs[1:]:
         if not model_differs(base, c):
             continue
         peer = adapter.variant_peer(base, c)
-        if not c.strategies:
+        if not c.strategies and not c.peers:
             extra.append(attrs.evolve(peer, name=name_of(c)))
             continue
-        variants[name_of(c)] = peer
+        # its strategies and its [[peer]] tables (DeepCache on a solver) run on its model
+        names = [name_of(c)] if c.strategies else []
+        for p in c.peers:
+            name = adapter.peer_name(p)
+            if name in elsewhere or name in homes:
+                raise ConfigError(f"{c.source}: [[peer]] #{p.index}: '{name}' runs on another [model] elsewhere in this "
+                                  "bench; set the peer's name key")
+            homes[name] = c
+            names.append(name)
         same = [p for p in [*(e.config for e in base.peers), *extra] if attrs.evolve(p, name=None) == peer]
         if not same:
             extra.append(peer)
-        alone[name_of(c)] = (same or [peer])[0]
+        for name in names:
+            variants[name], alone[name] = peer, (same or [peer])[0]
     known = {p.config for p in base.peers}
     new = [p for p in dict.fromkeys(extra) if p not in known]
     entries = [PeerEntry(name="steps", index=len(base.peers) + i, config=p) for i, p in enumerate(new)]
     configs = [attrs.evolve(base, peers=tuple(base.peers) + tuple(entries)), *configs[1:]]
     alone = {name: adapter.peer_name(PeerEntry(name="steps", index=0, config=p)) for name, p in alone.items()}
-    return configs, variants, alone
+    return configs, variants, alone, homes
 
 
 def vs_model(result: dict[str, Any], adapter: Any, names: dict[str, str], outputs: dict[str, list[Any]], times: dict[str, list[float]]) -> None:
-    """Each variant entry with strategies: ``vs_model``, its speedup over and quality against the
+    """Each entry run on a variant's model: ``vs_model``, its speedup over and quality against the
     entry that runs its model alone (``names``: variant entry -> that entry)."""
     by_name = {e["name"]: e for e in result["entries"]}
     for name, alone in names.items():
         e = by_name.get(name)
-        if e is None or not e["strategies"] or alone not in outputs:
+        if e is None or alone not in outputs:
             continue
         e["vs_model"] = {"entry": alone, "quality": adapter.quality(outputs[alone], outputs[name])}
         if result.get("timed", True):
