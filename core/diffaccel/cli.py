@@ -123,6 +123,8 @@ def _parser(extra: list | None = None) -> argparse.ArgumentParser:
     tu.add_argument("--batch", type=int, help="the held-out bench's second batch size (default: the config's, or 8 if it is 1)")
     tu.add_argument("--candidates", type=int, default=3, help="best feasible trials re-measured on held-out seeds (default 3)")
     tu.add_argument("--judge", default="default", metavar="NAME_OR_PATH", help="as bench's --judge (gen_ppl budgets need one)")
+    tu.add_argument("--model-space", action="append", default=[], metavar="KEY=V1,V2",
+                    help="image models: search [model] steps or scheduler too, repeatable: steps=8,10,12 scheduler=ddim,dpm++2m")
     tu.add_argument("--report", metavar="DIR", help="study (study.db: rerun to resume), held-out benches and figures (default OUT.tune/)")
     tu.add_argument("--no-progress", action="store_true")
 
@@ -366,12 +368,14 @@ def _serve(args) -> int:
 
 
 def _tune(args) -> int:
+    from .tune_model import parse_model_space
     from .tuning import tune
 
+    model_space = parse_model_space(args.model_space)  # before anything loads
     try:
         result = tune(args.config, args.budget, args.out, trials=args.trials, tune_seeds=args.tune_seeds, heldout=args.heldout,
                       heldout_seed=args.heldout_seed, batch=args.batch, judge=args.judge, candidates=args.candidates,
-                      report=args.report, progress=not args.no_progress)
+                      report=args.report, progress=not args.no_progress, model_space=model_space)
     except KeyboardInterrupt:
         _say(f"diffaccel: tune interrupted; the finished trials are kept: run the same command again to resume")
         return 130
