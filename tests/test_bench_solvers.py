@@ -76,3 +76,15 @@ def test_a_peer_on_another_model_needs_its_own_name(paths, tmp_path):
     other.write_text(MODEL.format(steps=8, scheduler="ddim") + '[[peer]]\nuse = "deepcache"\ncache_interval = 2\n')
     with pytest.raises(ConfigError, match=r"fast.toml: \[\[peer\]\] #1: 'deepcache-i2' runs on another \[model\] elsewhere"):
         run_bench([paths["base"], str(other), paths["fast"]], seeds=1, progress=False)
+
+
+def test_the_solver_line_joins_peers_whose_configs_hold_lists():
+    """diffusers' TaylorSeer peer keeps its hook names in a list: peers are compared, not hashed."""
+    from diffaccel import parse_config
+    from diffaccel.adapters_registry import get_adapter
+    from diffaccel.bench_variants import add_peers
+
+    cfg = parse_config({"model": {"adapter": "dit", "checkpoint": "dit-digits", "steps": 12},
+                        "peer": [{"use": "diffusers-taylorseer", "cache_interval": 3, "max_order": 1}]}, source="t.toml")
+    configs, _, _, _ = add_peers([cfg], get_adapter("dit"), True, lambda c: c.source)
+    assert [p.name for p in configs[0].peers] == ["diffusers-taylorseer"] + ["steps"] * 7  # 6, 4, 3, 2 and 4, 3, 2 steps

@@ -79,8 +79,10 @@ def add_peers(configs: list[RunConfig], adapter: Any, solver_line: bool,
             extra.append(peer)
         for name in names:
             variants[name], alone[name] = peer, (same or [peer])[0]
-    known = {p.config for p in base.peers}
-    new = [p for p in dict.fromkeys(extra) if p not in known]
+    new: list[Any] = []  # by equality: peer configs may hold lists (unhashable)
+    for p in extra:
+        if p not in new and all(p != e.config for e in base.peers):
+            new.append(p)
     entries = [PeerEntry(name="steps", index=len(base.peers) + i, config=p) for i, p in enumerate(new)]
     configs = [attrs.evolve(base, peers=tuple(base.peers) + tuple(entries)), *configs[1:]]
     alone = {name: adapter.peer_name(PeerEntry(name="steps", index=0, config=p)) for name, p in alone.items()}
