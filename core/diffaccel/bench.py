@@ -61,9 +61,8 @@ def load_bench_configs(paths: list[str], registry: Registry, grid: list[Any] | N
     if grid:
         configs = [g for c, p in zip(configs, paths) for g in (expand(p, grid, registry) if c.strategies else [c])]
     first = configs[0]
-    for c in configs[1:]:  # steps and scheduler may differ for adapters that run such variants (bench_variants)
-        if model_differs(first, c):
-            check_same_model(first, c, get_adapter(first.model.adapter))
+    for c in (c for c in configs[1:] if model_differs(first, c)):  # steps and scheduler may differ (bench_variants)
+        check_same_model(first, c, get_adapter(first.model.adapter))
     names = [entry_name(c) for c in configs]
     dup = next((n for n in names if names.count(n) > 1 or n == "baseline"), None)
     if dup:
@@ -93,8 +92,7 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
     ``grid``: ``diffaccel.grid.Axis`` list (``bench --grid``): each config with strategies becomes
     one entry per combination of values. ``pipe``: a pipeline already loaded for these configs
     (``diffaccel.tune`` on a pipeline), used instead of loading the one ``[model]`` names.
-    ``solver_line``: add the adapter's fewer-steps and solver peers (``bench_variants``; configs
-    whose ``[model]`` differs in steps and scheduler run there too)."""
+    ``solver_line``: add the adapter's fewer-steps and solver peers (``bench_variants``)."""
     if not timed and repeats != 1:
         raise ConfigError(f"--repeats {repeats}: a quality-only bench runs each seed once (--repeats 1)")
     wall0 = time.perf_counter()
@@ -137,13 +135,10 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
             for name, strategies in order:
                 peer = peers.get(name)
                 run_cfg = peer_configs.get(name) or (policies[name] if name in variants else base)
-                with ExitStack() as stack:
-                    if name in variants:  # a variant's model (its scheduler), set up before its strategies or peer
-                        stack.enter_context(adapter.peer_context(pipe, variants[name]))
-                    if peer:
-                        stack.enter_context(adapter.peer_context(pipe, peer.config))
-                    else:
-                        stack.enter_context(apply(pipe, policies.get(name), strategies=strategies, registry=registry))
+                with ExitStack() as stack:  # a variant's model (its scheduler) is set up before its strategies or peer
+                    for ctx in ([variants[name]] if name in variants else []) + [peer.config if peer else None]:
+                        stack.enter_context(adapter.peer_context(pipe, ctx) if ctx is not None else
+                                            apply(pipe, policies.get(name), strategies=strategies, registry=registry))
                     peak.reset()
                     with clock.region() as r:
                         out = adapter.run(pipe, run_cfg, seed, progress=False)
