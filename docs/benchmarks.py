@@ -107,7 +107,7 @@ class Figure:
     entry: str  # the bench entry's name
     bench: str  # the bench at batch 1 (image benches: their only batch)
     bench8: str | None = None  # the same entry at batch 8, where the batch matters
-    solvers: str | None = None  # a --solver-line bench with the same entry: its margin over the solver line
+    solvers: tuple[str, ...] = ()  # --solver-line benches with the same entry: its margin over the solver line in each
 
 
 HEADLINE: list[tuple[str, str, list[Figure]]] = [
@@ -116,21 +116,21 @@ HEADLINE: list[tuple[str, str, list[Figure]]] = [
       Figure("continuous", "text-continuous-swd", "text-continuous-b1", "text-continuous-b8")]),
     ("[`time-anchor`](plugins/time_anchor)", "reuses (layer, position) states that stopped changing (text and images)",
      [Figure("text", "text-time-anchor", "text-masked-b1", "text-masked-b8"),
-      Figure("digits", "digits-time-anchor", "digits-time-anchor", solvers="digits-solvers-b10"),
-      Figure("digits DiT", "dit-digits-time-anchor", "dit-digits-b1", "dit-digits-b8", solvers="dit-digits-solvers-b10")]),
+      Figure("digits", "digits-time-anchor", "digits-time-anchor", solvers=("digits-solvers-b1", "digits-solvers-b10")),
+      Figure("digits DiT", "dit-digits-time-anchor", "dit-digits-b1", "dit-digits-b8", solvers=("dit-digits-solvers-b1", "dit-digits-solvers-b10"))]),
     ("`swd` + `time-anchor`", "both in one config (`configs/text-swd-time-anchor.toml`)",
      [Figure("masked", "text-swd-time-anchor", "text-masked-b1", "text-masked-b8")]),
     ("[`parallel`](plugins/parallel)", "commits every masked position a rule finds confident: fewer steps, not cheaper ones (text)",
      [Figure("masked", "text-parallel", "text-parallel-b1", "text-parallel-b8"),
       Figure("+ swd + time-anchor", "text-parallel-swd-time-anchor", "text-parallel-b1", "text-parallel-b8")]),
     ("[`dct-anchor`](plugins/dct_anchor)", "reuses deep UNet or DiT blocks while the low DCT band of the estimate is settled (images)",
-     [Figure("digits", "digits-dct", "digits-dct", solvers="digits-solvers-b10"),
+     [Figure("digits", "digits-dct", "digits-dct", solvers=("digits-solvers-b1", "digits-solvers-b10")),
       Figure("synthetic SD", "sd-medium-dct-fast", "sd-medium-dct-fast"),
-      Figure("digits DiT", "dit-digits-dct", "dit-digits-b1", "dit-digits-b8", solvers="dit-digits-solvers-b10")]),
+      Figure("digits DiT", "dit-digits-dct", "dit-digits-b1", "dit-digits-b8", solvers=("dit-digits-solvers-b1", "dit-digits-solvers-b10"))]),
     ("cache on a solver", "a strategy on DPM-Solver++ at few steps (`configs/digits-fast.toml`, `configs/dit-digits-fast.toml`): "
      "against DDIM-50, and against the solver alone",
-     [Figure("digits", "digits-fast", "digits-solvers-b1", "digits-solvers-b10", solvers="digits-solvers-b10"),
-      Figure("digits DiT", "dit-digits-fast", "dit-digits-solvers-b1", "dit-digits-solvers-b10", solvers="dit-digits-solvers-b10")]),
+     [Figure("digits", "digits-fast", "digits-solvers-b1", "digits-solvers-b10", solvers=("digits-solvers-b1", "digits-solvers-b10")),
+      Figure("digits DiT", "dit-digits-fast", "dit-digits-solvers-b1", "dit-digits-solvers-b10", solvers=("dit-digits-solvers-b1", "dit-digits-solvers-b10"))]),
     ("[`topk`](plugins/topk)", "top-k sampling and top-k logit truncation (text)", []),
     ("[`bert-cond`](plugins/bert_cond)", "a pretrained BERT picks key terms of a source; the masked sampler writes around them (text)",
      [Figure("conditional model", "text-bert-cond", "text-bert-cond-b8")]),
@@ -230,12 +230,12 @@ def _quality(entry: dict, base: dict) -> str:
 def _figure(out: Path, f: Figure) -> str:
     one = _entry(out, f.bench, f.entry)
     eight = _entry(out, f.bench8, f.entry) if f.bench8 else None
-    line = _solver_margin(out, f.solvers, f.entry) if f.solvers else ""
+    line = "".join(_solver_margin(out, bench, f.entry) for bench in f.solvers)
     if one is None and eight is None:
         return f"{f.label}: not measured yet (bench `{f.bench}`)" + line
     speed = " / ".join(f"{e[0]['speedup']:.2f}x" if e else "-" for e in ([one, eight] if f.bench8 else [one]))
     quality = _quality(*(eight or one))
-    where = " at batch 8" if eight and f.bench8 else ""
+    where = f" at batch {json.loads((out / f.bench8 / 'bench.json').read_text())['model']['batch']}" if eight and f.bench8 else ""
     v = (eight or one)[0].get("vs_model")
     if v:  # a strategy on another model than the baseline's (a solver): against that model alone too
         line = (f"; against {v['entry']} alone{where}: {v['speedup']:.2f}x, PSNR {v['quality']['psnr']:.1f} dB" if v.get("speedup")
@@ -263,17 +263,25 @@ def _solver_margin(out: Path, bench: str, name: str) -> str:
     e = next((e for e in result["entries"] if e["name"] == name), None)
     if e is None or e.get("speedup") is None:
         return ""
-    x, margins = e["speedup"], []
-    for key, unit in (("psnr", " dB"), ("cond_acc", "")):
-        ys = [y for pts in steps_lines(result, key).values() if (y := _line_at(pts, x)) is not None]
+    x, margins, beyond = e["speedup"], [], None
+    for key, unit, digits in (("psnr", " dB", 1), ("cond_acc", "", 2)):
+        lines = steps_lines(result, key).values()
+        ys = [y for pts in lines if (y := _line_at(pts, x)) is not None]
+        if not ys and lines and x > max(p[0] for pts in lines for p in pts):
+            # faster than every point of the line: against its fastest point (above that, above the line)
+            beyond = max((p for pts in lines for p in pts), key=lambda p: p[0])
+            ys = [beyond[1]]
         if ys and key in e["quality"]:
-            margins.append((key, e["quality"][key] - max(ys), unit))
+            margins.append((key, round(e["quality"][key] - max(ys), digits) + 0.0, unit, digits))  # + 0.0: no "-0.00"
     if not margins:
-        return f"; beyond the solver line's speedups in `{bench}`"
-    text = ", ".join(f"{'PSNR' if k == 'psnr' else 'accuracy'} {m:+.{1 if k == 'psnr' else 2}f}{u}" for k, m, u in margins)
-    below = [("PSNR" if k == "psnr" else "accuracy") for k, m, _ in margins if m < 0]
+        return ""
+    text = ", ".join(f"{'PSNR' if k == 'psnr' else 'accuracy'} {m:+.{d}f}{u}" for k, m, u, d in margins)
+    below = [("PSNR" if k == "psnr" else "accuracy") for k, m, _, _ in margins if m < 0]  # as rounded: -0.00 is on it
     verdict = f"**below it by {' and '.join(below)}**" if below else "above it"
-    return f"; vs the best solver line at {x:.2f}x (`{bench}`): {text}, {verdict}"
+    if beyond:  # no point of the line is as fast: its fastest point is slower, so "below" would say too much
+        verdict = "no solver setting measured as fast"
+    at = f"faster than its fastest point ({beyond[0]:.2f}x)" if beyond else f"at {x:.2f}x"
+    return f"; vs the best solver line {at} (`{bench}`): {text}, {verdict}"
 
 
 def headline_table(out: Path = ROOT / OUT) -> str:

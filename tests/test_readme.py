@@ -170,7 +170,7 @@ def test_an_image_strategy_below_the_solver_line_is_said_in_the_table(tmp_path):
     import json
 
     bench = _benchmarks_script()
-    (tmp_path / "digits-solvers-b10").mkdir()
+    (tmp_path / "digits-solvers-b10").mkdir()  # digits-solvers-b1 missing: said, not invented
 
     def peer(name, x, psnr, acc, scheduler=None):
         return {"name": name, "speedup": x, "quality": {"psnr": psnr, "cond_acc": acc},
@@ -186,3 +186,4 @@ def test_an_image_strategy_below_the_solver_line_is_said_in_the_table(tmp_path):
     # at 3x the fewer-steps line is at 27 dB (between 30 at 2x and 24 at 4x), above DPM-Solver++'s 25
     assert "vs the best solver line at 3.00x (`digits-solvers-b10`): PSNR -1.0 dB, accuracy +0.00, **below it by PSNR**" in table
     assert "vs the best solver line at 3.00x (`digits-solvers-b10`): PSNR +1.0 dB, accuracy +0.00, above it" in table
+    assert "solver line: not measured yet (bench `digits-solvers-b1`)" in table
