@@ -10,7 +10,7 @@ Public API (``__all__``), for adapters of diffusers pipelines (the shipped ``une
 
     class MySession(DenoiserSession):         # the accelerator attached to one pipeline
         adapter = "mynet"                     # the adapter's name (run.adapter, reports)
-        capabilities = frozenset({...})       # what the blocks offer (diffaccel.capabilities)
+        capabilities = frozenset({...})       # what the blocks offer (diffaccel.contract.capabilities)
         denoiser_attr = "unet"                # the pipeline attribute holding the denoiser
 
         def build_layers(self, accelerator):  # the blocks, in forward order
@@ -38,7 +38,7 @@ back by ``detach``; nothing of the pipeline's code changes):
   strategy reads steps); at the last timestep ``finalize`` gets a ``UNetFinal`` whose ``latents``
   become the scheduler's result, then ``run_end``.
 
-The hook order is the core's (``diffaccel.sequence.RunSequence``); these wrappers call it from
+The hook order is the core's (``diffaccel.runtime.sequence.RunSequence``); these wrappers call it from
 inside the pipeline's own loop, so any pipeline whose loop is "denoiser call(s), then
 ``scheduler.step``" works unchanged (DDPM, DDIM, Stable Diffusion, PixArt ...).
 
@@ -73,8 +73,8 @@ from typing import Any
 import attrs
 import torch
 
-from diffaccel.sequence import RunSequence, StepModel
-from diffaccel.state import Layer, RunState
+from diffaccel.runtime.sequence import RunSequence, StepModel
+from diffaccel.contract.state import Layer, RunState
 
 __all__ = ["DenoiserBlock", "DenoiserSession", "UNetFinal", "UNetStepOutput", "attach", "call_pipeline", "detach",
            "session_of"]
@@ -243,7 +243,7 @@ class DenoiserBlock(Layer):
         s = self.session
         out = self.call(hidden)
         run = s.run
-        if run is not None and s.keep:  # counted by the core (diffaccel.sequence)
+        if run is not None and s.keep:  # counted by the core (diffaccel.runtime.sequence)
             s.block_cache[(run.branch, self.name)] = self.to_cache(hidden, out)
         return out
 
@@ -292,7 +292,7 @@ class DenoiserSession:
     adapter = "?"
     """The adapter's name (``run.adapter``, for reports)."""
     capabilities: frozenset = frozenset()
-    """What the blocks and steps offer strategies (``diffaccel.capabilities``): ``run.capabilities``."""
+    """What the blocks and steps offer strategies (``diffaccel.contract.capabilities``): ``run.capabilities``."""
     denoiser_attr = "unet"
     """The pipeline's attribute that holds the denoiser (``unet``, ``transformer``)."""
 

@@ -15,11 +15,10 @@ from typing import Any
 
 import attrs
 
-from diffaccel.errors import DiffaccelError
+from diffaccel.contract.errors import DiffaccelError
 
 from .diffusers_hooks import session_of
-from .diffusers_schedulers import build_scheduler, shipped_scheduler
-from .unet.options import StepsPeer
+from .diffusers_schedulers import StepsPeer, build_scheduler, shipped_scheduler
 
 SOLVER = "dpm++2m"
 """The multistep solver of the solver line: on the digits models the best at 10-12 steps (DPM-Solver++

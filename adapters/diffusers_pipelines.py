@@ -20,9 +20,9 @@ from typing import Any
 import attrs
 import torch
 
-from diffaccel.errors import ConfigError, ModelLoadError
-from diffaccel.placement import torch_dtype
-from diffaccel.state import RunState
+from diffaccel.contract.errors import ConfigError, ModelLoadError
+from diffaccel.runtime.placement import torch_dtype
+from diffaccel.contract.state import RunState
 
 from .checkpoints import check_component_files, check_module_finite, precheck_folder, quiet_loading
 from .diffusers_hooks import session_of

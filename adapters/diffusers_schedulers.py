@@ -17,8 +17,13 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from diffaccel.errors import ConfigError
+import attrs
 
+from diffaccel.contract.errors import ConfigError
+from diffaccel.contract.validators import one_of, positive
+
+SCHEDULERS = ("ddim", "dpm++2m", "unipc", "euler", "checkpoint")
+"""``[model] scheduler`` names of the unet and dit adapters (unet2d adds ``ddpm``)."""
 SOLVERS = ("ddim", "dpm++2m", "unipc", "euler")
 """The scheduler names built here (``checkpoint`` keeps the pipeline's own)."""
 
@@ -33,6 +38,21 @@ PREDICTIONS = {
 ZERO_SIGNAL = 1e-6
 """``alphas_cumprod`` below this at the last training timestep: the schedule ends where the
 signal is zero (a capped cosine schedule ends at 2.4e-9)."""
+
+
+@attrs.frozen(kw_only=True)
+class StepsPeer:
+    """Keys of ``[[peer]] use = "steps"``: the same pipeline with fewer steps, under the config's
+    scheduler or another one (``diffaccel.adapters.diffusers_peers``; here, with
+    the scheduler names, so that the adapters' light option modules can name it): the fewer-steps and solver
+    line every image strategy must sit above (``bench --solver-line`` adds a set of them)."""
+
+    steps: int = attrs.field(validator=positive)
+    """Denoising steps of this entry."""
+    scheduler: str | None = attrs.field(default=None, validator=one_of(SCHEDULERS))
+    """The scheduler of this entry (default: the config's)."""
+    name: str | None = None
+    """Entry name in bench (default: steps-<steps>, or <scheduler>-<steps> with a scheduler)."""
 
 
 def scheduler_class(name: str) -> Any:

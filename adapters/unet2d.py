@@ -21,11 +21,11 @@ from typing import Any
 import attrs
 import torch
 
-from diffaccel.capabilities import BLOCK_STACK, IMAGE_STEPS, SPATIAL_FEATURES
-from diffaccel.errors import DiffaccelError, ModelLoadError
-from diffaccel.placement import torch_dtype
-from diffaccel.state import RunState
-from diffaccel.validators import in_range, one_of, positive
+from diffaccel.contract.capabilities import BLOCK_STACK, IMAGE_STEPS, SPATIAL_FEATURES
+from diffaccel.contract.errors import DiffaccelError, ModelLoadError
+from diffaccel.runtime.placement import torch_dtype
+from diffaccel.contract.state import RunState
+from diffaccel.contract.validators import in_range, one_of, positive
 
 from .diffusers_hooks import DenoiserBlock, DenoiserSession, attach, call_pipeline, detach
 
@@ -200,7 +200,7 @@ class UNet2DAdapter:
             pipe = SolverPipeline(unet=pipe.unet, scheduler=build_scheduler(o.scheduler, pipe.scheduler, m.checkpoint,
                                                                             config.source))
         try:
-            dtype = torch_dtype(m.dtype)  # [model] dtype, checked before loading (diffaccel.placement)
+            dtype = torch_dtype(m.dtype)  # [model] dtype, checked before loading (diffaccel.runtime.placement)
             return pipe.to(m.device) if pipe.unet.dtype == dtype else pipe.to(m.device, dtype)
         except (RuntimeError, AssertionError) as exc:
             raise ModelLoadError(f"{config.source}: [model]: key 'device': '{m.device}' is not usable ({exc})") from None

@@ -174,7 +174,7 @@ def _tuned_cell(out: Path, sets: list[frozenset[str]]) -> str:
 
 def _at_budget_blocks(out: Path, name: str, tune: str) -> list[tuple]:
     """Each entry of an at-budget bench checked against its tune's budget (the same held-out seeds)."""
-    from diffaccel.budget import parse
+    from diffaccel.tuning.budget import parse
 
     bench, tj = out / name / "bench.json", out / tune / "tune.json"
     if not (bench.is_file() and tj.is_file()):
@@ -257,7 +257,7 @@ def _solver_margin(out: Path, bench: str, name: str) -> str:
     path = out / bench / "bench.json"
     if not path.is_file():
         return f"; solver line: not measured yet (bench `{bench}`)"
-    from diffaccel.report import steps_lines
+    from diffaccel.bench.report import steps_lines
 
     result = json.loads(path.read_text())
     e = next((e for e in result["entries"] if e["name"] == name), None)
@@ -336,8 +336,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"== {name}: skipped, {TUNED[AT_BUDGET[name][0]]} does not exist (run --tune {AT_BUDGET[name][0]})")
             continue
         run(name, ["bench", *BENCHES[name], "--report", str(OUT / name), "--no-progress"])
-    from diffaccel.report import combine
-    from diffaccel.tune_report import tune_blocks
+    from diffaccel.bench.report import combine
+    from diffaccel.tuning.tune_report import tune_blocks
 
     dirs = [ROOT / OUT / n for n in BENCHES if (ROOT / OUT / n / "bench.json").is_file()]
     extra = []

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from diffaccel.bench import load_bench_configs, run_bench
-from diffaccel.cli import main
-from diffaccel.errors import ConfigError
-from diffaccel.plugins import Registry
-from diffaccel.report import steps_lines
+from diffaccel.bench.report import steps_lines
+from diffaccel.bench.runner import load_bench_configs, run_bench
+from diffaccel.cli.entry import main
+from diffaccel.contract.errors import ConfigError
+from diffaccel.runtime.registry import Registry
 
 MODEL = ('[model]\nadapter = "unet"\ncheckpoint = "digits"\nsteps = {steps}\nbatch = 2\nguidance_scale = 2.0\n'
          'prompts = ["digit 3", "digit 7"]\nscheduler = "{scheduler}"\n')
@@ -81,8 +81,8 @@ def test_a_peer_on_another_model_needs_its_own_name(paths, tmp_path):
 def test_the_solver_line_joins_peers_whose_configs_hold_lists():
     """diffusers' TaylorSeer peer keeps its hook names in a list: peers are compared, not hashed."""
     from diffaccel import parse_config
-    from diffaccel.adapters_registry import get_adapter
-    from diffaccel.bench_variants import add_peers
+    from diffaccel.runtime.adapters_registry import get_adapter
+    from diffaccel.bench.variants import add_peers
 
     cfg = parse_config({"model": {"adapter": "dit", "checkpoint": "dit-digits", "steps": 12},
                         "peer": [{"use": "diffusers-taylorseer", "cache_interval": 3, "max_order": 1}]}, source="t.toml")

@@ -51,8 +51,8 @@ def record(path: Path) -> dict:
     import torch
 
     import diffaccel
-    from diffaccel.accelerator import apply, build_strategies
-    from diffaccel.adapters_registry import get_adapter
+    from diffaccel.runtime.accelerator import apply, build_strategies
+    from diffaccel.runtime.adapters_registry import get_adapter
 
     cfg = shrink(diffaccel.load_config(path))
     adapter = get_adapter(cfg.model.adapter)

@@ -14,7 +14,7 @@ import warnings
 import torch
 
 from diffaccel import Accelerator, Layer, RunState, hookimpl
-from diffaccel.sequence import RunSequence, StepModel
+from diffaccel.runtime.sequence import RunSequence, StepModel
 
 STEPS, ROWS, WIDTH = 4, 3, 8
 
@@ -164,8 +164,8 @@ def test_an_old_form_adapter_counts_as_the_current_one_with_one_warning_per_form
     # and the accelerator driven by hand (start_run / end_run), which the core never sees step
     old, warned = _deprecations(lambda: old_run(Model(True), Accelerator([Skipper()], "mini")))
     assert torch.equal(old[0], base[0]) and old[1]["counters"] == base[1]["counters"]
-    assert sorted(warned) == ["Accelerator.end_run is deprecated; use Accelerator.run_end (or diffaccel.sequence.RunSequence)",
-                              "Accelerator.start_run is deprecated; use Accelerator.run_start (or diffaccel.sequence.RunSequence)"]
+    assert sorted(warned) == ["Accelerator.end_run is deprecated; use Accelerator.run_end (or diffaccel.runtime.sequence.RunSequence)",
+                              "Accelerator.start_run is deprecated; use Accelerator.run_start (or diffaccel.runtime.sequence.RunSequence)"]
 
 
 def test_a_layer_of_the_current_form_computing_part_of_the_positions_says_how_many():
@@ -201,3 +201,63 @@ def test_a_layer_computed_after_its_run_is_not_counted_in_it():
     _, report = current_run(model, Accelerator([], "mini"))
     model.blocks[0].compute(torch.ones(ROWS, WIDTH))  # outside RunSequence.denoise: no run is current
     assert model.run.counters.as_dict() == report["counters"]
+
+
+def _fresh_import(old: str):
+    """Import ``old`` as a plugin written before 0.2 would, with it out of sys.modules first."""
+    import importlib
+    import sys
+
+    sys.modules.pop(old, None)
+    parent, _, leaf = old.rpartition(".")
+    if leaf in vars(sys.modules[parent]):
+        delattr(sys.modules[parent], leaf)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        first = importlib.import_module(old)
+        again = importlib.import_module(old)  # cached: no second warning
+    return first, again, [w for w in seen if issubclass(w.category, DeprecationWarning)]
+
+
+def test_an_old_module_path_is_the_new_module_with_one_warning_naming_it():
+    import diffaccel.contract.hookspecs as new
+
+    for old, target in (("diffaccel.hookspecs", new), ("diffaccel.plugins", None), ("diffaccel.adapters_registry", None)):
+        first, again, warned = _fresh_import(old)
+        import diffaccel._moved as moved
+
+        target = target or __import__(moved.MOVED[old], fromlist=["_"])
+        assert first is target and again is target  # the same object: isinstance, monkeypatching act on one module
+        assert len(warned) == 1, [str(w.message) for w in warned]
+        message = str(warned[0].message)
+        assert old in message and moved.MOVED[old] in message
+        assert warned[0].filename == __file__  # pointed at the import, not at the import machinery
+
+
+def test_old_names_resolve_to_the_same_objects_with_warnings():
+    import diffaccel
+    from diffaccel.bench import runner
+    from diffaccel.contract.strategy import Strategy
+    from diffaccel.runtime import registry
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        from diffaccel.plugins import Strategy as old_strategy  # a class that moved within the move
+        from diffaccel.bench import run_bench  # bench.py's names, now the bench package's runner
+        config = diffaccel.config  # an old module as an attribute after `import diffaccel`
+    assert old_strategy is Strategy is registry.Strategy is diffaccel.Strategy
+    assert run_bench is runner.run_bench and config.load_config is diffaccel.load_config
+    messages = [str(w.message) for w in seen if issubclass(w.category, DeprecationWarning)]
+    assert any("diffaccel.bench.run_bench moved to diffaccel.bench.runner.run_bench" in m for m in messages), messages
+
+
+def test_monkeypatching_through_an_old_path_acts_on_the_new_module(monkeypatch):
+    import importlib
+
+    from diffaccel.runtime import placement
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        old = importlib.import_module("diffaccel.placement")
+    monkeypatch.setattr(old, "check_placement", lambda *a, **k: "patched")
+    assert placement.check_placement() == "patched"

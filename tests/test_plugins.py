@@ -11,7 +11,7 @@ import pytest
 PLUGIN_PY = '''
 import attrs
 import diffaccel
-from diffaccel.validators import positive
+from diffaccel.contract.validators import positive
 
 __version__ = "9.8.7"
 
@@ -39,7 +39,7 @@ class Echo:
 
 @diffaccel.hookimpl
 def diffaccel_register(register):
-    register(diffaccel.Strategy(name="echo", config=EchoConfig, factory=Echo, requires=(diffaccel.capabilities.TOKEN_POSITIONS,),
+    register(diffaccel.Strategy(name="echo", config=EchoConfig, factory=Echo, requires=(diffaccel.contract.capabilities.TOKEN_POSITIONS,),
                                 description="throwaway test strategy"))
 '''
 
@@ -84,7 +84,7 @@ def site(tmp_path_factory):
 
 def _run(site, *args, env_extra=None, code=None):
     env = {**os.environ, "PYTHONPATH": str(site), **(env_extra or {})}
-    cmd = [sys.executable, "-c", code] if code else [sys.executable, "-m", "diffaccel.cli", *args]
+    cmd = [sys.executable, "-c", code] if code else [sys.executable, "-m", "diffaccel.cli.entry", *args]
     return subprocess.run(cmd, capture_output=True, text=True, env=env)
 
 

@@ -15,10 +15,10 @@ import torch
 from diffusers import DDIMScheduler, DPMSolverMultistepScheduler, FlowMatchEulerDiscreteScheduler
 
 from diffaccel import ConfigError, hookimpl, parse_config
-from diffaccel.accelerator import apply
 from diffaccel.adapters.diffusers_schedulers import build_scheduler
 from diffaccel.adapters.unet.adapter import UNetAdapter
 from diffaccel.adapters.unet.metrics import psnr_per_image
+from diffaccel.runtime.accelerator import apply
 
 PROMPTS = ["digit 3", "digit 7", "digit 0", "digit 5"]
 
@@ -110,7 +110,7 @@ def test_strategies_get_a_clean_estimate_under_every_solver(digits_pipe, name):
 def test_an_unknown_scheduler_is_one_line_listing_the_names_exit_2_before_diffusers(tmp_path, adapter, allowed):
     cfg = tmp_path / "bad.toml"
     cfg.write_text(f'[model]\nadapter = "{adapter}"\ncheckpoint = "whatever"\nscheduler = "heun"\n')
-    probe = ("import json, sys\nfrom diffaccel.cli import main\nrc = main(sys.argv[1:])\n"
+    probe = ("import json, sys\nfrom diffaccel.cli.entry import main\nrc = main(sys.argv[1:])\n"
              "print(json.dumps({'rc': rc, 'diffusers': 'diffusers' in sys.modules}))")
     proc = subprocess.run([sys.executable, "-c", probe, "check", str(cfg)], capture_output=True, text=True, timeout=120)
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"rc": 2, "diffusers": False}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from diffaccel.cli import main
+from diffaccel.cli.entry import main
 from diffaccel.serve.metrics import Metrics, parse
 
 MODEL = '[model]\nadapter = "text"\ncheckpoint = "wordnet-masked"\nlength = 32\nsteps = 16\n'

@@ -11,8 +11,8 @@ import pytest
 
 import diffaccel
 from diffaccel import ConfigError, Registry, Strategy, Tunable, hookimpl, load_config
-from diffaccel.cli import main
-from diffaccel.tuning import tune
+from diffaccel.cli.entry import main
+from diffaccel.tuning.tuner import tune
 
 HELDOUT = 50_000
 
@@ -167,8 +167,8 @@ def test_each_session_of_a_tune_records_its_wall_time_and_trials(tmp_path):
 
 
 def test_a_trial_runs_its_first_chunk_once_and_an_idle_point_reports_it(tmp_path):
-    from diffaccel.adapters_registry import get_adapter
-    from diffaccel.tuning import _Trials
+    from diffaccel.runtime.adapters_registry import get_adapter
+    from diffaccel.tuning.tuner import _Trials
 
     reg = _registry()
     cfg = load_config(_config(tmp_path), reg)

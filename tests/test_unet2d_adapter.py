@@ -13,10 +13,10 @@ import torch
 
 import diffaccel
 from diffaccel import ConfigError, ModelLoadError, parse_config
-from diffaccel.accelerator import apply, build_strategies
+from diffaccel.runtime.accelerator import apply, build_strategies
 from diffaccel.adapters.unet2d import UNet2DAdapter, block_specs
-from diffaccel.adapters_registry import adapter_for
-from diffaccel.cli import main
+from diffaccel.runtime.adapters_registry import adapter_for
+from diffaccel.cli.entry import main
 
 STEPS = 12
 
@@ -112,7 +112,7 @@ def test_what_the_adapter_lacks_is_refused_by_capability(tiny_unet2d):
 def test_bad_options_are_one_line_before_diffusers_loads(tmp_path, line, named):
     cfg = tmp_path / "bad.toml"
     cfg.write_text(f'[model]\nadapter = "unet2d"\ncheckpoint = "synthetic-ddpm-16"\n{line}\n')
-    probe = ("import json, sys\nfrom diffaccel.cli import main\nrc = main(sys.argv[1:])\n"
+    probe = ("import json, sys\nfrom diffaccel.cli.entry import main\nrc = main(sys.argv[1:])\n"
              "print(json.dumps({'rc': rc, 'diffusers': 'diffusers' in sys.modules}))")
     proc = subprocess.run([sys.executable, "-c", probe, "check", str(cfg)], capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "DIFFACCEL_PLUGINS": ""}, timeout=120)

@@ -28,7 +28,7 @@ import torch
 from diffusers import DiffusionPipeline, UNet2DConditionModel
 from PIL import Image
 
-from diffaccel.errors import DiffaccelError, ModelLoadError
+from diffaccel.contract.errors import DiffaccelError, ModelLoadError
 
 from .. import diffusers_peers
 from ..checkpoints import quiet_loading

@@ -2,17 +2,16 @@
 
 This module imports attrs and the core's validators only (no torch, no diffusers): the command
 line reads it through the ``diffaccel.adapters.options`` entry point to check a config's options
-and ``--out`` before the adapter, and with it diffusers, is imported (``diffaccel.adapters_registry``).
+and ``--out`` before the adapter, and with it diffusers, is imported (``diffaccel.runtime.adapters_registry``).
 """
 
 from __future__ import annotations
 
 import attrs
 
-from diffaccel.validators import in_range, non_negative, one_of, positive
+from diffaccel.contract.validators import in_range, non_negative, one_of, positive
 
-SCHEDULERS = ("ddim", "dpm++2m", "unipc", "euler", "checkpoint")
-"""``[model] scheduler`` names (``diffaccel.adapters.diffusers_schedulers`` builds them)."""
+from ..diffusers_schedulers import SCHEDULERS, StepsPeer  # noqa: F401 - StepsPeer: importable from here too
 
 
 @attrs.frozen(kw_only=True)
@@ -48,20 +47,6 @@ class DeepCachePeer:
     """The skip branch whose deeper features are cached: 3 x down block + layer (0: the shallowest)."""
     name: str | None = None
     """Entry name in bench (default: deepcache-i<interval>, with -b<branch> when the branch is not 0)."""
-
-
-@attrs.frozen(kw_only=True)
-class StepsPeer:
-    """Keys of ``[[peer]] use = "steps"``: the same pipeline with fewer steps, under the config's
-    scheduler or another one (``diffaccel.adapters.diffusers_peers``): the fewer-steps and solver
-    line every image strategy must sit above (``bench --solver-line`` adds a set of them)."""
-
-    steps: int = attrs.field(validator=positive)
-    """Denoising steps of this entry."""
-    scheduler: str | None = attrs.field(default=None, validator=one_of(SCHEDULERS))
-    """The scheduler of this entry (default: the config's)."""
-    name: str | None = None
-    """Entry name in bench (default: steps-<steps>, or <scheduler>-<steps> with a scheduler)."""
 
 
 class UNetSpec:

@@ -14,7 +14,7 @@ import re
 import sys
 from typing import Any
 
-from ..errors import ConfigError, DiffaccelError
+from ..contract.errors import ConfigError, DiffaccelError
 
 PRESET = re.compile(r"^([A-Za-z0-9_.-]+)=(.+)$")
 

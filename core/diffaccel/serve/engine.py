@@ -4,7 +4,7 @@ one batch of rows run exactly as ``diffaccel generate`` runs it.
 A batch is one adapter ``run`` of several requests' rows. Each row keeps the seed it would have
 alone (request seed ``s`` with ``n`` rows: ``s .. s+n-1``, as ``generate --seed s`` with
 ``batch = n``), passed to the adapter as ``seeds=[...]``; strategies keep their state per batch row
-(``diffaccel.state``) and start afresh at every run. So a response is the same whatever it was
+(``diffaccel.contract.state``) and start afresh at every run. So a response is the same whatever it was
 batched with (tests/test_serve.py checks it bitwise).
 
 That needs the model's numbers to be batch-invariant: a row computed the same whatever the batch
@@ -15,7 +15,7 @@ or where the adapter's ``run`` takes no ``seeds`` (its rows share one random str
 request is generated as its own batch (``generate`` with ``batch = n``), unless the server was
 started with ``--batch-inexact`` (rows then differ from ``generate`` by float rounding).
 
-The core knows no adapter by name: it talks to the adapter through ``diffaccel.adapter.Adapter``
+The core knows no adapter by name: it talks to the adapter through ``diffaccel.contract.adapter.Adapter``
 and reads outputs through two structural protocols (``TextRows``, ``ImageRows``).
 """
 
@@ -27,12 +27,12 @@ from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
-from .. import hookimpl
-from ..accelerator import apply, build_strategies
-from ..adapters_registry import get_adapter
-from ..config import RunConfig, load_config
-from ..errors import ConfigError, DiffaccelError, ModelError, NonFiniteError, StrategyError
-from ..plugins import Registry
+from ..contract.errors import ConfigError, DiffaccelError, ModelError, NonFiniteError, StrategyError
+from ..contract.hookspecs import hookimpl
+from ..runtime.accelerator import apply, build_strategies
+from ..runtime.adapters_registry import get_adapter
+from ..runtime.config import RunConfig, load_config
+from ..runtime.registry import Registry
 
 NO_STRATEGIES = "none"
 """The preset every server offers: the model with no strategy (the baseline)."""
