@@ -96,7 +96,8 @@ class UNetStepOutput:
     noise_pred: torch.Tensor
     """The model output the scheduler used (after guidance), (B, C, H, W)."""
     pred_original: torch.Tensor | None = None
-    """The scheduler's estimate of the clean latents, when it gives one (DDIM, DDPM)."""
+    """The scheduler's estimate of the clean latents, when it gives one (DDIM, DDPM, Euler; for
+    DPM-Solver++ and UniPC the data prediction of the step, which their ``step`` keeps)."""
 
 
 @attrs.define
@@ -121,6 +122,15 @@ def _scalar(t: Any) -> float | None:
     if isinstance(t, torch.Tensor):
         return float(t.reshape(-1)[0]) if t.numel() else None
     return float(t)
+
+
+def _solver_clean_estimate(sched: Any) -> torch.Tensor | None:
+    """The clean estimate a multistep solver made in its last ``step`` (its ``model_outputs[-1]``,
+    the model output converted to a data prediction: DPM-Solver++'s, UniPC's with ``predict_x0``),
+    which its ``step`` does not return; None for a solver that keeps noise predictions there."""
+    outs, cfg = getattr(sched, "model_outputs", None), getattr(sched, "config", {})
+    data = cfg.get("algorithm_type") in ("dpmsolver++", "sde-dpmsolver++") or cfg.get("predict_x0") is True
+    return outs[-1] if data and outs and isinstance(outs[-1], torch.Tensor) else None
 
 
 class _Patch:
@@ -477,6 +487,8 @@ class DenoiserSession:
             is_tuple = isinstance(out, tuple)
             prev = out[0] if is_tuple else out.prev_sample
             x0 = (out[1] if len(out) > 1 else None) if is_tuple else getattr(out, "pred_original_sample", None)
+            if x0 is None:
+                x0 = _solver_clean_estimate(self.pipe.scheduler)
             if seq.watched:
                 so = UNetStepOutput(step=run.step, timestep=run.timestep, latents=prev, noise_pred=model_output, pred_original=x0)
                 for branch in self.step_branches or ["main"]:

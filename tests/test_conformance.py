@@ -18,9 +18,15 @@ MODELS = {
     "text-llama": {"adapter": "text", "checkpoint": None, "length": 16, "steps": 4, "batch": 2},  # a tiny folder, below
     "unet-digits": {"adapter": "unet", "checkpoint": "digits", "steps": 4, "batch": 2, "prompts": ["digit 1", "digit 2"]},
     "dit-digits": {"adapter": "dit", "checkpoint": "dit-digits", "steps": 4, "batch": 2, "prompts": ["digit 1", "digit 2"]},
-    # a tiny random UNet2DModel folder (the tiny_unet2d fixture), under both schedulers
+    # each diffusers adapter under a second scheduler: multistep solvers keep a history across steps
+    "unet-digits-dpm++2m": {"adapter": "unet", "checkpoint": "digits", "steps": 4, "batch": 2, "prompts": ["digit 1", "digit 2"],
+                            "scheduler": "dpm++2m"},
+    "dit-digits-unipc": {"adapter": "dit", "checkpoint": "dit-digits", "steps": 4, "batch": 2, "prompts": ["digit 1", "digit 2"],
+                         "scheduler": "unipc"},
+    # a tiny random UNet2DModel folder (the tiny_unet2d fixture), under its schedulers
     "unet2d-ddim": {"adapter": "unet2d", "checkpoint": "tiny_unet2d", "steps": 4, "batch": 2, "scheduler": "ddim"},
     "unet2d-ddpm": {"adapter": "unet2d", "checkpoint": "tiny_unet2d", "steps": 4, "batch": 2, "scheduler": "ddpm"},
+    "unet2d-euler": {"adapter": "unet2d", "checkpoint": "tiny_unet2d", "steps": 4, "batch": 2, "scheduler": "euler"},
 }
 FOLDERS = ("tiny_llama", "tiny_unet2d")
 """Checkpoints made by a fixture of that name (None: tiny_llama)."""

@@ -140,7 +140,7 @@ UNET = '[model]\nadapter = "unet"\ncheckpoint = "synthetic-sd-tiny"\n'
 CASES = [
     ("size-zero", UNET + "size = 0\n", "[model]: key 'size': must be positive, got 0"),
     ("guidance-negative", UNET + "guidance_scale = -1\n", "[model]: key 'guidance_scale': must be in [0.0, inf), got -1.0"),
-    ("scheduler", UNET + 'scheduler = "euler"\n', "[model]: key 'scheduler': must be one of 'ddim', 'checkpoint', got 'euler'"),
+    ("scheduler", UNET + 'scheduler = "heun"\n', "[model]: key 'scheduler': must be one of 'ddim', 'dpm++2m', 'unipc', 'euler', 'checkpoint', got 'heun'"),
     ("prompts", UNET + "prompts = [1]\n", "[model]: key 'prompts': expected a list of strings, got [1]"),
     ("grid-columns", UNET + "grid_columns = 0\n", "[model]: key 'grid_columns': must be positive, got 0"),
     ("eta", UNET + "eta = 2\n", "[model]: key 'eta': must be in [0.0, 1.0], got 2.0"),

@@ -213,6 +213,8 @@ def pareto_plot(result: dict[str, Any], path: Path) -> bool:
             ax.scatter(xs, ys, c=colour, marker=marker, s=46, label={"diffaccel": "diffaccel entry"}.get(kind, kind), zorder=3)
     for x, y, name, _ in points:
         ax.annotate(name, (x, y), xytext=(4, 4), textcoords="offset points", fontsize=7)
+    for line, pts in steps_lines(result, key).items():  # the fewer-steps and solver lines (bench --solver-line)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], ls=":", lw=1.2, zorder=2, label=f"{line} line")
     front = pareto_front([(x, y) for x, y, _, _ in points], higher)
     if len(front) > 1:
         ax.plot([p[0] for p in front], [p[1] for p in front], color="#999999", lw=1, zorder=1)
@@ -224,6 +226,17 @@ def pareto_plot(result: dict[str, Any], path: Path) -> bool:
     ax.legend(fontsize=7, loc="best")
     _save_figure(fig, path, dpi=110)
     return True
+
+
+def steps_lines(result: dict[str, Any], key: str) -> dict[str, list[tuple[float, float]]]:
+    """The ``steps`` peers (``[[peer]] use = "steps"``, ``bench --solver-line``) as lines, one per
+    scheduler ("steps": the config's own), each (speedup, quality) by increasing speedup."""
+    lines: dict[str, list[tuple[float, float]]] = {}
+    for e in result["entries"]:
+        p = e.get("peer") or {}
+        if p.get("use") == "steps" and e.get("speedup") is not None and _finite(e["quality"].get(key)):
+            lines.setdefault(p.get("scheduler") or "steps", []).append((e["speedup"], e["quality"][key]))
+    return {name: sorted(pts) for name, pts in lines.items() if len(pts) > 1}
 
 
 def _finite(v: Any) -> bool:

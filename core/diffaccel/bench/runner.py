@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from ..runtime.memory import DevicePeak, memory_cell, process_peak_rss_mb
 from ..runtime.placement import DeviceClock
 from ..runtime.registry import Registry, call_own
 from .grid import expand
+from .variants import add_peers, check_same_model, model_differs, vs_model, vs_model_lines
 
 
 def entry_name(config: RunConfig) -> str:
@@ -59,9 +61,8 @@ def load_bench_configs(paths: list[str], registry: Registry, grid: list[Any] | N
     if grid:
         configs = [g for c, p in zip(configs, paths) for g in (expand(p, grid, registry) if c.strategies else [c])]
     first = configs[0]
-    for c in configs[1:]:
-        if (c.model, c.options) != (first.model, first.options):
-            raise ConfigError(f"{c.source}: [model] differs from {first.source}'s; bench compares configs that share one [model]")
+    for c in (c for c in configs[1:] if model_differs(first, c)):  # steps and scheduler may differ (bench_variants)
+        check_same_model(first, c, get_adapter(first.model.adapter))
     names = [entry_name(c) for c in configs]
     dup = next((n for n in names if names.count(n) > 1 or n == "baseline"), None)
     if dup:
@@ -79,7 +80,7 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
               plot_dir: str | None = None, batch: int | None = None, seed: int | None = None,
               judge: str | None = None, judge_noise: bool | None = None,
               keep_outputs: dict[str, list[Any]] | None = None, timed: bool = True,
-              grid: list[Any] | None = None, pipe: Any = None) -> dict[str, Any]:
+              grid: list[Any] | None = None, pipe: Any = None, solver_line: bool = False) -> dict[str, Any]:
     """``batch`` overrides every config's ``[model] batch`` (rows per call; seed k of the bench
     starts at ``seed + k * batch``, so no row is generated twice); ``seed`` their first seed.
     ``judge``: a judge the adapter's ``load_judge`` knows (text: 'smollm2', a causal LM folder or
@@ -90,7 +91,8 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
     ``timed``: False runs every entry once per seed with no warm-up and no timing (speedup None).
     ``grid``: ``diffaccel.bench.grid.Axis`` list (``bench --grid``): each config with strategies becomes
     one entry per combination of values. ``pipe``: a pipeline already loaded for these configs
-    (``diffaccel.tune`` on a pipeline), used instead of loading the one ``[model]`` names."""
+    (``diffaccel.tune`` on a pipeline), used instead of loading the one ``[model]`` names.
+    ``solver_line``: add the adapter's fewer-steps and solver peers (``bench_variants``)."""
     if not timed and repeats != 1:
         raise ConfigError(f"--repeats {repeats}: a quality-only bench runs each seed once (--repeats 1)")
     wall0 = time.perf_counter()
@@ -100,8 +102,9 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
         configs = [with_batch(c, batch) for c in configs]
     if seed is not None:
         configs = [with_seed(c, seed) for c in configs]
+    adapter = get_adapter(configs[0].model.adapter)
+    configs, variants, alone, homes = add_peers(configs, adapter, solver_line, entry_name)
     base = configs[0]
-    adapter = get_adapter(base.model.adapter)
     judge_obj, judge_info = _load_judge(adapter, judge)
     pipe = adapter.load(base) if pipe is None else pipe
     info = adapter.info(pipe)
@@ -112,7 +115,7 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
     entries += [(name, []) for name in peers]
     # a peer may run another config than the baseline's (the text adapter's ``steps`` peer)
     peer_run = adapter.peer_run_config if isinstance(adapter, PeersRunOtherConfigs) else None
-    peer_configs = {name: peer_run(base, p.config) for name, p in peers.items()} if peer_run else {}
+    peer_configs = {name: peer_run(homes.get(name, base), p.config) for name, p in peers.items()} if peer_run else {}
     seed_list = [base.model.seed + k * base.model.batch for k in range(seeds)]
 
     clock = DeviceClock(base.model.device, warmup_runs=1 if timed else 0)
@@ -131,9 +134,11 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
             k += 1
             for name, strategies in order:
                 peer = peers.get(name)
-                run_cfg = peer_configs.get(name, base)
-                with (adapter.peer_context(pipe, peer.config) if peer else apply(pipe, policies.get(name), strategies=strategies,
-                                                                                    registry=registry)):
+                run_cfg = peer_configs.get(name) or (policies[name] if name in variants else base)
+                with ExitStack() as stack:  # a variant's model (its scheduler) is set up before its strategies or peer
+                    for ctx in ([variants[name]] if name in variants else []) + [peer.config if peer else None]:
+                        stack.enter_context(adapter.peer_context(pipe, ctx) if ctx is not None else
+                                            apply(pipe, policies.get(name), strategies=strategies, registry=registry))
                     peak.reset()
                     with clock.region() as r:
                         out = adapter.run(pipe, run_cfg, seed, progress=False)
@@ -180,6 +185,7 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
                 Path(plot_dir).mkdir(parents=True, exist_ok=True)
                 call_own(s, "diffaccel_bench_plot", reports=reports, path=Path(plot_dir) / f"{name}-{s.name}.png")
     _strategy_quality(result, entries, outputs, seed_list)
+    vs_model(result, adapter, alone, outputs, times)
     _quality_intervals(result, adapter, outputs, references)
     if judge_obj is not None:
         _judge_quality(result, adapter, judge_obj, pipe, base, outputs, noise_floor if judge_noise is None else judge_noise)
@@ -367,6 +373,7 @@ def format_table(result: dict[str, Any]) -> str:
     if any(e.get("speedup_ci") or e.get("quality_ci") for e in result["entries"]):
         lines.append("[lo-hi]: 95% bootstrap interval over the seeds, paired with the baseline's (JSON: speedup_ci, "
                      "quality_ci, quality_ratio_ci)")
+    lines += vs_model_lines(result)
     j = result.get("judge")
     if j and j.get("note"):
         lines.append(f"gen_ppl: not reported: {j['note']}")

@@ -68,6 +68,9 @@ def _parser(extra: list | None = None) -> argparse.ArgumentParser:
                    help="language model scoring text samples (gen_ppl): smollm2 (default), none, a causal LM folder or hub id, a .gguf file")
     b.add_argument("--quality-only", action="store_true",
                    help="no timing, no warm-up: each entry once per seed, quality only (more seeds; no quiet machine needed)")
+    b.add_argument("--solver-line", action="store_true",
+                   help="image models: add the same model at fewer steps (steps-N) and under DPM-Solver++ (dpm++2m-N), "
+                        "the line every strategy must sit above")
     b.add_argument("--grid", action="append", default=[], metavar="[STRATEGY.]KEY=V1,V2",
                    help="run each config's strategy at each value (repeat for a product grid); entries named by their values")
     b.add_argument("--no-progress", action="store_true")
@@ -120,6 +123,8 @@ def _parser(extra: list | None = None) -> argparse.ArgumentParser:
     tu.add_argument("--batch", type=int, help="the held-out bench's second batch size (default: the config's, or 8 if it is 1)")
     tu.add_argument("--candidates", type=int, default=3, help="best feasible trials re-measured on held-out seeds (default 3)")
     tu.add_argument("--judge", default="default", metavar="NAME_OR_PATH", help="as bench's --judge (gen_ppl budgets need one)")
+    tu.add_argument("--model-space", action="append", default=[], metavar="KEY=V1,V2",
+                    help="image models: search [model] steps or scheduler too, repeatable: steps=8,10,12 scheduler=ddim,dpm++2m")
     tu.add_argument("--report", metavar="DIR", help="study (study.db: rerun to resume), held-out benches and figures (default OUT.tune/)")
     tu.add_argument("--no-progress", action="store_true")
 
@@ -240,7 +245,7 @@ def _bench(args) -> int:
         from ..bench.prompt_bench import main_bench
 
         for option, given in (("--report", args.report_dir), ("--plots", args.plot_dir), ("--quality-only", args.quality_only or None),
-                              ("--grid", args.grid or None)):
+                              ("--grid", args.grid or None), ("--solver-line", args.solver_line or None)):
             if given is not None:
                 raise ConfigError(f"{option}: not available with --prompts (the sharded bench writes --json only)")
         return main_bench(args)
@@ -254,7 +259,7 @@ def _bench(args) -> int:
     result = run_bench(args.configs, seeds=args.seeds, repeats=args.repeats, json_path=args.json_path,
                        noise_floor=not args.no_noise_floor, progress=not args.no_progress, plot_dir=plot_dir,
                        batch=args.batch, seed=args.seed, judge=args.judge, keep_outputs=outputs,
-                       timed=not args.quality_only, grid=parse_grid(args.grid))
+                       timed=not args.quality_only, grid=parse_grid(args.grid), solver_line=args.solver_line)
     print(format_table(result))
     if args.json_path:
         print(f"wrote {args.json_path}")
@@ -368,12 +373,14 @@ def _serve(args) -> int:
 
 
 def _tune(args) -> int:
+    from ..tuning.model_space import parse_model_space
     from ..tuning.tuner import tune
 
+    model_space = parse_model_space(args.model_space)  # before anything loads
     try:
         result = tune(args.config, args.budget, args.out, trials=args.trials, tune_seeds=args.tune_seeds, heldout=args.heldout,
                       heldout_seed=args.heldout_seed, batch=args.batch, judge=args.judge, candidates=args.candidates,
-                      report=args.report, progress=not args.no_progress)
+                      report=args.report, progress=not args.no_progress, model_space=model_space)
     except KeyboardInterrupt:
         _say(f"diffaccel: tune interrupted; the finished trials are kept: run the same command again to resume")
         return 130

@@ -63,15 +63,18 @@ class Tunable:
 
 
 Space = Mapping[str, Mapping[str, Tunable]]
-"""Strategy name (config order) -> its tunables by key."""
+"""Strategy name (config order) -> its tunables by key; ``MODEL``: the ``[model]`` keys searched."""
+MODEL = "[model]"
+"""The space's and a point's entry for ``[model]`` keys (``tune --model-space``): never switched off."""
 
 
 def suggest(trial: Any, space: Space, optional: bool = True) -> dict[str, dict[str, Any] | None]:
     """One point of ``space``: strategy -> its parameters, or None where the trial switches it off
     (``optional``); a trial with every strategy off is not worth measuring (it is the baseline)."""
     point: dict[str, dict[str, Any] | None] = {}
+    several = sum(name != MODEL for name in space) > 1
     for name, tunables in space.items():
-        on = trial.suggest_categorical(f"{name}.on", [True, False]) if optional and len(space) > 1 else True
+        on = trial.suggest_categorical(f"{name}.on", [True, False]) if optional and several and name != MODEL else True
         point[name] = {k: t.suggest(trial, f"{name}.{k}") for k, t in tunables.items()} if on else None
     return point
 
@@ -176,7 +179,7 @@ def run_trials(study: Any, space: Space, budgets: Sequence[Budget], evaluate: Ev
     def objective(trial: Any) -> list[float]:
         point = suggest(trial, space, optional)
         trial.set_user_attr("point", point)
-        if all(p is None for p in point.values()):
+        if all(p is None for n, p in point.items() if n != MODEL) and not point.get(MODEL):
             raise optuna.TrialPruned("every strategy off: the baseline itself")
         m = evaluate(point, list(seeds[:chunk]))
         if not m.skipped and m.speedup < IDLE_SPEEDUP:

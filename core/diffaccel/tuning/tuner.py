@@ -40,7 +40,8 @@ from ..runtime.config import RunConfig, load_config, parse_config, read_toml
 from ..runtime.placement import DeviceClock
 from ..runtime.registry import Registry, call_own
 from .budget import parse_all
-from .search import Measured, Space, Tunable, feasible_front, open_study, run_trials
+from .model_space import apply_model, model_context, model_tunables
+from .search import MODEL, Measured, Space, Tunable, feasible_front, open_study, run_trials
 from .toml_out import dumps
 from .tune_report import write_report
 
@@ -112,14 +113,14 @@ def with_point(config: RunConfig, point: dict[str, dict[str, Any] | None], sourc
             entries.append(attrs.evolve(e, config=attrs.evolve(e.config, **params)))
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{source}: [[strategy]] {e.name}: {exc}") from None
-    return attrs.evolve(config, strategies=tuple(entries), source=source, peers=())
+    return apply_model(attrs.evolve(config, strategies=tuple(entries), source=source, peers=()), point.get(MODEL))
 
 
 def toml_text(config_path: str | Path, point: dict[str, dict[str, Any] | None], header: list[str]) -> str:
     """The config file's text with the point applied: its ``[model]`` (and ``[guard]``) tables as
     written, its strategies' tables with the point's values, peers dropped (bench-only)."""
     raw = read_toml(config_path)
-    out: dict[str, Any] = {"model": raw["model"]}
+    out: dict[str, Any] = {"model": {**raw["model"], **(point.get(MODEL) or {})}}
     if "guard" in raw:
         out["guard"] = raw["guard"]
     tables = []
@@ -167,7 +168,7 @@ class _Trials:
                     self.base_out.setdefault(seed, out)
                 else:
                     handle = apply(self.pipe, cfg, strategies=strategies, registry=self.registry)
-                    with handle:
+                    with model_context(self.adapter, self.pipe, self.config, cfg), handle:
                         with self.clock.region() as r:
                             trial_out = self.adapter.run(self.pipe, cfg, seed, progress=False)
                         t_trial = r.seconds
@@ -254,7 +255,7 @@ def tune(config: Any, budget: Sequence[str] | str, out: str | Path, *, trials: i
          heldout: int = 32, heldout_seed: int = DEFAULT_HELDOUT_SEED, batch: int | None = None, judge: str | None = "default",
          candidates: int = 3, report: str | Path | None = None, progress: bool = True, search_seed: int = 0,
          registry: Registry | None = None, model: dict[str, Any] | None = None,
-         strategies: Sequence[dict[str, Any]] | None = None) -> TuneResult:
+         strategies: Sequence[dict[str, Any]] | None = None, model_space: dict[str, Sequence[Any]] | None = None) -> TuneResult:
     """Tune ``config``'s strategies to ``budget`` (one expression or several) and write the
     fastest held-out-valid point to ``out`` (TUNED.toml). ``trials`` trials on ``tune_seeds``
     seeds from the config's seed; then the ``candidates`` best feasible points and the config as
@@ -266,7 +267,9 @@ def tune(config: Any, budget: Sequence[str] | str, out: str | Path, *, trials: i
     ``config`` may also be a loaded pipeline: then ``strategies`` gives the ``[[strategy]]``
     tables to tune and ``model`` the ``[model]`` keys of its runs (``steps``, ``batch``, ``seed``,
     adapter options such as ``length``); the report folder keeps that config (``config.toml``),
-    and TUNED.toml has no checkpoint: ``diffaccel.apply(pipe, TUNED)`` uses it on that pipeline."""
+    and TUNED.toml has no checkpoint: ``diffaccel.apply(pipe, TUNED)`` uses it on that pipeline.
+    ``model_space``: ``[model]`` keys searched too, {"steps": (8, 10), "scheduler": ("dpm++2m",)}
+    (``tune_model``; the diffusers adapters): each trial against the config's own model."""
     registry = registry or Registry()
     started, started_at = time.perf_counter(), time.localtime()
     pipe, source = None, None
@@ -292,6 +295,8 @@ def tune(config: Any, budget: Sequence[str] | str, out: str | Path, *, trials: i
     adapter = get_adapter(cfg.model.adapter)
     budgets = parse_all([budget] if isinstance(budget, str) else list(budget), reported_metrics(adapter, cfg, registry, judge))
     space = tunable_space(cfg, registry)
+    if model_space:  # [model] steps and scheduler searched with the strategies (tune_model)
+        space = {**space, MODEL: model_tunables(cfg, adapter, dict(model_space))}
     tune_seed_list = [cfg.model.seed + k * cfg.model.batch for k in range(tune_seeds)]
     if tune_seed_list[-1] + cfg.model.batch > heldout_seed:
         raise ConfigError(f"--heldout-seed {heldout_seed}: the tuning seeds run up to {tune_seed_list[-1] + cfg.model.batch - 1}; "
