@@ -2,7 +2,8 @@
 # make test   : same set-up, then every test suite (core and plugins)
 # make test-plugin PLUGIN=topk : one plugin's tests
 # make soak   : 500 generations in one process (memory, determinism); writes docs/reliability.md
-# make layers : import-linter's contracts (layers, no import circles; pyproject.toml), as CI checks them
+# make layers : import-linter's contracts (the core's layers, plugins on the public API, no import circles;
+#               pyproject.toml), as CI checks them; the way to run them: a bare lint-imports cannot read the package-dir mapping
 # make gpu-check : on a CUDA machine, every adapter x strategy in bfloat16 on the GPU and the sd-medium and text speed benches (scripts/gpu-check.sh)
 # make docs   : regenerate docs/writing-a-plugin.md and docs/writing-an-adapter.md (tests check they are up to date)
 # make benchmarks [NOTE="..."] : rerun the headline benches, regenerate docs/benchmarks.md (a few minutes, one thread)

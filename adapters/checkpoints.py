@@ -21,7 +21,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from diffaccel.errors import ModelLoadError
+from diffaccel.contract.errors import ModelLoadError
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 ALLOW = "set allow_pickle = true in [model] to read it with torch.load(weights_only=True)"

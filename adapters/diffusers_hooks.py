@@ -10,7 +10,7 @@ Public API (``__all__``), for adapters of diffusers pipelines (the shipped ``une
 
     class MySession(DenoiserSession):         # the accelerator attached to one pipeline
         adapter = "mynet"                     # the adapter's name (run.adapter, reports)
-        capabilities = frozenset({...})       # what the blocks offer (diffaccel.capabilities)
+        capabilities = frozenset({...})       # what the blocks offer (diffaccel.contract.capabilities)
         denoiser_attr = "unet"                # the pipeline attribute holding the denoiser
 
         def build_layers(self, accelerator):  # the blocks, in forward order
@@ -38,7 +38,7 @@ back by ``detach``; nothing of the pipeline's code changes):
   strategy reads steps); at the last timestep ``finalize`` gets a ``UNetFinal`` whose ``latents``
   become the scheduler's result, then ``run_end``.
 
-The hook order is the core's (``diffaccel.sequence.RunSequence``); these wrappers call it from
+The hook order is the core's (``diffaccel.runtime.sequence.RunSequence``); these wrappers call it from
 inside the pipeline's own loop, so any pipeline whose loop is "denoiser call(s), then
 ``scheduler.step``" works unchanged (DDPM, DDIM, Stable Diffusion, PixArt ...).
 
@@ -73,8 +73,8 @@ from typing import Any
 import attrs
 import torch
 
-from diffaccel.sequence import RunSequence, StepModel
-from diffaccel.state import Layer, RunState
+from diffaccel.runtime.sequence import RunSequence, StepModel
+from diffaccel.contract.state import Layer, RunState
 
 __all__ = ["DenoiserBlock", "DenoiserSession", "UNetFinal", "UNetStepOutput", "attach", "call_pipeline", "detach",
            "session_of"]
@@ -96,7 +96,8 @@ class UNetStepOutput:
     noise_pred: torch.Tensor
     """The model output the scheduler used (after guidance), (B, C, H, W)."""
     pred_original: torch.Tensor | None = None
-    """The scheduler's estimate of the clean latents, when it gives one (DDIM, DDPM)."""
+    """The scheduler's estimate of the clean latents, when it gives one (DDIM, DDPM, Euler; for
+    DPM-Solver++ and UniPC the data prediction of the step, which their ``step`` keeps)."""
 
 
 @attrs.define
@@ -121,6 +122,15 @@ def _scalar(t: Any) -> float | None:
     if isinstance(t, torch.Tensor):
         return float(t.reshape(-1)[0]) if t.numel() else None
     return float(t)
+
+
+def _solver_clean_estimate(sched: Any) -> torch.Tensor | None:
+    """The clean estimate a multistep solver made in its last ``step`` (its ``model_outputs[-1]``,
+    the model output converted to a data prediction: DPM-Solver++'s, UniPC's with ``predict_x0``),
+    which its ``step`` does not return; None for a solver that keeps noise predictions there."""
+    outs, cfg = getattr(sched, "model_outputs", None), getattr(sched, "config", {})
+    data = cfg.get("algorithm_type") in ("dpmsolver++", "sde-dpmsolver++") or cfg.get("predict_x0") is True
+    return outs[-1] if data and outs and isinstance(outs[-1], torch.Tensor) else None
 
 
 class _Patch:
@@ -233,7 +243,7 @@ class DenoiserBlock(Layer):
         s = self.session
         out = self.call(hidden)
         run = s.run
-        if run is not None and s.keep:  # counted by the core (diffaccel.sequence)
+        if run is not None and s.keep:  # counted by the core (diffaccel.runtime.sequence)
             s.block_cache[(run.branch, self.name)] = self.to_cache(hidden, out)
         return out
 
@@ -282,7 +292,7 @@ class DenoiserSession:
     adapter = "?"
     """The adapter's name (``run.adapter``, for reports)."""
     capabilities: frozenset = frozenset()
-    """What the blocks and steps offer strategies (``diffaccel.capabilities``): ``run.capabilities``."""
+    """What the blocks and steps offer strategies (``diffaccel.contract.capabilities``): ``run.capabilities``."""
     denoiser_attr = "unet"
     """The pipeline's attribute that holds the denoiser (``unet``, ``transformer``)."""
 
@@ -477,6 +487,8 @@ class DenoiserSession:
             is_tuple = isinstance(out, tuple)
             prev = out[0] if is_tuple else out.prev_sample
             x0 = (out[1] if len(out) > 1 else None) if is_tuple else getattr(out, "pred_original_sample", None)
+            if x0 is None:
+                x0 = _solver_clean_estimate(self.pipe.scheduler)
             if seq.watched:
                 so = UNetStepOutput(step=run.step, timestep=run.timestep, latents=prev, noise_pred=model_output, pred_original=x0)
                 for branch in self.step_branches or ["main"]:

@@ -19,14 +19,14 @@ from typing import Any
 
 import attrs
 import torch
-from diffusers import DDIMScheduler
 
-from diffaccel.errors import ConfigError, ModelLoadError
-from diffaccel.placement import torch_dtype
-from diffaccel.state import RunState
+from diffaccel.contract.errors import ConfigError, ModelLoadError
+from diffaccel.runtime.placement import torch_dtype
+from diffaccel.contract.state import RunState
 
 from .checkpoints import check_component_files, check_module_finite, precheck_folder, quiet_loading
 from .diffusers_hooks import session_of
+from .diffusers_schedulers import set_scheduler
 from .digits import digit_label
 
 
@@ -114,7 +114,7 @@ def _load(source: PipelineSource, checkpoint: str, allow_pickle: bool):
 def load_for_config(config, source: PipelineSource, *, accepts: Callable[[Any], bool], lacks: str,
                     size_factor: Callable[[Any], int], factor_is: str, negative_refused: str):
     """``[model]``'s pipeline, ready to run: loaded (``load_pipeline``), checked to have the
-    adapter's denoiser (else ``lacks`` is said), DDIM put in unless ``scheduler = "checkpoint"``,
+    adapter's denoiser (else ``lacks`` is said), its ``scheduler`` put in (``diffusers_schedulers``),
     ``size`` checked against ``size_factor(pipe)`` (described as ``factor_is``), a
     ``negative_prompt`` refused for the adapter's own pipeline (whose unconditional branch is the
     empty prompt: ``negative_refused``), then moved to ``device``."""
@@ -122,8 +122,7 @@ def load_for_config(config, source: PipelineSource, *, accepts: Callable[[Any], 
     pipe = load_pipeline(source, m.checkpoint, m.allow_pickle)
     if not accepts(pipe):
         raise ModelLoadError(f"checkpoint '{m.checkpoint}': its pipeline has no {lacks}")
-    if opts.scheduler == "ddim" and not isinstance(pipe.scheduler, DDIMScheduler):
-        pipe.scheduler = DDIMScheduler.from_config(pipe.scheduler.config)
+    set_scheduler(pipe, opts.scheduler, m.checkpoint, config.source)
     if opts.size is not None:
         factor = size_factor(pipe)
         if opts.size % factor:

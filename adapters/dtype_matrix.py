@@ -3,7 +3,7 @@
 For each model (masked and continuous text, a LLaMA-class folder, DiffusionGemma, a toy SD-class
 UNet, the digits DiT, an unconditional UNet2DModel): the adapter's run inside ``apply`` with no strategy is bitwise the run without it (the
 conformance suite's ``idle`` check), the weights are in the dtype asked; then each strategy runs
-under ``diffaccel.hygiene.watch`` and must skip work (``SKIPS``) with no hot-path violation. The
+under ``diffaccel.kit.hygiene.watch`` and must skip work (``SKIPS``) with no hot-path violation. The
 tests run it on the CPU in bfloat16 (tests/test_dtype.py); ``scripts/gpu-check.sh`` runs it on a
 GPU::
 
@@ -97,8 +97,8 @@ class Case:
 
 def cases(registry: Any = None, models: tuple[str, ...] | None = None) -> Iterator[Case]:
     """(model, strategy) pairs the strategies' ``requires`` allow, and an idle case per model."""
-    from diffaccel.capabilities import missing
-    from diffaccel.plugins import Registry
+    from diffaccel.contract.capabilities import missing
+    from diffaccel.runtime.registry import Registry
 
     registry = registry or Registry()
     caps = {"text-diffusion-gemma": {"token-positions", "token-logits"}}
@@ -106,7 +106,7 @@ def cases(registry: Any = None, models: tuple[str, ...] | None = None) -> Iterat
         if models and model not in models:
             continue
         yield Case(model, None)
-        from diffaccel.adapters_registry import get_adapter
+        from diffaccel.runtime.adapters_registry import get_adapter
 
         offered = caps.get(model, get_adapter(table["adapter"]).capabilities)
         if model == "text-continuous":
@@ -136,7 +136,7 @@ class Loaded:
                                       registry=registry)
 
     def pipe(self, model: str) -> tuple[Any, Any]:
-        from diffaccel.adapters_registry import get_adapter
+        from diffaccel.runtime.adapters_registry import get_adapter
 
         cfg = self.config(model)
         adapter = get_adapter(cfg.model.adapter)
@@ -150,11 +150,11 @@ def check(case: Case, loaded: Loaded, registry: Any = None) -> dict[str, Any]:
     import torch
 
     import diffaccel
-    from diffaccel.accelerator import build_strategies
+    from diffaccel.runtime.accelerator import build_strategies
     from diffaccel.conformance import CHECKS, check_adapter
-    from diffaccel.hygiene import watch
-    from diffaccel.placement import dtype_name, torch_dtype
-    from diffaccel.plugins import Registry
+    from diffaccel.kit.hygiene import watch
+    from diffaccel.runtime.placement import dtype_name, torch_dtype
+    from diffaccel.runtime.registry import Registry
 
     registry = registry or Registry()
     t0 = time.perf_counter()
@@ -205,8 +205,8 @@ def place(configs: list[str], out: Path, device: str, dtype: str, steps: int = 0
     """Copies of ``configs`` for one bench on ``device`` in ``dtype`` (scripts/gpu-check.sh): each
     with the first config's ``[model]`` (device, dtype and, if ``steps``, steps set) and its own
     strategies; peers from the first config only (none without ``peers``)."""
-    from diffaccel.config import read_toml
-    from diffaccel.toml_out import dumps
+    from diffaccel.runtime.config import read_toml
+    from diffaccel.tuning.toml_out import dumps
 
     docs = [read_toml(c) for c in configs]
     model = {**docs[0]["model"], "device": device, "dtype": dtype, **({"steps": steps} if steps else {})}
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-peers", action="store_true", help="with --place: leave the [[peer]] tables out")
     ap.add_argument("configs", nargs="*")
     args = ap.parse_args(argv)
-    from diffaccel.placement import check_placement
+    from diffaccel.runtime.placement import check_placement
 
     problem = check_placement(args.device, args.dtype)
     if problem:

@@ -74,8 +74,10 @@ class GuidedPipeline:
         shape = (B, cfg.in_channels, height // f, width // f)
         if latents is None:
             latents = randn_tensor(shape, generator=generator, device=device, dtype=cond.dtype)
-        latents = latents.to(device) * self.scheduler.init_noise_sigma
+        # timesteps first: Euler's init_noise_sigma is that of the first timestep set here (DDIM's,
+        # DPM-Solver's and UniPC's is 1 whatever the steps)
         self.scheduler.set_timesteps(num_inference_steps, device=device)
+        latents = latents.to(device) * self.scheduler.init_noise_sigma
         extra = {}
         step_params = set(inspect.signature(self.scheduler.step).parameters)
         if "eta" in step_params:

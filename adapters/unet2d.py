@@ -21,15 +21,15 @@ from typing import Any
 import attrs
 import torch
 
-from diffaccel.capabilities import BLOCK_STACK, IMAGE_STEPS, SPATIAL_FEATURES
-from diffaccel.errors import DiffaccelError, ModelLoadError
-from diffaccel.placement import torch_dtype
-from diffaccel.state import RunState
-from diffaccel.validators import in_range, one_of, positive
+from diffaccel.contract.capabilities import BLOCK_STACK, IMAGE_STEPS, SPATIAL_FEATURES
+from diffaccel.contract.errors import DiffaccelError, ModelLoadError
+from diffaccel.runtime.placement import torch_dtype
+from diffaccel.contract.state import RunState
+from diffaccel.contract.validators import in_range, one_of, positive
 
 from .diffusers_hooks import DenoiserBlock, DenoiserSession, attach, call_pipeline, detach
 
-SCHEDULERS = ("ddim", "ddpm", "checkpoint")
+SCHEDULERS = ("ddim", "ddpm", "dpm++2m", "unipc", "euler", "checkpoint")
 SYNTHETIC = "synthetic-ddpm-16"
 CAPABILITIES = frozenset({BLOCK_STACK, SPATIAL_FEATURES, IMAGE_STEPS})
 """What the blocks offer strategies. No ``block-tail``: the up blocks of a ``UNet2DModel``
@@ -41,7 +41,7 @@ class UNet2DOptions:
     """Keys of ``[model]`` that only the unet2d adapter reads."""
 
     scheduler: str = attrs.field(default="ddim", validator=one_of(SCHEDULERS))
-    """ddim (a DDIMPipeline, DDIM from the checkpoint's noise schedule), ddpm (a DDPMPipeline, ancestral DDPM sampling) or checkpoint (the pipeline and scheduler it was saved with)."""
+    """ddim (a DDIMPipeline, DDIM from the checkpoint's noise schedule), ddpm (a DDPMPipeline, ancestral DDPM sampling), dpm++2m, unipc or euler (DPM-Solver++ 2M, UniPC, Euler from the checkpoint's noise schedule, in a loop that scales inputs as they need) or checkpoint (the pipeline and scheduler it was saved with)."""
     eta: float = attrs.field(default=0.0, validator=in_range(0.0, 1.0))
     """DDIM eta (DDIM pipelines only): 0 is deterministic DDIM, 1 is DDPM-like noise."""
     grid_columns: int = attrs.field(default=8, validator=positive)
@@ -180,9 +180,10 @@ class UNet2DAdapter:
     def load(config: Any) -> Any:
         """The pipeline ``[model]`` names, its weights checked, as a DDIMPipeline or a
         DDPMPipeline (``scheduler``), on ``device``."""
-        from diffusers import DDIMPipeline, DDIMScheduler, DDPMPipeline, DDPMScheduler
+        from diffusers import DDIMPipeline, DDPMPipeline, DDPMScheduler
 
         from .diffusers_pipelines import load_pipeline
+        from .diffusers_schedulers import build_scheduler
 
         m, o = config.model, config.options
         pipe = load_pipeline(_source(), m.checkpoint, m.allow_pickle)
@@ -190,11 +191,16 @@ class UNet2DAdapter:
             raise ModelLoadError(f"checkpoint '{m.checkpoint}': its pipeline ({type(pipe).__name__}) has no "
                                  f"UNet2DModel (.unet); for UNet2DConditionModel pipelines use adapter = \"unet\"")
         if o.scheduler == "ddim":
-            pipe = DDIMPipeline(unet=pipe.unet, scheduler=DDIMScheduler.from_config(pipe.scheduler.config))
+            pipe = DDIMPipeline(unet=pipe.unet, scheduler=build_scheduler("ddim", pipe.scheduler, m.checkpoint, config.source))
         elif o.scheduler == "ddpm":
             pipe = DDPMPipeline(unet=pipe.unet, scheduler=DDPMScheduler.from_config(pipe.scheduler.config))
+        elif o.scheduler != "checkpoint":
+            from .unet2d_solver import SolverPipeline
+
+            pipe = SolverPipeline(unet=pipe.unet, scheduler=build_scheduler(o.scheduler, pipe.scheduler, m.checkpoint,
+                                                                            config.source))
         try:
-            dtype = torch_dtype(m.dtype)  # [model] dtype, checked before loading (diffaccel.placement)
+            dtype = torch_dtype(m.dtype)  # [model] dtype, checked before loading (diffaccel.runtime.placement)
             return pipe.to(m.device) if pipe.unet.dtype == dtype else pipe.to(m.device, dtype)
         except (RuntimeError, AssertionError) as exc:
             raise ModelLoadError(f"{config.source}: [model]: key 'device': '{m.device}' is not usable ({exc})") from None

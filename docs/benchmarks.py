@@ -48,6 +48,18 @@ BENCHES: dict[str, list[str]] = {
     "dit-digits-b1": [*DIT, "--seeds", "10", "--repeats", "3", "--batch", "1"],  # runs of half a second: 3 repeats; + the configs' peers (diffusers' cache hooks)
     "dit-digits-b8": [*DIT, "--seeds", "1", "--batch", "8"],
 }
+# every shipped image strategy beside the fewer-steps and solver line (--solver-line: DDIM at fewer
+# steps, DPM-Solver++ 2M at 3x to 7x) and the shipped cache-on-a-solver config, on held-out seeds
+DIGITS_SOLVERS = ["configs/digits.toml", "configs/digits-time-anchor.toml", "configs/digits-dct.toml",
+                  "configs/digits-fast.toml", "configs/digits-fast-dct.toml", "--solver-line", "--seed", "1000"]
+DIT_SOLVERS = [*DIT, "configs/dit-digits-fast.toml", "--solver-line", "--seed", "1000"]
+SOLVERS = {
+    "digits-solvers-b1": [*DIGITS_SOLVERS, "--seeds", "10", "--batch", "1"],
+    "digits-solvers-b10": [*DIGITS_SOLVERS, "--seeds", "3"],
+    "dit-digits-solvers-b1": [*DIT_SOLVERS, "--seeds", "10", "--batch", "1"],
+    "dit-digits-solvers-b10": [*DIT_SOLVERS, "--seeds", "3"],
+}
+BENCHES.update(SOLVERS)
 
 # ``--tune NAME``: the tunes whose configs the "at budget" benches and the README's column read.
 # Each is ``diffaccel tune`` as recorded (its report folder is added); long (minutes to most of an
@@ -95,6 +107,7 @@ class Figure:
     entry: str  # the bench entry's name
     bench: str  # the bench at batch 1 (image benches: their only batch)
     bench8: str | None = None  # the same entry at batch 8, where the batch matters
+    solvers: tuple[str, ...] = ()  # --solver-line benches with the same entry: its margin over the solver line in each
 
 
 HEADLINE: list[tuple[str, str, list[Figure]]] = [
@@ -103,16 +116,21 @@ HEADLINE: list[tuple[str, str, list[Figure]]] = [
       Figure("continuous", "text-continuous-swd", "text-continuous-b1", "text-continuous-b8")]),
     ("[`time-anchor`](plugins/time_anchor)", "reuses (layer, position) states that stopped changing (text and images)",
      [Figure("text", "text-time-anchor", "text-masked-b1", "text-masked-b8"),
-      Figure("digits", "digits-time-anchor", "digits-time-anchor"),
-      Figure("digits DiT", "dit-digits-time-anchor", "dit-digits-b1", "dit-digits-b8")]),
+      Figure("digits", "digits-time-anchor", "digits-time-anchor", solvers=("digits-solvers-b1", "digits-solvers-b10")),
+      Figure("digits DiT", "dit-digits-time-anchor", "dit-digits-b1", "dit-digits-b8", solvers=("dit-digits-solvers-b1", "dit-digits-solvers-b10"))]),
     ("`swd` + `time-anchor`", "both in one config (`configs/text-swd-time-anchor.toml`)",
      [Figure("masked", "text-swd-time-anchor", "text-masked-b1", "text-masked-b8")]),
     ("[`parallel`](plugins/parallel)", "commits every masked position a rule finds confident: fewer steps, not cheaper ones (text)",
      [Figure("masked", "text-parallel", "text-parallel-b1", "text-parallel-b8"),
       Figure("+ swd + time-anchor", "text-parallel-swd-time-anchor", "text-parallel-b1", "text-parallel-b8")]),
     ("[`dct-anchor`](plugins/dct_anchor)", "reuses deep UNet or DiT blocks while the low DCT band of the estimate is settled (images)",
-     [Figure("digits", "digits-dct", "digits-dct"), Figure("synthetic SD", "sd-medium-dct-fast", "sd-medium-dct-fast"),
-      Figure("digits DiT", "dit-digits-dct", "dit-digits-b1", "dit-digits-b8")]),
+     [Figure("digits", "digits-dct", "digits-dct", solvers=("digits-solvers-b1", "digits-solvers-b10")),
+      Figure("synthetic SD", "sd-medium-dct-fast", "sd-medium-dct-fast"),
+      Figure("digits DiT", "dit-digits-dct", "dit-digits-b1", "dit-digits-b8", solvers=("dit-digits-solvers-b1", "dit-digits-solvers-b10"))]),
+    ("cache on a solver", "a strategy on DPM-Solver++ at few steps (`configs/digits-fast.toml`, `configs/dit-digits-fast.toml`): "
+     "against DDIM-50, and against the solver alone",
+     [Figure("digits", "digits-fast", "digits-solvers-b1", "digits-solvers-b10", solvers=("digits-solvers-b1", "digits-solvers-b10")),
+      Figure("digits DiT", "dit-digits-fast", "dit-digits-solvers-b1", "dit-digits-solvers-b10", solvers=("dit-digits-solvers-b1", "dit-digits-solvers-b10"))]),
     ("[`topk`](plugins/topk)", "top-k sampling and top-k logit truncation (text)", []),
     ("[`bert-cond`](plugins/bert_cond)", "a pretrained BERT picks key terms of a source; the masked sampler writes around them (text)",
      [Figure("conditional model", "text-bert-cond", "text-bert-cond-b8")]),
@@ -156,7 +174,7 @@ def _tuned_cell(out: Path, sets: list[frozenset[str]]) -> str:
 
 def _at_budget_blocks(out: Path, name: str, tune: str) -> list[tuple]:
     """Each entry of an at-budget bench checked against its tune's budget (the same held-out seeds)."""
-    from diffaccel.budget import parse
+    from diffaccel.tuning.budget import parse
 
     bench, tj = out / name / "bench.json", out / tune / "tune.json"
     if not (bench.is_file() and tj.is_file()):
@@ -182,7 +200,7 @@ def _at_budget_blocks(out: Path, name: str, tune: str) -> list[tuple]:
 F = frozenset
 ROW_STRATEGIES = [[F({"swd"})], [F({"time-anchor"}), F({"time-anchor", "dct-anchor"})], [F({"swd", "time-anchor"})],
                   [F({"parallel"}), F({"parallel", "swd"}), F({"parallel", "time-anchor"}), F({"parallel", "swd", "time-anchor"})],
-                  [F({"dct-anchor"})], [], []]
+                  [F({"dct-anchor"})], [], [], []]
 
 
 def _entry(out: Path, bench: str, entry: str) -> tuple[dict, dict] | None:
@@ -212,12 +230,58 @@ def _quality(entry: dict, base: dict) -> str:
 def _figure(out: Path, f: Figure) -> str:
     one = _entry(out, f.bench, f.entry)
     eight = _entry(out, f.bench8, f.entry) if f.bench8 else None
+    line = "".join(_solver_margin(out, bench, f.entry) for bench in f.solvers)
     if one is None and eight is None:
-        return f"{f.label}: not measured yet (bench `{f.bench}`)"
+        return f"{f.label}: not measured yet (bench `{f.bench}`)" + line
     speed = " / ".join(f"{e[0]['speedup']:.2f}x" if e else "-" for e in ([one, eight] if f.bench8 else [one]))
     quality = _quality(*(eight or one))
-    where = " at batch 8" if eight and f.bench8 else ""
-    return f"{f.label} {speed} ({quality}{where})" if quality else f"{f.label} {speed}"
+    where = f" at batch {json.loads((out / f.bench8 / 'bench.json').read_text())['model']['batch']}" if eight and f.bench8 else ""
+    v = (eight or one)[0].get("vs_model")
+    if v:  # a strategy on another model than the baseline's (a solver): against that model alone too
+        line = (f"; against {v['entry']} alone{where}: {v['speedup']:.2f}x, PSNR {v['quality']['psnr']:.1f} dB" if v.get("speedup")
+                else "") + line
+    return (f"{f.label} {speed} ({quality}{where})" if quality else f"{f.label} {speed}") + line
+
+
+def _line_at(points: list[tuple[float, float]], x: float) -> float | None:
+    """A line's value at speedup ``x`` (linear between its points; None beyond its ends)."""
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x0 <= x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0) if x1 > x0 else max(y0, y1)
+    return None
+
+
+def _solver_margin(out: Path, bench: str, name: str) -> str:
+    """The entry against the best fewer-steps or solver line of a --solver-line bench at its own
+    speedup: PSNR and accuracy margins (positive: above the line), and "below" said where it is."""
+    path = out / bench / "bench.json"
+    if not path.is_file():
+        return f"; solver line: not measured yet (bench `{bench}`)"
+    from diffaccel.bench.report import steps_lines
+
+    result = json.loads(path.read_text())
+    e = next((e for e in result["entries"] if e["name"] == name), None)
+    if e is None or e.get("speedup") is None:
+        return ""
+    x, margins, beyond = e["speedup"], [], None
+    for key, unit, digits in (("psnr", " dB", 1), ("cond_acc", "", 2)):
+        lines = steps_lines(result, key).values()
+        ys = [y for pts in lines if (y := _line_at(pts, x)) is not None]
+        if not ys and lines and x > max(p[0] for pts in lines for p in pts):
+            # faster than every point of the line: against its fastest point (above that, above the line)
+            beyond = max((p for pts in lines for p in pts), key=lambda p: p[0])
+            ys = [beyond[1]]
+        if ys and key in e["quality"]:
+            margins.append((key, round(e["quality"][key] - max(ys), digits) + 0.0, unit, digits))  # + 0.0: no "-0.00"
+    if not margins:
+        return ""
+    text = ", ".join(f"{'PSNR' if k == 'psnr' else 'accuracy'} {m:+.{d}f}{u}" for k, m, u, d in margins)
+    below = [("PSNR" if k == "psnr" else "accuracy") for k, m, _, _ in margins if m < 0]  # as rounded: -0.00 is on it
+    verdict = f"**below it by {' and '.join(below)}**" if below else "above it"
+    if beyond:  # no point of the line is as fast: its fastest point is slower, so "below" would say too much
+        verdict = "no solver setting measured as fast"
+    at = f"faster than its fastest point ({beyond[0]:.2f}x)" if beyond else f"at {x:.2f}x"
+    return f"; vs the best solver line {at} (`{bench}`): {text}, {verdict}"
 
 
 def headline_table(out: Path = ROOT / OUT) -> str:
@@ -272,8 +336,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"== {name}: skipped, {TUNED[AT_BUDGET[name][0]]} does not exist (run --tune {AT_BUDGET[name][0]})")
             continue
         run(name, ["bench", *BENCHES[name], "--report", str(OUT / name), "--no-progress"])
-    from diffaccel.report import combine
-    from diffaccel.tune_report import tune_blocks
+    from diffaccel.bench.report import combine
+    from diffaccel.tuning.tune_report import tune_blocks
 
     dirs = [ROOT / OUT / n for n in BENCHES if (ROOT / OUT / n / "bench.json").is_file()]
     extra = []

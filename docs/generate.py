@@ -5,12 +5,12 @@ adapters and strategies declare.
     python docs/generate.py           # rewrite the generated docs
     python docs/generate.py --check   # exit 1 if one is out of date (tests/test_contract.py, tests/test_docs.py)
 
-The plugin guide's reference comes from ``diffaccel.hookspecs`` (lifecycle, exceptions, every hook
-with its merge rule), ``diffaccel.capabilities``, the installed adapters (their capabilities and
+The plugin guide's reference comes from ``diffaccel.contract.hookspecs`` (lifecycle, exceptions, every hook
+with its merge rule), ``diffaccel.contract.capabilities``, the installed adapters (their capabilities and
 layer objects, through the ``diffaccel.adapters`` entry points) and ``RunState.report`` (report
-keys). The adapter guide's (``adapter_reference``) comes from ``diffaccel.adapter`` (the
-``Adapter`` protocol and the optional ones), ``diffaccel.sequence`` (``RunSequence``,
-``StepModel``), the hooks an adapter drives, ``diffaccel.capabilities``, ``RunInfo`` and
+keys). The adapter guide's (``adapter_reference``) comes from ``diffaccel.contract.adapter`` (the
+``Adapter`` protocol and the optional ones), ``diffaccel.runtime.sequence`` (``RunSequence``,
+``StepModel``), the hooks an adapter drives, ``diffaccel.contract.capabilities``, ``RunInfo`` and
 ``Counters``, ``diffaccel.conformance`` and ``diffaccel.adapters.diffusers_hooks``; its worked
 example is the source of ``adapters/unet2d.py``, as it is.
 """
@@ -29,6 +29,7 @@ GUIDE = DOCS / "writing-a-plugin.md"
 ADAPTER_TEMPLATE = DOCS / "templates" / "writing-an-adapter.md"
 ADAPTER_GUIDE = DOCS / "writing-an-adapter.md"
 EXAMPLE = DOCS.parent / "adapters" / "unet2d.py"
+TEXT_EXAMPLE = DOCS.parent / "adapters" / "text" / "modernbert.py"
 """The adapter guide's worked example, included whole."""
 ARCHITECTURE = DOCS / "architecture.md"
 """Hand-written, but for its tables between ``<!-- generated: NAME -->`` and ``<!-- end generated -->``."""
@@ -47,7 +48,7 @@ def _module_docs(module) -> list[tuple[str, str]]:
 
 def hooks() -> list[tuple[str, str, bool, str]]:
     """(name, signature, firstresult, docstring) of every hookspec, in source order."""
-    from diffaccel import hookspecs
+    from diffaccel.contract import hookspecs
 
     out = []
     for name, fn in vars(hookspecs).items():
@@ -62,10 +63,10 @@ def hooks() -> list[tuple[str, str, bool, str]]:
 def reference() -> str:
     import attrs
 
-    from diffaccel import capabilities, hookspecs
-    from diffaccel.adapters_registry import adapter_names, get_adapter
-    from diffaccel.plugins import field_doc
-    from diffaccel.state import Counters, RunState
+    from diffaccel.contract import capabilities, hookspecs
+    from diffaccel.runtime.adapters_registry import adapter_names, get_adapter
+    from diffaccel.runtime.registry import field_doc
+    from diffaccel.contract.state import Counters, RunState
 
     parts = ["## Reference (generated)", "", "### Lifecycle and exceptions", "",
              inspect.getdoc(hookspecs).split("\n\n", 1)[1], "", "### Hooks", ""]
@@ -77,18 +78,18 @@ def reference() -> str:
     for name, doc in _module_docs(capabilities):
         value = getattr(capabilities, name)
         if isinstance(value, str):
-            parts += [f"* **`{value}`** (`diffaccel.capabilities.{const[value]}`): {' '.join(doc.split())}"]
+            parts += [f"* **`{value}`** (`diffaccel.contract.capabilities.{const[value]}`): {' '.join(doc.split())}"]
     parts += ["", "### Adapters and their layer objects", "",
               "Installed here (`diffaccel plugins` lists yours): what each declares and the `Layer` objects "
               "its `diffaccel_layer_output` calls hand over.", ""]
-    for aname in adapter_names():
+    for aname in adapter_names(shipped=True):  # the project's own: an installed third party's is not ours to document
         a = get_adapter(aname)
         parts += [f"#### `{aname}`", "", f"Capabilities: {', '.join(f'`{c}`' for c in sorted(a.capabilities))}.", ""]
         for layer_type in a.layer_types:
             doc = " ".join((inspect.getdoc(layer_type) or "").split())
             parts += [f"* `{layer_type.__name__}`: {doc}"]
         parts += [""]
-    from diffaccel.state import RunInfo
+    from diffaccel.contract.state import RunInfo
 
     parts += ["### Run info", "", " ".join(inspect.getdoc(RunInfo).split()), ""]
     for f in attrs.fields(RunInfo):
@@ -107,7 +108,7 @@ def reference() -> str:
     parts += [""]
     for f in attrs.fields(Counters):
         parts += [f"* `counters.{f.name}`: {field_doc(Counters, f.name)}"]
-    from diffaccel.guard import Reliability
+    from diffaccel.runtime.guard import Reliability
 
     parts += ["", "Only when the core did something for the run's reliability (docs/reliability.md), `reliability`:", ""]
     for f in attrs.fields(Reliability):
@@ -164,8 +165,8 @@ def public_members(cls) -> list[tuple[str, str, str]]:
 
 
 def adapter_protocols() -> list[type]:
-    """The optional adapter protocols (``typing.runtime_checkable``) of ``diffaccel.adapter``, in source order."""
-    from diffaccel import adapter
+    """The optional adapter protocols (``typing.runtime_checkable``) of ``diffaccel.contract.adapter``, in source order."""
+    from diffaccel.contract import adapter
 
     return [v for v in vars(adapter).values()
             if isinstance(v, type) and getattr(v, "_is_runtime_protocol", False) and v is not adapter.Adapter]
@@ -174,8 +175,8 @@ def adapter_protocols() -> list[type]:
 def adapter_hooks() -> list[tuple[str, list[str]]]:
     """(hook, the ``RunSequence`` methods that call it) of every hook an adapter drives: those the
     accelerator has a method for (``Accelerator.layer_output`` for ``diffaccel_layer_output``...)."""
-    from diffaccel.accelerator import Accelerator
-    from diffaccel.sequence import RunSequence
+    from diffaccel.runtime.accelerator import Accelerator
+    from diffaccel.runtime.sequence import RunSequence
 
     callers: dict[str, list[str]] = {}
     for name, fn in vars(RunSequence).items():
@@ -198,18 +199,19 @@ def _members_list(cls, prefix: str) -> list[str]:
 def adapter_reference() -> str:
     import attrs
 
-    from diffaccel import adapter, capabilities, conformance
+    from diffaccel import conformance
+    from diffaccel.contract import adapter, capabilities
     from diffaccel.adapters import diffusers_hooks
-    from diffaccel.plugins import field_doc
-    from diffaccel.sequence import NullAccelerator, RunSequence, StepModel
-    from diffaccel.state import Counters, Layer, RunInfo, RunState
+    from diffaccel.runtime.registry import field_doc
+    from diffaccel.runtime.sequence import NullAccelerator, RunSequence, StepModel
+    from diffaccel.contract.state import Counters, Layer, RunInfo, RunState
 
-    parts = ["## Reference (generated)", "", "### The `Adapter` protocol (`diffaccel.adapter.Adapter`)", "",
+    parts = ["## Reference (generated)", "", "### The `Adapter` protocol (`diffaccel.contract.adapter.Adapter`)", "",
              _oneline(inspect.getdoc(adapter.Adapter)) + " Every member is required (`diffaccel plugins --check` "
              "names a missing one).", ""]
     parts += _members_list(adapter.Adapter, "")
     parts += ["", "### Optional protocols: what each unlocks", "",
-              "Runtime-checkable protocols in `diffaccel.adapter`: an adapter that has the members gets the feature.", ""]
+              "Runtime-checkable protocols in `diffaccel.contract.adapter`: an adapter that has the members gets the feature.", ""]
     for proto in adapter_protocols():
         members = ", ".join(f"`{n}`" for n, *_ in public_members(proto))
         parts += [f"#### `{proto.__name__}` ({members})", "", _oneline(inspect.getdoc(proto)), ""]
@@ -237,14 +239,14 @@ def adapter_reference() -> str:
     parts += ["### `Layer` (`diffaccel.Layer`): the base of every layer object", "", _oneline(inspect.getdoc(Layer)), ""]
     parts += ["* `name`, `index`, `kind`: set by `Layer.__init__(name, index, kind)`."]
     parts += _members_list(Layer, "layer.")
-    parts += ["", "### Capabilities (`diffaccel.capabilities`)", "",
+    parts += ["", "### Capabilities (`diffaccel.contract.capabilities`)", "",
               "Declare in `capabilities` only what your layers and steps really provide; each constant's text is "
               "what declaring it promises, and the strategies that need it run on your adapter unchanged.", ""]
     const = {v: k for k, v in vars(capabilities).items() if isinstance(v, str) and k.isupper()}
     for name, doc in _module_docs(capabilities):
         value = getattr(capabilities, name)
         if isinstance(value, str):
-            parts += [f"* **`{value}`** (`diffaccel.capabilities.{const[value]}`): {_oneline(doc)}"]
+            parts += [f"* **`{value}`** (`diffaccel.contract.capabilities.{const[value]}`): {_oneline(doc)}"]
     parts += ["", "### Run state an adapter sets", ""]
     docs = _class_attr_docs(RunState)
     for f in attrs.fields(RunState):
@@ -272,9 +274,34 @@ def adapter_reference() -> str:
     return "\n".join(parts).rstrip() + "\n"
 
 
+def text_protocol() -> str:
+    """The text-model protocol, from ``diffaccel.adapters.text.protocol``: its docstring, the
+    denoiser's members and optional members, the public pieces."""
+    from diffaccel.adapters.text import protocol
+    from diffaccel.runtime.registry import field_doc
+
+    P = protocol.TextDenoiser
+    parts = [inspect.getdoc(protocol), "", "**The denoiser** (`TextDenoiser`), attributes:", ""]
+    parts += [f"* `{n}`: {' '.join((field_doc(P, n) or '').split())}" for n in P.__annotations__]
+    parts += ["", "Methods:", ""]
+    parts += [f"* `{n}{inspect.signature(getattr(P, n))}`: {inspect.getdoc(getattr(P, n))}"
+              for n in ("condition", "embed", "block", "logits")]
+    parts += ["", "Optional members:", ""] + [f"* `{n}`: {doc}" for n, doc in protocol.OPTIONAL.items()]
+    parts += ["", "**The pieces** (`from diffaccel.adapters.text.protocol import ...`):", ""]
+    for name in protocol.__all__:
+        obj = getattr(protocol, name)
+        doc = inspect.getdoc(obj) if callable(obj) or isinstance(obj, type) else None
+        first = " ".join((doc or "").split("\n\n")[0].split()) if doc and name not in ("KINDS_GROUP", "OPTIONAL") else ""
+        parts += [f"* `{name}`" + (f": {first}" if first else "")]
+    return "\n".join(parts) + "\n"
+
+
 def render_adapter_guide() -> str:
     example = EXAMPLE.read_text()
+    text_example = TEXT_EXAMPLE.read_text()
     return (ADAPTER_TEMPLATE.read_text().replace("{{EXAMPLE}}\n", f"```python\n{example}```\n")
+            .replace("{{TEXT_PROTOCOL}}\n", text_protocol())
+            .replace("{{TEXT_EXAMPLE}}\n", f"```python\n{text_example}```\n")
             .replace("{{REFERENCE}}\n", adapter_reference()))
 
 
@@ -289,10 +316,10 @@ def architecture_tables() -> dict[str, str]:
     """Table name -> its markdown: ``adapters`` (each installed adapter's capabilities) and
     ``strategies`` (what each installed strategy declares it requires)."""
     from diffaccel import Registry
-    from diffaccel.adapters_registry import describe_adapters
+    from diffaccel.runtime.adapters_registry import describe_adapters
 
     adapters = ["| adapter | distribution | capabilities |", "| --- | --- | --- |"]
-    adapters += [f"| {a['name']} | {a['distribution']} | {', '.join(a['capabilities'])} |" for a in describe_adapters()]
+    adapters += [f"| {a['name']} | {a['distribution']} | {', '.join(a['capabilities'])} |" for a in describe_adapters(shipped=True)]
     strategies = ["| strategy | requires |", "| --- | --- |"]
     strategies += [f"| {r['name']} | {_needs(r['requires'])} |" for r in Registry().describe()]
     return {"adapters": "\n".join(adapters) + "\n", "strategies": "\n".join(strategies) + "\n"}

@@ -57,14 +57,14 @@ class Runner:
 
     def __init__(self, paths: list[Path]):
         import diffaccel
-        from diffaccel.adapters_registry import get_adapter
+        from diffaccel.runtime.adapters_registry import get_adapter
 
         self.configs = [(p, shrink(diffaccel.load_config(p))) for p in paths]
         self.pipes: dict[tuple, object] = {}
         self.get_adapter = get_adapter
 
     def run(self, index: int, seed_offset: int = 0):
-        from diffaccel.accelerator import apply, build_strategies
+        from diffaccel.runtime.accelerator import apply, build_strategies
 
         _, cfg = self.configs[index % len(self.configs)]
         adapter = self.get_adapter(cfg.model.adapter)

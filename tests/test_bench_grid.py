@@ -1,16 +1,16 @@
 """``bench --grid`` (a strategy over a parameter grid, validated before loading) and the paired
-bootstrap intervals of the bench's ratios (``diffaccel.stats``)."""
+bootstrap intervals of the bench's ratios (``diffaccel.kit.stats``)."""
 
 from __future__ import annotations
 
 import pytest
 
 from diffaccel.adapters.text.adapter import TextAdapter
-from diffaccel.bench import run_bench
-from diffaccel.cli import main
-from diffaccel.errors import ConfigError
-from diffaccel.grid import parse_grid
-from diffaccel.stats import ratio_ci
+from diffaccel.bench.runner import run_bench
+from diffaccel.cli.entry import main
+from diffaccel.contract.errors import ConfigError
+from diffaccel.bench.grid import parse_grid
+from diffaccel.kit.stats import ratio_ci
 
 MODEL = '[model]\nadapter = "text"\ncheckpoint = "wordnet-masked"\nlength = 16\nsteps = 6\n'
 

@@ -9,7 +9,7 @@ import torch
 
 import diffaccel
 from diffaccel import ModelError, StrategyError, hookimpl
-from diffaccel.accelerator import Accelerator
+from diffaccel.runtime.accelerator import Accelerator
 from diffaccel.adapters.text.testing import tiny_text_pipeline
 from diffaccel.adapters.unet.testing import tiny_digits_pipeline
 

@@ -1,11 +1,11 @@
-"""Quality budgets (``diffaccel.budget``): the expressions ``tune`` takes, good and bad."""
+"""Quality budgets (``diffaccel.tuning.budget``): the expressions ``tune`` takes, good and bad."""
 
 import math
 
 import pytest
 
 from diffaccel import ConfigError
-from diffaccel.budget import parse, parse_all
+from diffaccel.tuning.budget import parse, parse_all
 
 TEXT_KEYS = ["perplexity", "distinct_1", "distinct_2", "agreement", "gen_ppl"]
 IMAGE_KEYS = ["psnr", "psnr_min", "ssim", "cond_acc"]

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from diffaccel.cli import main
-from diffaccel.errors import ModelLoadError
+from diffaccel.cli.entry import main
+from diffaccel.contract.errors import ModelLoadError
 
 KINDS = ["reference", "bert", "llama", "gemma", "unet"]
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijklmnopqrstuvwxyz", *[f"w{i}" for i in range(33)]]

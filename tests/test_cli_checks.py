@@ -15,7 +15,7 @@ TEXT = '[model]\nadapter = "text"\ncheckpoint = "wordnet-masked"\nlength = 16\n'
 
 PROBE = """
 import json, sys
-from diffaccel.cli import main
+from diffaccel.cli.entry import main
 rc = main(sys.argv[1:])
 print(json.dumps({"rc": rc, "heavy": sorted(m for m in ("torch", "diffusers", "transformers") if m in sys.modules)}))
 """

@@ -8,9 +8,9 @@ import importlib
 
 import pytest
 
-from diffaccel.cli import CORE, main
-from diffaccel.commands import Commands, collect
-from diffaccel.errors import PluginError
+from diffaccel.cli.entry import CORE, main
+from diffaccel.cli.commands import Commands, collect
+from diffaccel.contract.errors import PluginError
 
 GOOD = '''
 import diffaccel
@@ -93,7 +93,7 @@ def test_help_lists_declared_commands_without_importing_them(site, capsys):
 
 def test_an_undeclared_command_is_unknown_and_plugins_check_names_it(site, capsys, monkeypatch):
     """A registration whose command the metadata does not declare: typing it is argparse's
-    invalid choice (no registration imported), and ``plugins --check`` names it, exit 2."""
+    invalid choice (no registration imported), and ``plugins --check`` names it, exit 1."""
     import sys
 
     info = site / "good_cmds-0.1.dist-info"
@@ -105,7 +105,7 @@ def test_an_undeclared_command_is_unknown_and_plugins_check_names_it(site, capsy
     assert exc.value.code == 2 and "good_cmds" not in sys.modules
     assert "invalid choice: 'hello'" in capsys.readouterr().err
     monkeypatch.setenv("DIFFACCEL_PLUGINS", "good-cmds")
-    assert main(["plugins", "--check"]) == 2
+    assert main(["plugins", "--check"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "plugin 'good-cmds'" in err[0] and "'hello'" in err[0] and "diffaccel.commands" in err[0]
 
@@ -128,7 +128,7 @@ def test_help_imports_no_model_library_and_lists_plugin_and_adapter_commands():
     import subprocess
     import sys
 
-    code = ("import sys\nfrom diffaccel.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+    code = ("import sys\nfrom diffaccel.cli.entry import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
             "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'diffusers', 'transformers') "
             "or m.startswith('diffaccel_') or m.split('.')[:2] == ['diffaccel', 'adapters'])\nprint('HEAVY', heavy)\n")
     env = {k: v for k, v in __import__("os").environ.items() if k not in ("DIFFACCEL_PLUGINS", "DIFFACCEL_BLOCK_PLUGINS")}
@@ -136,7 +136,7 @@ def test_help_imports_no_model_library_and_lists_plugin_and_adapter_commands():
     assert "HEAVY []" in out
     listed = out.split()
     assert "swd-sweep" in listed and "parallel-sweep" in listed
-    train = subprocess.run([sys.executable, "-m", "diffaccel.cli", "train", "--help"], capture_output=True, text=True,
+    train = subprocess.run([sys.executable, "-m", "diffaccel.cli.entry", "train", "--help"], capture_output=True, text=True,
                            env=env, check=True).stdout.split()
     assert "text" in train and "digits" in train
 

@@ -7,7 +7,7 @@ import torch
 
 from diffaccel import ConfigError, hookimpl, parse_config
 from diffaccel.adapters.text.adapter import StepsPeer, TextAdapter
-from diffaccel.config import PeerEntry
+from diffaccel.runtime.config import PeerEntry
 from diffaccel.adapters.text.testing import tiny_text_pipeline
 from diffaccel.testing import run_with
 
@@ -134,7 +134,7 @@ def test_steps_peer_default_steps_is_the_length():
 
 
 def test_cli_exit_2_for_a_steps_peer_not_below(tmp_path, capsys):
-    from diffaccel.cli import main
+    from diffaccel.cli.entry import main
 
     path = tmp_path / "bad.toml"
     path.write_text(TEXT + '[[peer]]\nuse = "steps"\nsteps = 50\n')

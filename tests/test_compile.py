@@ -12,7 +12,7 @@ import diffaccel
 from diffaccel.adapters.text.testing import tiny_text_pipeline
 from diffaccel.adapters.unet.testing import tiny_sd_pipeline
 from diffaccel.conformance import same_output
-from diffaccel.errors import DiffaccelError
+from diffaccel.contract.errors import DiffaccelError
 
 
 def _text(pipe, strategies):

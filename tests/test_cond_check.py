@@ -55,7 +55,7 @@ def test_check_sees_a_vector_that_steers():
 
 
 def test_a_conditions_file_round_trips_and_a_damaged_one_is_refused(tmp_path):
-    from diffaccel.conditions import load, save
+    from diffaccel.kit.conditions import load, save
 
     vectors = torch.randn(3, 4)
     save(tmp_path / "c.safetensors", POOL[:3], [("velvet",), (), ("city", "boston")], vectors, {"seed": 0})

@@ -7,8 +7,8 @@ import attrs
 import pytest
 
 from diffaccel import ConfigError, Registry, Strategy, hookimpl, load_config
-from diffaccel.cli import main
-from diffaccel.validators import in_range, positive
+from diffaccel.cli.entry import main
+from diffaccel.contract.validators import in_range, positive
 
 GOOD_MODEL = '[model]\nadapter = "text"\ncheckpoint = "wordnet-masked"\n'
 
@@ -109,7 +109,7 @@ def test_cli_exit_code_2_without_traceback(tmp_path, capsys):
 def test_cli_subprocess_exit_2(tmp_path):
     path = tmp_path / "bad.toml"
     path.write_text('[model]\nadapter = "text"\nunknown = 1\n')
-    proc = subprocess.run([sys.executable, "-m", "diffaccel.cli", "check", str(path)], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "diffaccel.cli.entry", "check", str(path)], capture_output=True, text=True)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert proc.stderr.count("\n") == 1 and "unknown key 'unknown'" in proc.stderr
@@ -142,7 +142,7 @@ class _AttrsValidated:
 def test_attrs_validators_in_options_are_one_line_naming_the_key():
     """An adapter's or strategy's options validated with attrs' own validators (in_ raises a
     ValueError whose str() is a raw tuple) still give one line naming the key and what is allowed."""
-    from diffaccel.config import structure
+    from diffaccel.runtime.config import structure
 
     with pytest.raises(ConfigError) as err:
         structure(_AttrsValidated, {"mode": "c"}, "f.toml: [model]")

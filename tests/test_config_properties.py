@@ -15,10 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from diffaccel import ConfigError, ModelConfig, Registry, parse_config
-from diffaccel.adapters_registry import adapter_names, get_adapter
-from diffaccel.capabilities import missing
+from diffaccel.runtime.adapters_registry import adapter_names, get_adapter
+from diffaccel.contract.capabilities import missing
 
-import diffaccel.adapters_registry as adapters_registry
+import diffaccel.runtime.adapters_registry as adapters_registry
 
 REGISTRY = Registry()
 STRATEGIES = sorted(REGISTRY.strategies)

@@ -12,8 +12,9 @@ import attrs
 import pytest
 
 import diffaccel
-from diffaccel import PluginError, Registry, Strategy, Tunable, hookimpl, hookspecs
-from diffaccel.plugins import contract_problems
+from diffaccel import PluginError, Registry, Strategy, Tunable, hookimpl
+from diffaccel.contract import hookspecs
+from diffaccel.runtime.registry import contract_problems
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("docs_generate", ROOT / "docs" / "generate.py")
@@ -135,7 +136,7 @@ def _registry(log):
 def test_every_hook_is_exercised_through_the_core(tmp_path):
     """register, setup, the run hooks and the bench hooks through run_bench on the shipped text
     model; hooked_modules through an adapter declaring inner-modules."""
-    from diffaccel.bench import run_bench
+    from diffaccel.bench.runner import run_bench
     from diffaccel.adapters.unet.testing import tiny_digits_pipeline
 
     log: list[str] = []
@@ -155,11 +156,11 @@ def test_every_hook_is_exercised_through_the_core(tmp_path):
     assert run[-3:] == ["diffaccel_finalize", "diffaccel_memory", "diffaccel_run_end"]
     assert probe["reports"][0]["memory"] == {"state_bytes": {"probe": 4096}} and probe["memory"]["state_mb"] == 4096 / 2**20
     assert run.count("diffaccel_new_state") == 1 and run.count("diffaccel_pre_step") == 2
-    from diffaccel.tuning import tunable_space
+    from diffaccel.tuning.tuner import tunable_space
 
     assert tunable_space(diffaccel.load_config(cfg, reg), reg) == {"probe": {"level": Tunable(key="level", low=1, high=3, integer=True)}}
 
-    from diffaccel.commands import collect
+    from diffaccel.cli.commands import collect
 
     found, problems = collect(("bench",), registry=reg)
     assert [c.name for c in found if c.source.startswith("plugin 'probe-plugin'")] == ["probe-command"]
@@ -222,7 +223,7 @@ def test_contract_problems_name_misspelled_unmarked_and_misplaced_wrappers():
 
 
 def test_plugins_check_passes_on_the_shipped_plugins():
-    proc = subprocess.run([sys.executable, "-m", "diffaccel.cli", "plugins", "--check"], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "diffaccel.cli.entry", "plugins", "--check"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "adapter text: ok" in proc.stdout and "strategy time-anchor: ok" in proc.stdout
 
@@ -248,7 +249,7 @@ def test_import_diffaccel_stays_light():
 
 
 def test_the_core_names_no_adapter_and_no_strategy_branches_on_one():
-    registry = (ROOT / "core" / "diffaccel" / "adapters_registry.py").read_text()
+    registry = (ROOT / "core" / "diffaccel" / "runtime" / "adapters_registry.py").read_text()
     assert '"text"' not in registry and '"unet"' not in registry
     for path in (ROOT / "plugins").rglob("*.py"):
         text = path.read_text()
@@ -257,7 +258,7 @@ def test_the_core_names_no_adapter_and_no_strategy_branches_on_one():
 
 def test_measurement_tools_go_through_the_adapter_protocol(tmp_path, capsys):
     """fluency and partial use the adapter's optional protocols; an adapter without them is one line, exit 2."""
-    from diffaccel.cli import main
+    from diffaccel.cli.entry import main
 
     cfg = tmp_path / "f.toml"
     cfg.write_text('[model]\nadapter = "text"\ncheckpoint = "wordnet-masked"\nlength = 16\nsteps = 4\n')

@@ -9,12 +9,13 @@ import pytest
 import torch
 
 import diffaccel
-from diffaccel import hookimpl, placement
+from diffaccel import hookimpl
+from diffaccel.runtime import placement
 from diffaccel.adapters.text.testing import tiny_text_pipeline
-from diffaccel.bench import format_table, run_bench
-from diffaccel.memory import memory_cell, state_bytes
-from diffaccel.placement import DeviceClock
-from diffaccel.report import table
+from diffaccel.bench.runner import format_table, run_bench
+from diffaccel.runtime.memory import memory_cell, state_bytes
+from diffaccel.runtime.placement import DeviceClock
+from diffaccel.bench.report import table
 
 MODEL = '[model]\nadapter = "text"\ncheckpoint = "wordnet-masked"\nlength = 16\nsteps = 6\n'
 
@@ -107,7 +108,7 @@ def test_the_cell_shows_the_device_peak_over_the_baseline():
 def test_max_cache_mb_drops_a_strategy_that_outgrows_it_and_says_so():
     """A step's layer inputs are 16 KiB here (4 x 16 x 32 float32, two layers): a bound of 0.05 MiB
     holds three steps' worth; before step 4 the strategy holds four and is dropped."""
-    from diffaccel.accelerator import Accelerator
+    from diffaccel.runtime.accelerator import Accelerator
 
     pipe = tiny_text_pipeline("masked", max_len=16)
     hoarder = Hoarder()

@@ -139,7 +139,7 @@ def toy_site(tmp: Path) -> str:
 
 def record(name: str, checkpoints: dict[str, str]) -> dict[str, int]:
     import diffaccel
-    from diffaccel.adapters_registry import get_adapter
+    from diffaccel.runtime.adapters_registry import get_adapter
 
     model, strategies, extra, kwargs = CASES[name]
     model = dict(model, checkpoint=checkpoints.get(model.get("checkpoint"), model.get("checkpoint")))
@@ -167,7 +167,7 @@ def record(name: str, checkpoints: dict[str, str]) -> dict[str, int]:
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     """The tiny folders, and the toy adapter on ``sys.path`` for this module only."""
-    from diffaccel import adapters_registry
+    from diffaccel.runtime import adapters_registry
 
     tmp = tmp_path_factory.mktemp("counters")
     with pytest.MonkeyPatch.context() as mp:

@@ -10,15 +10,15 @@ import pytest
 import torch
 
 from diffaccel import Registry, build_strategies, parse_config
-from diffaccel.accelerator import Accelerator
+from diffaccel.runtime.accelerator import Accelerator
 from diffaccel.adapters.text.adapter import TextAdapter
 from diffaccel.adapters.text.diffusion_gemma import (
     DiffusionGemmaPipeline, Positions, _Block, _GemmaContext, decoder_layer)
 from diffaccel.adapters.text.diffusion_gemma_build import build
 from diffaccel.adapters.text.loading import load_pipeline
-from diffaccel.cli import main
-from diffaccel.errors import ConfigError
-from diffaccel.state import RunState
+from diffaccel.cli.entry import main
+from diffaccel.contract.errors import ConfigError
+from diffaccel.contract.state import RunState
 
 LENGTH, STEPS = 32, 6  # two blocks of 16
 

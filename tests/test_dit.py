@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import diffaccel
-from diffaccel.accelerator import Accelerator
-from diffaccel.errors import ConfigValueError, DiffaccelError
+from diffaccel.runtime.accelerator import Accelerator
+from diffaccel.contract.errors import ConfigValueError, DiffaccelError
 
 pytest.importorskip("diffusers")
 
@@ -191,7 +191,7 @@ def test_peer_refuses_an_attached_pipeline(pipe):
 
 
 def test_config_names_unknown_peer():
-    from diffaccel.errors import ConfigError
+    from diffaccel.contract.errors import ConfigError
 
     with pytest.raises(ConfigError, match="unknown peer 'deepcache'; adapter 'dit' offers: diffusers-fbcache"):
         diffaccel.parse_config({"model": {"adapter": "dit", "checkpoint": TINY}, "peer": [{"use": "deepcache"}]})
@@ -255,7 +255,7 @@ def test_shipped_digits_dit_loads_and_is_labelled():
 
 
 def test_bad_size_is_one_line_config_error():
-    from diffaccel.errors import ConfigError
+    from diffaccel.contract.errors import ConfigError
 
     cfg = diffaccel.parse_config({"model": {"adapter": "dit", "checkpoint": TINY, "size": 9}})
     with pytest.raises(ConfigError, match=r"key 'size': 9 is not a multiple of 2"):
@@ -284,7 +284,7 @@ def test_dct_anchor_extrapolates_the_kept_residual_on_dit():
     """extrapolate = true: a reused block returns its current input plus the residual extrapolated
     through its last two computed steps (not the last residual alone), and the block does not run."""
     pytest.importorskip("diffaccel_dct_anchor")
-    from diffaccel.extrapolate import extrapolated
+    from diffaccel.kit.extrapolate import extrapolated
 
     a, b = torch.tensor([1.0, 2.0]), torch.tensor([2.0, 5.0])
     assert torch.equal(extrapolated([(2, a), (4, b)], 5), torch.tensor([2.5, 6.5]))  # slope over 2 steps, 1 ahead

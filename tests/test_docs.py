@@ -48,11 +48,12 @@ def missing_from_guide(text: str) -> list[str]:
     hook session's public names. Read from the code here, not from the generator."""
     import inspect
 
-    from diffaccel import adapter, capabilities, conformance, hookspecs
-    from diffaccel.accelerator import Accelerator
+    from diffaccel import conformance
+    from diffaccel.contract import adapter, capabilities, hookspecs
+    from diffaccel.runtime.accelerator import Accelerator
     from diffaccel.adapters import diffusers_hooks
-    from diffaccel.sequence import RunSequence, StepModel
-    from diffaccel.state import Counters, RunInfo
+    from diffaccel.runtime.sequence import RunSequence, StepModel
+    from diffaccel.contract.state import Counters, RunInfo
 
     import attrs
 
@@ -66,6 +67,10 @@ def missing_from_guide(text: str) -> list[str]:
     want += [f"`run.info.{f.name}`" for f in attrs.fields(RunInfo)]
     want += [f"`{c}`" for c in conformance.CHECKS]
     want += [f"`{n}" for n in diffusers_hooks.__all__]
+    from diffaccel.adapters.text import protocol  # the text-model protocol: every public piece and member
+
+    want += [f"`{n}`" for n in protocol.__all__]
+    want += [f"`{n}" for n in [*protocol.TextDenoiser.__annotations__, "condition", "embed", "block", "logits", *protocol.OPTIONAL]]
     return [w for w in want if w not in text]
 
 
@@ -78,12 +83,13 @@ def test_the_adapter_guide_names_every_contract():
     text = ADAPTER_GUIDE.read_text()
     assert missing_from_guide(text) == []
     assert (Path(__file__).resolve().parents[1] / "adapters" / "unet2d.py").read_text() in text  # the worked example, whole
+    assert (Path(__file__).resolve().parents[1] / "adapters" / "text" / "modernbert.py").read_text() in text  # the text one
 
 
 def test_a_contract_missing_from_the_guide_is_found():
     text = ADAPTER_GUIDE.read_text()
     for item in ("`diffaccel_post_step`", "`block-stack`", "`KnowsFacts`", "`seq.denoise", "`reuse(", "`counters.layers_skipped`",
-                 "`call_pipeline"):
+                 "`call_pipeline", "`attend_positions`"):
         assert item in missing_from_guide(text.replace(item, "`gone")), item
 
 

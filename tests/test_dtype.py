@@ -1,6 +1,6 @@
 """``[model] dtype`` and ``device`` (issue 39): checked before anything loads, honoured by every
 adapter and strategy in bfloat16 on the CPU (``diffaccel.adapters.dtype_matrix``), and the
-hot-path hygiene watch (``diffaccel.hygiene``), shown to fail a strategy that breaks its rules."""
+hot-path hygiene watch (``diffaccel.kit.hygiene``), shown to fail a strategy that breaks its rules."""
 
 import tempfile
 from pathlib import Path
@@ -12,10 +12,10 @@ import diffaccel
 from diffaccel import hookimpl
 from diffaccel.adapters import dtype_matrix as matrix
 from diffaccel.adapters.text.testing import tiny_text_pipeline
-from diffaccel.cli import main
-from diffaccel.errors import ConfigError
-from diffaccel.hygiene import deliberate, watch
-from diffaccel.placement import check_placement
+from diffaccel.cli.entry import main
+from diffaccel.contract.errors import ConfigError
+from diffaccel.kit.hygiene import deliberate, watch
+from diffaccel.runtime.placement import check_placement
 
 MODEL = '[model]\nadapter = "text"\ncheckpoint = "wordnet-masked"\nlength = 16\nsteps = 4\n'
 
@@ -80,7 +80,7 @@ def test_float16_runs_on_this_cpu_when_the_check_accepts_it():
                                             "dtype": "float16"}})
     pipe = diffaccel.load_pipeline(cfg)
     assert pipe.dtype == torch.float16
-    out = diffaccel.adapters_registry.get_adapter("text").run(pipe, cfg, 0, progress=False)
+    out = diffaccel.runtime.adapters_registry.get_adapter("text").run(pipe, cfg, 0, progress=False)
     assert out.tokens.shape == (1, 8)
 
 
@@ -98,7 +98,7 @@ def test_apply_follows_the_pipeline_it_is_given():
         def diffaccel_finalize(self, run, final):
             seen.update({b: st.cache.values.dtype for b, st in run.states("time-anchor").items() if st is not None})
 
-    from diffaccel.adapters_registry import get_adapter
+    from diffaccel.runtime.adapters_registry import get_adapter
 
     cfg = diffaccel.parse_config({"model": {"adapter": "text"}, "strategy": [{"use": "time-anchor", "warmup": 1}]})
     anchor = diffaccel.build_strategies(cfg, info=get_adapter("text").info(pipe))

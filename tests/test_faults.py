@@ -19,9 +19,9 @@ import torch
 
 import diffaccel
 from diffaccel import StrategyError
-from diffaccel.config import parse_config
-from diffaccel.errors import ConfigError, NonFiniteError
-from diffaccel.plugins import Registry
+from diffaccel.runtime.config import parse_config
+from diffaccel.contract.errors import ConfigError, NonFiniteError
+from diffaccel.runtime.registry import Registry
 from diffaccel.adapters.text.testing import tiny_text_pipeline
 from diffaccel.adapters.unet.testing import tiny_digits_pipeline
 
@@ -57,7 +57,7 @@ def _pipe(adapter: str):
 
 
 def _run(adapter: str, pipe, cfg, registry=None):
-    from diffaccel.adapters_registry import get_adapter
+    from diffaccel.runtime.adapters_registry import get_adapter
 
     a = get_adapter(adapter)
     if registry is None:  # the untouched pipeline
@@ -129,7 +129,7 @@ def _cli(site, tmp_path, toml: str, *args, env=None):
     path = tmp_path / "c.toml"
     path.write_text(toml)
     env = {**os.environ, "PYTHONPATH": str(site), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "diffaccel.cli", *args[:1], str(path), *args[1:]],
+    return subprocess.run([sys.executable, "-m", "diffaccel.cli.entry", *args[:1], str(path), *args[1:]],
                           capture_output=True, text=True, env=env)
 
 
@@ -189,7 +189,7 @@ def test_finite_false_turns_the_check_off(registry):
 
 
 def test_cli_non_finite_is_one_line_exit_1(tmp_path, monkeypatch, capsys):
-    from diffaccel import cli
+    from diffaccel.cli import entry as cli
     from diffaccel.adapters.text.adapter import TextAdapter
 
     monkeypatch.setattr(TextAdapter, "load", staticmethod(lambda config: _nan_weights(tiny_text_pipeline())))
@@ -250,7 +250,7 @@ def test_on_error_is_validated(registry):
     '[model]\nadapter = "unet"\nsteps = 4\nbatch = 1\n[[strategy]]\nuse = "dct-anchor"\nblocks = ["down_blocks.9"]\n',
 ])
 def test_check_refuses_what_generate_refuses_with_the_same_line(toml, tmp_path, capsys):
-    from diffaccel import cli
+    from diffaccel.cli import entry as cli
 
     path = tmp_path / "c.toml"
     path.write_text(toml)
@@ -264,7 +264,7 @@ def test_check_reads_no_weights(tmp_path, monkeypatch, capsys):
     """The facts come from config files: loading any weights during check fails this test."""
     import safetensors.torch
 
-    from diffaccel import cli
+    from diffaccel.cli import entry as cli
 
     def no_weights(*a, **k):
         raise AssertionError("check read weights")
@@ -296,7 +296,7 @@ def test_after_a_fault_the_shipped_model_writes_what_a_fresh_process_writes(site
 
 
 def test_disabled_is_for_one_generation_the_next_starts_with_every_strategy(registry):
-    from diffaccel.adapters_registry import get_adapter
+    from diffaccel.runtime.adapters_registry import get_adapter
 
     boom = '[[strategy]]\nuse = "boom"\nhook = "pre_step"\nstep = 1\non_error = "disable"\n'
     cfg, pipe, text = _config("text", registry, boom), _pipe("text"), get_adapter("text")

@@ -9,6 +9,17 @@ equal; images must match a fingerprint (each image average-pooled to 8x8 per cha
 another's (the sha256 of every image recorded on one machine differed on another with the same
 wheels), while the fingerprint's tolerance is far below what any change of computation moves.
 
+Sampled tokens are discrete, so no tolerance helps them: a draw that lands near the boundary
+between two tokens flips when the CPU's vector units round one logit differently (top-k at
+temperature 0.5 on the synthetic LLaDA model drew other tokens on an AVX2 machine than on an
+AVX-512 one). ``--write`` therefore records each text config with the machine's own kernels and
+again with each of five other kernel choices (``KERNEL_PROBES``, as another CPU would pick them).
+Configs whose tokens agree in all six are compared with the machine's own kernels, as above. The
+others are float-sensitive: their entry says ``"kernels": "pinned"`` and they are recorded and
+checked in a child process whose kernels are pinned to the portable code paths (``PINNED``: ATen's
+scalar kernels, MKL's conditional numerical reproducibility in its compatible mode, oneDNN at
+SSE4.1), which give the same numbers on any x86-64 CPU; so their tokens still must be equal.
+
     .venv/bin/python tests/test_golden.py --write     # only when an output is meant to change
     .venv/bin/python tests/test_golden.py --missing   # a new config: records it, leaves the others
 """
@@ -16,6 +27,8 @@ wheels), while the fingerprint's tolerance is far below what any change of compu
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -51,8 +64,8 @@ def record(path: Path) -> dict:
     import torch
 
     import diffaccel
-    from diffaccel.accelerator import apply, build_strategies
-    from diffaccel.adapters_registry import get_adapter
+    from diffaccel.runtime.accelerator import apply, build_strategies
+    from diffaccel.runtime.adapters_registry import get_adapter
 
     cfg = shrink(diffaccel.load_config(path))
     adapter = get_adapter(cfg.model.adapter)
@@ -66,6 +79,42 @@ def record(path: Path) -> dict:
     if hasattr(out, "tokens"):
         return {"tokens": out.tokens.tolist(), "counters": counters}
     return {"images_8x8": fingerprint(out.images), "shape": list(out.images.shape), "counters": counters}
+
+
+PINNED = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "SSE41"}
+"""Kernels that do not depend on the CPU's vector units; read once when torch starts, so set in a
+child process (about 2x slower than the machine's own kernels: used only where draws need it)."""
+
+KERNEL_PROBES = (PINNED, {"ATEN_CPU_CAPABILITY": "default"}, {"MKL_CBWR": "COMPATIBLE"}, {"ATEN_CPU_CAPABILITY": "avx2"},
+                 {"MKL_ENABLE_INSTRUCTIONS": "AVX2"})
+"""Other kernel choices a text config's tokens must survive to be compared with the machine's own,
+one change each: two changes together can flip a near-tie draw and flip it back (the top-k config
+drew its AVX2 tokens with ATen's or MKL's AVX2 kernels alone, its AVX-512 tokens with both)."""
+
+
+def record_in_child(paths: list[Path], env: dict[str, str]) -> dict[str, dict]:
+    """``record`` of each path in one fresh interpreter with ``env`` added (one thread, offline),
+    by ``_key``."""
+    proc = subprocess.run([sys.executable, __file__, "--emit", *map(str, paths)], capture_output=True, text=True,
+                          timeout=1800, env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **env})
+    if proc.returncode != 0:
+        raise RuntimeError(f"recording {[_key(p) for p in paths]} with {env} failed: {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def record_pinned(path: Path, env: dict[str, str] | None = None) -> dict:
+    """The record of a float-sensitive config, with ``PINNED`` kernels (``env`` on top)."""
+    return {**record_in_child([path], {**PINNED, **(env or {})})[_key(path)], "kernels": "pinned"}
+
+
+def float_sensitive(paths: list[Path], native: dict[str, dict]) -> set[str]:
+    """The text configs among ``paths`` whose tokens change with the kernels (``KERNEL_PROBES``)."""
+    texts = [p for p in paths if "tokens" in native[_key(p)]]
+    changed: set[str] = set()
+    for env in KERNEL_PROBES if texts else ():
+        got = record_in_child(texts, env)
+        changed |= {k for k, r in got.items() if r["tokens"] != native[k]["tokens"]}
+    return changed
 
 
 IMAGE_ATOL = 1e-3
@@ -119,8 +168,18 @@ def test_every_shipped_config_is_recorded(golden):
 
 @pytest.mark.parametrize("path", CONFIGS, ids=_key)
 def test_outputs_equal_the_recorded_ones(path, golden, one_thread):
-    got, want = record(path), golden[_key(path)]
+    want = golden[_key(path)]
+    got = record_pinned(path) if want.get("kernels") == "pinned" else record(path)
     assert matches(got, want), f"{_key(path)}: {got} != {want}"
+
+
+def test_pinned_tokens_do_not_follow_the_cpus_vector_units(golden):
+    """A pinned config recorded as if MKL found AVX2 only (as on the machine whose draws differed
+    from this kind's): the same tokens as recorded. Unpinned, that setting changes them."""
+    pinned = sorted(k for k, v in golden.items() if v.get("kernels") == "pinned")
+    assert "configs/text-llada-small-topk.toml" in pinned
+    path = ROOT / pinned[0]
+    assert record_pinned(path, {"MKL_ENABLE_INSTRUCTIONS": "AVX2"}) == golden[pinned[0]]
 
 
 def test_an_image_change_above_the_tolerance_fails():
@@ -137,17 +196,25 @@ def test_an_image_change_above_the_tolerance_fails():
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--emit"]:  # record_in_child's child: the configs' records, one JSON line
+        import torch
+
+        torch.set_num_threads(1)
+        print(json.dumps({_key(Path(a)): record(Path(a)) for a in sys.argv[2:]}))
+        sys.exit(0)
     if sys.argv[1:] not in (["--write"], ["--missing"]):
         sys.exit("usage: python tests/test_golden.py --write | --missing (record only configs with no record yet)")
     import torch
 
     torch.set_num_threads(1)
     result = json.loads(FIXTURE.read_text()) if sys.argv[1] == "--missing" else {}
-    for p in CONFIGS:
-        if _key(p) in result:
-            continue
+    todo = [p for p in CONFIGS if _key(p) not in result]
+    for p in todo:
         print(_key(p), flush=True)
         result[_key(p)] = record(p)
+    for key in sorted(float_sensitive(todo, result)):
+        print(f"{key}: tokens change with the kernels, recorded with PINNED ones", flush=True)
+        result[key] = record_pinned(ROOT / key)
     result = dict(sorted(result.items()))
     FIXTURE.parent.mkdir(exist_ok=True)
     lines = [f"{json.dumps(k)}: {json.dumps(v)}" for k, v in result.items()]  # one config per line

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from diffaccel.adapters.dtype_matrix import place
-from diffaccel.config import load_config
+from diffaccel.runtime.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu-check.sh"

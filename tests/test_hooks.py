@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import diffaccel
-from diffaccel import Accelerator, RunState, StepPlan, hookimpl, hookspecs
+from diffaccel import Accelerator, RunState, StepPlan, hookimpl
+from diffaccel.contract import hookspecs
 from diffaccel.adapters.text.testing import tiny_text_pipeline
 from diffaccel.testing import run_with
 
@@ -223,7 +224,7 @@ def test_no_strategy_through_hooks_is_bitwise_identical():
 
 
 def test_layer_chain_is_resolved_once(monkeypatch):
-    import diffaccel.accelerator as A
+    import diffaccel.runtime.accelerator as A
 
     acc = Accelerator([SkipDeep()], "text")
 
@@ -308,7 +309,7 @@ def test_denoiser_output_replacement_reaches_the_sampler(kind):
 
 
 def test_dispatch_cost_is_measured_and_small():
-    from diffaccel.tools import _dispatch_cost_us
+    from diffaccel.cli.tools import _dispatch_cost_us
 
     cost = _dispatch_cost_us(Accelerator([], "text"), n_layers=4, calls=2000)
     assert 0 < cost < 500  # microseconds per step; a sampling step of the default model takes tens of ms

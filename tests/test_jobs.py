@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from diffaccel.cli import main
-from diffaccel.errors import DiffaccelError
-from diffaccel.jobs import RESULTS, Item, read_items
+from diffaccel.cli.entry import main
+from diffaccel.contract.errors import DiffaccelError
+from diffaccel.runtime.jobs import RESULTS, Item, read_items
 
 TEXT = """[model]
 adapter = "text"

@@ -16,8 +16,8 @@ import torch
 
 from diffaccel.adapters.text import judge as judge_mod
 from diffaccel.adapters.text.judge import CausalLMJudge, Scores, load_gguf_judge, load_judge
-from diffaccel.cli import main
-from diffaccel.errors import ModelLoadError
+from diffaccel.cli.entry import main
+from diffaccel.contract.errors import ModelLoadError
 
 WORDS = "a the of act person state quality genus time relating manner vehicle particular small large".split()
 
@@ -216,8 +216,8 @@ def _bench_configs(tmp_path):
 def test_bench_reports_gen_ppl_for_every_entry_and_the_noise_seeds(tiny, tmp_path):
     from diffaccel.adapters.text.adapter import TextAdapter
     from diffaccel.adapters.text.loading import load_pipeline
-    from diffaccel.bench import with_batch
-    from diffaccel.config import load_config
+    from diffaccel.bench.runner import with_batch
+    from diffaccel.runtime.config import load_config
 
     folder, judge = tiny
     out = tmp_path / "b.json"
@@ -295,7 +295,7 @@ def test_a_judge_that_does_not_load_is_one_line_and_exit_2_before_sampling(case,
 
 
 def test_no_judge_and_none_leave_the_quality_keys_as_they_were(tmp_path):
-    from diffaccel.bench import run_bench
+    from diffaccel.bench.runner import run_bench
 
     paths = _bench_configs(tmp_path)
     for judge in (None, "none"):

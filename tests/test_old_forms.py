@@ -14,7 +14,7 @@ import warnings
 import torch
 
 from diffaccel import Accelerator, Layer, RunState, hookimpl
-from diffaccel.sequence import RunSequence, StepModel
+from diffaccel.runtime.sequence import RunSequence, StepModel
 
 STEPS, ROWS, WIDTH = 4, 3, 8
 
@@ -164,8 +164,8 @@ def test_an_old_form_adapter_counts_as_the_current_one_with_one_warning_per_form
     # and the accelerator driven by hand (start_run / end_run), which the core never sees step
     old, warned = _deprecations(lambda: old_run(Model(True), Accelerator([Skipper()], "mini")))
     assert torch.equal(old[0], base[0]) and old[1]["counters"] == base[1]["counters"]
-    assert sorted(warned) == ["Accelerator.end_run is deprecated; use Accelerator.run_end (or diffaccel.sequence.RunSequence)",
-                              "Accelerator.start_run is deprecated; use Accelerator.run_start (or diffaccel.sequence.RunSequence)"]
+    assert sorted(warned) == ["Accelerator.end_run is deprecated; use Accelerator.run_end (or diffaccel.runtime.sequence.RunSequence)",
+                              "Accelerator.start_run is deprecated; use Accelerator.run_start (or diffaccel.runtime.sequence.RunSequence)"]
 
 
 def test_a_layer_of_the_current_form_computing_part_of_the_positions_says_how_many():
@@ -201,3 +201,158 @@ def test_a_layer_computed_after_its_run_is_not_counted_in_it():
     _, report = current_run(model, Accelerator([], "mini"))
     model.blocks[0].compute(torch.ones(ROWS, WIDTH))  # outside RunSequence.denoise: no run is current
     assert model.run.counters.as_dict() == report["counters"]
+
+
+# ---- a plugin written against the first contract: one report of every old form -------------------
+
+FIRST_CONTRACT = '''
+import attrs
+import diffaccel
+
+
+@attrs.frozen(kw_only=True)
+class LastLayerConfig:
+    layers: list = attrs.field(factory=lambda: [1])
+
+
+class LastLayer:
+    def __init__(self, config):
+        self.config = config
+
+    def setup(self, info):  # the first contract's option check, by name
+        if max(self.config.layers) >= info["n_layers"]:
+            raise diffaccel.ConfigValueError("layers", "past the model's layers")
+
+    def new_state(self, run):
+        return {"skipped": 0}
+
+    @diffaccel.hookimpl
+    def diffaccel_layer_output(self, run, layer, hidden):
+        state = run.state(self)
+        state["skipped"] += 1
+        return None
+
+
+@diffaccel.hookimpl
+def diffaccel_register(register):
+    register(diffaccel.Strategy(name="lastlayer", config=LastLayerConfig, factory=LastLayer, KEYWORD))
+'''
+OLD_KEYWORD, NEW_KEYWORD = 'adapters=("text",)', "requires=()"
+REPORT = ("written against the first plugin contract; change {adapters}LastLayer.setup -> diffaccel_setup marked "
+          "@diffaccel.hookimpl; LastLayer.new_state -> diffaccel_new_state marked @diffaccel.hookimpl; LastLayer: "
+          "run.state(self)['skipped'] on a state nothing makes (the first contract's empty dict) -> diffaccel_new_state "
+          "returning the state, an attrs object read by attribute (docs/writing-a-plugin.md)")
+ADAPTERS = "Strategy(adapters=...) -> Strategy(requires=(...)), capabilities from diffaccel.capabilities; "
+
+
+def _first_contract_module(folder, keyword, monkeypatch):
+    import importlib.util
+    import sys
+
+    path = folder / "diffaccel_lastlayer.py"
+    path.write_text(FIRST_CONTRACT.replace("KEYWORD", keyword))
+    spec = importlib.util.spec_from_file_location("diffaccel_lastlayer", path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "diffaccel_lastlayer", module)  # imported, as an entry point's module is
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_first_contract_plugin_gets_one_report_of_every_old_form(tmp_path, monkeypatch):
+    import pytest
+
+    from diffaccel import PluginError, Registry
+
+    for keyword, adapters in ((OLD_KEYWORD, ADAPTERS), (NEW_KEYWORD, "")):  # and once requires= is fixed
+        module = _first_contract_module(tmp_path, keyword, monkeypatch)
+        reg = Registry(load_entrypoints=False)
+        with pytest.raises(PluginError) as err:
+            reg.register_plugin(module, "lastlayer")
+        assert str(err.value) == "plugin 'lastlayer': " + REPORT.format(adapters=adapters)
+        assert "lastlayer" not in reg.strategies
+
+
+def test_plugins_check_and_every_run_show_the_report(tmp_path, install_distribution):
+    import subprocess
+    import sys
+
+    src = tmp_path / "lastlayer"
+    src.mkdir()
+    (src / "diffaccel_lastlayer.py").write_text(FIRST_CONTRACT.replace("KEYWORD", NEW_KEYWORD))
+    (src / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "diffaccel-lastlayer"\nversion = "0.1.0"\n'
+        '[project.entry-points.diffaccel]\nlastlayer = "diffaccel_lastlayer"\n'
+        '[tool.setuptools]\npy-modules = ["diffaccel_lastlayer"]\n')
+    site = install_distribution(src)
+    env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
+    line = ("plugin lastlayer (diffaccel-lastlayer 0.1.0): broken, left out: " + REPORT.format(adapters=""))
+    check = subprocess.run([sys.executable, "-m", "diffaccel.cli", "plugins", "--check"], capture_output=True, text=True,
+                           env=env, timeout=300)
+    assert check.returncode == 1 and line in check.stderr.splitlines()
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[model]\nadapter = "text"\n[[strategy]]\nuse = "lastlayer"\nlayers = [9]\n')
+    run = subprocess.run([sys.executable, "-m", "diffaccel.cli", "check", str(cfg)], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert run.returncode == 2 and REPORT.format(adapters="") in run.stderr  # the warning, and the config's error
+    assert f"{cfg}: [[strategy]] #1: strategy 'lastlayer': its plugin 'lastlayer'" in run.stderr
+
+
+def _fresh_import(old: str):
+    """Import ``old`` as a plugin written before 0.2 would, with it out of sys.modules first."""
+    import importlib
+    import sys
+
+    sys.modules.pop(old, None)
+    parent, _, leaf = old.rpartition(".")
+    if leaf in vars(sys.modules[parent]):
+        delattr(sys.modules[parent], leaf)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        first = importlib.import_module(old)
+        again = importlib.import_module(old)  # cached: no second warning
+    return first, again, [w for w in seen if issubclass(w.category, DeprecationWarning)]
+
+
+def test_an_old_module_path_is_the_new_module_with_one_warning_naming_it():
+    import diffaccel.contract.hookspecs as new
+
+    for old, target in (("diffaccel.hookspecs", new), ("diffaccel.plugins", None), ("diffaccel.adapters_registry", None)):
+        first, again, warned = _fresh_import(old)
+        import diffaccel._moved as moved
+
+        target = target or __import__(moved.MOVED[old], fromlist=["_"])
+        assert first is target and again is target  # the same object: isinstance, monkeypatching act on one module
+        assert len(warned) == 1, [str(w.message) for w in warned]
+        message = str(warned[0].message)
+        assert old in message and moved.MOVED[old] in message
+        assert warned[0].filename == __file__  # pointed at the import, not at the import machinery
+
+
+def test_old_names_resolve_to_the_same_objects_with_warnings():
+    import diffaccel
+    from diffaccel.bench import runner
+    from diffaccel.contract.strategy import Strategy
+    from diffaccel.runtime import registry
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        from diffaccel.plugins import Strategy as old_strategy  # a class that moved within the move
+        from diffaccel.bench import run_bench  # bench.py's names, now the bench package's runner
+        config = diffaccel.config  # an old module as an attribute after `import diffaccel`
+    assert old_strategy is Strategy is registry.Strategy is diffaccel.Strategy
+    assert run_bench is runner.run_bench and config.load_config is diffaccel.load_config
+    messages = [str(w.message) for w in seen if issubclass(w.category, DeprecationWarning)]
+    assert any("diffaccel.bench.run_bench moved to diffaccel.bench.runner.run_bench" in m for m in messages), messages
+
+
+def test_monkeypatching_through_an_old_path_acts_on_the_new_module(monkeypatch):
+    import importlib
+
+    from diffaccel.runtime import placement
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        old = importlib.import_module("diffaccel.placement")
+    monkeypatch.setattr(old, "check_placement", lambda *a, **k: "patched")
+    assert placement.check_placement() == "patched"

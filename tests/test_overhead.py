@@ -8,13 +8,13 @@ import tomllib
 import pytest
 import torch
 
-from diffaccel.accelerator import Accelerator
-from diffaccel.adapters_registry import get_adapter
-from diffaccel.config import parse_config
-from diffaccel.guard import GuardConfig
+from diffaccel.runtime.accelerator import Accelerator
+from diffaccel.runtime.adapters_registry import get_adapter
+from diffaccel.runtime.config import parse_config
+from diffaccel.runtime.guard import GuardConfig
 from diffaccel.adapters.text.testing import tiny_text_pipeline
 from diffaccel.adapters.unet.testing import tiny_digits_pipeline
-from diffaccel.tools import PassThrough
+from diffaccel.cli.tools import PassThrough
 
 MODELS = {"text": '[model]\nadapter = "text"\nsteps = 6\nlength = 16\n',
           "unet": '[model]\nadapter = "unet"\nsteps = 4\nbatch = 2\nprompts = ["digit 3", "digit 5"]\n'}

@@ -11,7 +11,7 @@ import pytest
 PLUGIN_PY = '''
 import attrs
 import diffaccel
-from diffaccel.validators import positive
+from diffaccel.contract.validators import positive
 
 __version__ = "9.8.7"
 
@@ -39,7 +39,7 @@ class Echo:
 
 @diffaccel.hookimpl
 def diffaccel_register(register):
-    register(diffaccel.Strategy(name="echo", config=EchoConfig, factory=Echo, requires=(diffaccel.capabilities.TOKEN_POSITIONS,),
+    register(diffaccel.Strategy(name="echo", config=EchoConfig, factory=Echo, requires=(diffaccel.contract.capabilities.TOKEN_POSITIONS,),
                                 description="throwaway test strategy"))
 '''
 
@@ -84,7 +84,7 @@ def site(tmp_path_factory):
 
 def _run(site, *args, env_extra=None, code=None):
     env = {**os.environ, "PYTHONPATH": str(site), **(env_extra or {})}
-    cmd = [sys.executable, "-c", code] if code else [sys.executable, "-m", "diffaccel.cli", *args]
+    cmd = [sys.executable, "-c", code] if code else [sys.executable, "-m", "diffaccel.cli.entry", *args]
     return subprocess.run(cmd, capture_output=True, text=True, env=env)
 
 
@@ -180,6 +180,18 @@ def test_broken_plugins_are_left_out_with_one_warning_line_each(broken_site):
     assert "broken plugins" in text and "regbad  (diffaccel-regbad-test 9.8.7)" in text
 
 
+def test_plugins_check_lists_each_broken_plugin_and_exits_1(broken_site):
+    proc = _run(broken_site, "plugins", "--check")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    listed = [line for line in proc.stderr.splitlines() if not line.startswith("diffaccel: warning:")]
+    assert listed == [
+        "plugin echo (diffaccel-broken-test 9.8.7): broken, left out: failed to load: RuntimeError: plugin import exploded",
+        "plugin regbad (diffaccel-regbad-test 9.8.7): broken, left out: diffaccel_register failed: RuntimeError: "
+        "registration exploded",
+    ]
+    assert "strategy fine: ok" in proc.stdout  # the working plugin is still checked
+
+
 def test_commands_that_do_not_use_a_broken_plugin_work(broken_site, tmp_path):
     ok = tmp_path / "ok.toml"
     ok.write_text('[model]\nadapter = "text"\n[[strategy]]\nuse = "fine"\n')
@@ -203,6 +215,17 @@ def test_a_broken_plugin_is_warned_about_once_per_process(broken_site):
     proc = _run(broken_site, code=code)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split(maxsplit=1) == ["2", "['echo', 'regbad']\n"]
+
+
+def test_the_broken_plugin_warning_points_at_the_users_line(broken_site):
+    code = ("import warnings, diffaccel\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    diffaccel.Registry()\n"  # line 4
+            "print(sorted({(x.filename, x.lineno) for x in w if issubclass(x.category, diffaccel.PluginWarning)}))\n")
+    proc = _run(broken_site, code=code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[('<string>', 4)]"  # not diffaccel's plugins.py
 
 
 def test_a_plugin_registered_by_hand_that_fails_raises():

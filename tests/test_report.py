@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from diffaccel.cli import main
-from diffaccel.memory import memory_cell
-from diffaccel.report import combine, pareto_front, to_markdown
+from diffaccel.cli.entry import main
+from diffaccel.runtime.memory import memory_cell
+from diffaccel.bench.report import combine, pareto_front, to_markdown
 
 DIGITS = ('[model]\nadapter = "unet"\ncheckpoint = "digits"\nsteps = 6\nbatch = 3\nguidance_scale = 2.0\n'
           'prompts = ["digit 1", "digit 2", "digit 3"]\nscheduler = "ddim"\n')

@@ -8,10 +8,11 @@ import warnings
 import pytest
 import torch
 
-from diffaccel import Accelerator, RunInfo, RunState, hookimpl, hookspecs
-from diffaccel.adapter import JudgesSamples, MeasuresFluency, TimesPartialSteps, WritesFiles
-from diffaccel.adapters_registry import get_adapter
-from diffaccel.sequence import RunSequence
+from diffaccel import Accelerator, RunInfo, RunState, hookimpl
+from diffaccel.contract import hookspecs
+from diffaccel.contract.adapter import JudgesSamples, MeasuresFluency, TimesPartialSteps, WritesFiles
+from diffaccel.runtime.adapters_registry import get_adapter
+from diffaccel.runtime.sequence import RunSequence
 from diffaccel.adapters.text.testing import tiny_text_pipeline
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from diffaccel.cli import main
-from diffaccel.scale_bench import launch_command, same_outputs
+from diffaccel.cli.entry import main
+from diffaccel.bench.scale_bench import launch_command, same_outputs
 
 pytest.importorskip("accelerate")
 
@@ -65,7 +65,7 @@ HELPERS = Path(__file__).resolve().parent / "scale_helpers"
 def _launch(args: list[str], extra_env: dict[str, str] | None = None, module: bool = True) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(extra_env or {})}
     cmd = launch_command(2, args)
-    if not module:  # a script instead of -m diffaccel.cli
+    if not module:  # a script instead of -m diffaccel.cli.entry
         i = cmd.index("-m", 3)
         cmd = cmd[:i] + args
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
@@ -135,7 +135,7 @@ def test_bench_prompts_two_processes_same_quality(tmp_path, capsys):
 
 
 def test_machine_ceiling_runs_the_kernel_copies_at_once():
-    from diffaccel.scale_bench import _kernel_runs
+    from diffaccel.bench.scale_bench import _kernel_runs
 
     runs = _kernel_runs(2, 1, 200)
     assert len(runs) == 2 and all(end > start and seconds > 0 for start, end, seconds in runs)
@@ -143,7 +143,7 @@ def test_machine_ceiling_runs_the_kernel_copies_at_once():
 
 
 def test_machine_ceiling_is_the_throughput_of_the_copies(monkeypatch):
-    from diffaccel import scale_bench
+    from diffaccel.bench import scale_bench
 
     def fake(processes, threads, products):  # one copy alone: 1 s; two at once: 1.25 s, overlapping
         return [(0.0, 1.0, 1.0)] if processes == 1 else [(0.0, 1.25, 1.25), (0.1, 1.3, 1.2)]

@@ -1,11 +1,11 @@
-"""The tune search (``diffaccel.search``) on a synthetic trade-off: no model, so it runs in seconds."""
+"""The tune search (``diffaccel.tuning.search``) on a synthetic trade-off: no model, so it runs in seconds."""
 
 import math
 
 import pytest
 
-from diffaccel.budget import parse
-from diffaccel.search import Measured, Tunable, feasible_front, far_over, open_study, run_trials
+from diffaccel.tuning.budget import parse
+from diffaccel.tuning.search import Measured, Tunable, feasible_front, far_over, open_study, run_trials
 
 # a strategy whose speed grows with its threshold and whose quality cost grows faster past 0.3;
 # a second one that only costs quality (switching it off is the right answer)

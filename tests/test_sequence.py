@@ -1,4 +1,4 @@
-"""The core's one step sequence (``diffaccel.sequence``) on every adapter: each text sampler gets
+"""The core's one step sequence (``diffaccel.runtime.sequence``) on every adapter: each text sampler gets
 the lazy top-1 and calls ``diffaccel_commit``, ``run.stop`` ends a run everywhere, the null
 accelerator is public and a run without ``apply`` goes through it."""
 
@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from diffaccel import hookimpl
-from diffaccel.accelerator import Accelerator
+from diffaccel.runtime.accelerator import Accelerator
 from diffaccel.adapters.text.pipeline import TextStepOutput
-from diffaccel.sequence import NULL, NullAccelerator, RunSequence, StepModel
-from diffaccel.state import RunState
+from diffaccel.runtime.sequence import NULL, NullAccelerator, RunSequence, StepModel
+from diffaccel.contract.state import RunState
 from diffaccel.adapters.text.testing import tiny_text_pipeline
 from diffaccel.adapters.unet.testing import tiny_digits_pipeline
 
@@ -207,7 +207,7 @@ class Flat(StepModel):
 
 
 def test_a_sequence_reuses_a_step_only_when_the_plan_says_so():
-    from diffaccel.state import StepPlan
+    from diffaccel.contract.state import StepPlan
 
     class Reuser:
         name = "reuser"

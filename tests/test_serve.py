@@ -62,6 +62,26 @@ def test_health_models_and_a_completion_equal_to_generate(server, config):
     assert offline[0] != offline[1]
 
 
+def diffaccel_tokenizer(config: str):
+    """The served model's tokenizer, loaded here as generate loads it."""
+    import diffaccel
+    from diffaccel.runtime.adapters_registry import get_adapter
+
+    return get_adapter("text").load(diffaccel.load_config(config)).tokenizer
+
+
+def test_usage_counts_the_prompt_and_the_generated_tokens(server, config):
+    prompt_tokens = len(diffaccel_tokenizer(config).encode("a dog is"))
+    assert prompt_tokens > 0
+    for body, prompt in (({"prompt": "a dog is", "n": 3, "seed": 1, "max_tokens": 24}, prompt_tokens),
+                         ({"prompt": "", "n": 1, "seed": 1}, 0)):
+        r = _post(server, body)
+        assert r.status_code == 200, r.text
+        generated = body["n"] * (body.get("max_tokens", 32) - prompt)  # max_tokens counts the prompt
+        assert r.json()["usage"] == {"prompt_tokens": prompt, "completion_tokens": generated,
+                                     "total_tokens": prompt + generated}
+
+
 def test_requests_batched_together_equal_their_single_runs(server, config):
     bodies = [{"prompt": "", "n": 1, "seed": 3}, {"prompt": "a dog", "n": 2, "seed": 100},
               {"prompt": "", "n": 1, "seed": 3}, {"prompt": "the cat is", "n": 3, "seed": 9},
@@ -131,7 +151,10 @@ def test_malformed_bodies_unknown_models_and_paths(server):
     # a prompt that fills the sample is refused by the adapter: 400 for it alone, in a batch too
     long, fine = {"prompt": "a dog is an animal", "max_tokens": 3}, {"prompt": "", "seed": 5}
     bad, good = asyncio.run(_burst(server, [long, fine]))
-    assert bad.status_code == 400 and "prompt fills all 3 positions" in bad.json()["error"]["message"]
+    prompt_tokens = len(diffaccel_tokenizer(server.config).encode(long["prompt"]))
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"
+    assert bad.json()["error"]["message"] == (f"max_tokens: a prompt fills all 3 positions (it is {prompt_tokens} tokens); "
+                                              f"use a length of at least {prompt_tokens + 1}")
     assert good.status_code == 200 and good.json()["choices"][0]["text"] == _post(server, fine).json()["choices"][0]["text"]
 
 

@@ -83,19 +83,23 @@ def image_server(site, tmp_path_factory):
         yield s
 
 
-def test_images_equal_generate_and_are_batched_one_request_at_a_time(image_server):
+def test_images_equal_generate_and_are_batched_as_the_measured_invariance_allows(image_server):
     from PIL import Image
 
     (m,) = httpx.get(f"{image_server.url}/v1/models", timeout=10).json()["data"]
-    # the UNet's rows differ by float rounding between batch sizes on the CPU: found at start
-    assert m["diffaccel"]["kind"] == "image" and m["diffaccel"]["batch_invariant"] is False
-    assert m["diffaccel"]["requests_share_batches"] is False
+    # whether the UNet's rows are the same alone and in a batch depends on the CPU's kernels (one
+    # machine's rounding differed between batch sizes, another's did not): the server measures it
+    # at start; requests share batches exactly when it found the rows invariant
+    assert m["diffaccel"]["kind"] == "image" and isinstance(m["diffaccel"]["batch_invariant"], bool)
+    shared = m["diffaccel"]["batch_invariant"]
+    assert m["diffaccel"]["requests_share_batches"] is shared
     bodies = [{"prompt": "digit 7", "n": 2, "seed": 3, "response_format": "b64_json", "size": "32x32"},
               {"prompt": "digit 1", "n": 1, "seed": 11}]
     responses = asyncio.run(_burst(image_server, "/v1/images/generations", bodies))
     assert [r.status_code for r in responses] == [200, 200], [r.text for r in responses]
     out = [r.json() for r in responses]
-    assert [o["diffaccel"]["batch_rows"] for o in out] == [2, 1]
+    # both arrive within the 300 ms window: one batch of 3 rows when shared, else one batch each
+    assert [o["diffaccel"]["batch_rows"] for o in out] == ([3, 3] if shared else [2, 1])
     pngs = [[d["b64_json"] for d in o["data"]] for o in out]
     assert pngs == offline_payloads(image_server.config, "image", bodies)
     pic = Image.open(io.BytesIO(base64.b64decode(pngs[0][0])))

@@ -12,8 +12,8 @@ import torch
 import diffaccel
 from diffaccel.adapters.text.testing import tiny_text_pipeline
 from diffaccel.adapters.unet.testing import tiny_digits_pipeline
-from diffaccel.adapters_registry import get_adapter
-from diffaccel.config import parse_config
+from diffaccel.runtime.adapters_registry import get_adapter
+from diffaccel.runtime.config import parse_config
 
 SEEDS = [41, 3, 3, 1000]  # unrelated, and one repeated: the repeated rows must be equal too
 

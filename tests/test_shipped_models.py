@@ -5,7 +5,7 @@ import torch
 
 from diffaccel.adapters.text.loading import load_pipeline
 from diffaccel.adapters.text.reference import ASSETS
-from diffaccel.cli import main
+from diffaccel.cli.entry import main
 
 
 def test_shipped_weights_are_small_safetensors():

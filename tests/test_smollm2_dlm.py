@@ -12,7 +12,7 @@ import torch
 from diffaccel.adapters.text import adapt
 from diffaccel.adapters.text import smollm2_dlm as dlm
 from diffaccel.adapters.text.loading import load_pipeline
-from diffaccel.errors import ModelLoadError
+from diffaccel.contract.errors import ModelLoadError
 
 #: training needs peft (the 'adapt' extra, which make setup installs)
 needs_peft = pytest.mark.skipif(__import__("importlib").util.find_spec("peft") is None,
@@ -277,7 +277,7 @@ def test_non_finite_delta(delta, tmp_path, no_base_load):
 
 
 def test_cli_exit_2_one_line(delta, tmp_path, capsys):
-    from diffaccel.cli import main
+    from diffaccel.cli.entry import main
 
     d = _copy(delta, tmp_path)
     (d / dlm.DELTA_FILE).write_bytes(b"not safetensors")

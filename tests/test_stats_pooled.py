@@ -1,4 +1,4 @@
-"""Intervals of pooled metrics (``diffaccel.stats.pooled_ci``): the metric is computed again on
+"""Intervals of pooled metrics (``diffaccel.kit.stats.pooled_ci``): the metric is computed again on
 each resample of the seeds, so its interval holds its own point, where an interval of the
 per-seed mean need not."""
 
@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 
-from diffaccel.stats import pooled_ci
+from diffaccel.kit.stats import pooled_ci
 
 
 def distinct2(texts: list[str]) -> float:

@@ -12,8 +12,8 @@ import torch
 from diffaccel.adapters.text.tasks import PromptError, arith, is_held_out, sudoku, task_spec
 from diffaccel.adapters.text.tasks.common import HELD_OUT_EVERY, solution_ids
 from diffaccel.adapters.text.tasks.train import Sampler, TaskTrainConfig, encode, masked_loss, train_task
-from diffaccel.budget import parse
-from diffaccel.cli import main
+from diffaccel.tuning.budget import parse
+from diffaccel.cli.entry import main
 
 
 def _lines(problem):
@@ -164,7 +164,7 @@ def test_bad_prompt_exits_2_before_the_model_loads(tmp_path, capsys):
 
 
 def test_adapter_reports_task_scores_with_intervals(tmp_path):
-    from diffaccel.bench import run_bench
+    from diffaccel.bench.runner import run_bench
 
     folder = _tiny_task_model(tmp_path)
     keep: dict = {}
@@ -202,10 +202,10 @@ def test_damaged_task_checkpoint_is_one_line(tmp_path, capsys):
 
 
 def test_tune_budget_on_acc_needs_no_judge():
-    from diffaccel.adapters_registry import get_adapter
-    from diffaccel.config import load_config
-    from diffaccel.plugins import Registry
-    from diffaccel.tuning import reported_metrics
+    from diffaccel.runtime.adapters_registry import get_adapter
+    from diffaccel.runtime.config import load_config
+    from diffaccel.runtime.registry import Registry
+    from diffaccel.tuning.tuner import reported_metrics
 
     registry = Registry()
     cfg = load_config("configs/arith-tune.toml", registry)

@@ -148,8 +148,8 @@ def test_positions_are_ragged_and_pad_only_for_attention():
 def test_partial_step_matches_full_on_computed_positions():
     """Positions computed in a partial step see the same keys/values as in a full step."""
     from diffaccel.adapters.text.pipeline import _RunContext
-    from diffaccel.sequence import NullAccelerator as _NoAccelerator
-    from diffaccel.state import RunState
+    from diffaccel.runtime.sequence import NullAccelerator as _NoAccelerator
+    from diffaccel.contract.state import RunState
 
     pipe = tiny_text_pipeline("masked")
     den = pipe.denoiser
@@ -179,8 +179,8 @@ def test_partial_step_matches_full_on_computed_positions():
 def test_partial_step_is_exact_for_a_single_layer(batch):
     """Rows may compute different positions: each row's keys and values land in its own cache row."""
     from diffaccel.adapters.text.pipeline import _RunContext
-    from diffaccel.sequence import NullAccelerator as _NoAccelerator
-    from diffaccel.state import RunState
+    from diffaccel.runtime.sequence import NullAccelerator as _NoAccelerator
+    from diffaccel.contract.state import RunState
 
     pipe = tiny_text_pipeline("masked", n_layers=1)
     x = torch.randint(4, 64, (batch, 16), generator=torch.Generator().manual_seed(1))

@@ -7,8 +7,8 @@ import diffaccel
 from diffaccel import StepPlan, hookimpl
 from diffaccel.adapters.text.model import TextDiffusionConfig, TextDiffusionLM
 from diffaccel.adapters.text.testing import tiny_text_pipeline
-from diffaccel.cli import main
-from diffaccel.errors import ModelLoadError
+from diffaccel.cli.entry import main
+from diffaccel.contract.errors import ModelLoadError
 from diffaccel.testing import run_with
 
 
@@ -40,8 +40,8 @@ def _tiny_bert(tmp_path, family="bert"):
 def test_bert_family_layerwise_forward_matches_transformers(tmp_path, family):
     from diffaccel.adapters.text.loading import load_pipeline
     from diffaccel.adapters.text.pipeline import _RunContext
-    from diffaccel.sequence import NullAccelerator as _NoAccelerator
-    from diffaccel.state import RunState
+    from diffaccel.runtime.sequence import NullAccelerator as _NoAccelerator
+    from diffaccel.contract.state import RunState
 
     path, model = _tiny_bert(tmp_path, family)
     pipe = load_pipeline(str(path))
@@ -131,8 +131,8 @@ def test_a_ragged_partial_step_on_unchanged_inputs_reproduces_the_full_step(tmp_
     and attention row all land where they belong)."""
     from diffaccel.adapters.text.loading import load_pipeline
     from diffaccel.adapters.text.pipeline import _RunContext
-    from diffaccel.sequence import NullAccelerator as _NoAccelerator
-    from diffaccel.state import RunState
+    from diffaccel.runtime.sequence import NullAccelerator as _NoAccelerator
+    from diffaccel.contract.state import RunState
 
     pipe = tiny_text_pipeline("masked", time_conditioned=True) if family == "reference" else load_pipeline(str(_tiny_bert(tmp_path, family)[0]))
     x = torch.randint(5, 30, (3, 12), generator=torch.Generator().manual_seed(2))

@@ -2,9 +2,21 @@
 
 import pytest
 
-from diffaccel.cli import main
-from diffaccel.errors import ConfigError
+from diffaccel.cli.entry import main
+from diffaccel.contract.errors import ConfigError
 
+
+
+def test_generate_of_a_config_with_peers_is_quiet_about_them_unless_debugging(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("DIFFACCEL_DEBUG", raising=False)
+    cfg = tmp_path / "peers.toml"
+    cfg.write_text('[model]\nadapter = "text"\ncheckpoint = "wordnet-masked"\nlength = 8\nsteps = 2\n'
+                   '[[peer]]\nuse = "steps"\nsteps = 1\n')
+    out = str(tmp_path / "out.txt")
+    assert main(["generate", str(cfg), "--out", out, "--no-progress"]) == 0
+    assert "[[peer]]" not in capsys.readouterr().err  # valid for bench and generate: no note
+    assert main(["generate", str(cfg), "--out", out, "--no-progress", "--debug"]) == 0
+    assert "[[peer]] tables (steps) are compared by 'diffaccel bench' only" in capsys.readouterr().err
 
 
 def test_partial_command_prints_every_fraction_down_to_the_floor(tmp_path, capsys):
@@ -19,7 +31,7 @@ def test_partial_command_prints_every_fraction_down_to_the_floor(tmp_path, capsy
 
 
 def test_bench_batch_overrides_every_configs_batch(tmp_path, capsys):
-    from diffaccel.bench import run_bench
+    from diffaccel.bench.runner import run_bench
 
     model = '[model]\nadapter = "text"\ncheckpoint = "wordnet-masked"\nlength = 16\nsteps = 4\n'
     (tmp_path / "base.toml").write_text(model)
@@ -36,8 +48,8 @@ def test_bench_batch_overrides_every_configs_batch(tmp_path, capsys):
 
 
 def test_quality_only_bench_runs_each_entry_once_per_seed_untimed(tmp_path, capsys, monkeypatch):
-    from diffaccel.adapters_registry import get_adapter
-    from diffaccel.bench import format_table, run_bench
+    from diffaccel.runtime.adapters_registry import get_adapter
+    from diffaccel.bench.runner import format_table, run_bench
 
     model = '[model]\nadapter = "text"\ncheckpoint = "wordnet-masked"\nlength = 16\nsteps = 4\n'
     (tmp_path / "base.toml").write_text(model)

@@ -28,7 +28,7 @@ def site(install_distribution):
 
 def _run(site, *args):
     env = {**os.environ, "PYTHONPATH": str(site)}
-    return subprocess.run([sys.executable, "-m", "diffaccel.cli", *args], capture_output=True, text=True, env=env)
+    return subprocess.run([sys.executable, "-m", "diffaccel.cli.entry", *args], capture_output=True, text=True, env=env)
 
 
 def test_listed_beside_the_shipped_adapters(site):
@@ -58,7 +58,7 @@ def test_strategies_it_cannot_serve_are_refused_naming_the_capability(site, tmp_
 RUN = '''
 import json, sys, torch
 import diffaccel
-from diffaccel.bench import run_bench
+from diffaccel.bench.runner import run_bench
 
 cfg = diffaccel.load_config(sys.argv[1])
 pipe = diffaccel.load_pipeline(cfg)

@@ -77,7 +77,7 @@ def test_conditional_training_from_a_checkpoint_trains_the_condition_path_alone(
     import torch
     from safetensors.torch import load_file
 
-    from diffaccel.conditions import save
+    from diffaccel.kit.conditions import save
 
     base = train(TrainConfig(out=str(tmp_path / "base"), steps=2, batch=4, seq_len=32, dim=16, layers=1, heads=2,
                              vocab=80, threads=1), lines=list(LINES))

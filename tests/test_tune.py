@@ -11,8 +11,8 @@ import pytest
 
 import diffaccel
 from diffaccel import ConfigError, Registry, Strategy, Tunable, hookimpl, load_config
-from diffaccel.cli import main
-from diffaccel.tuning import tune
+from diffaccel.cli.entry import main
+from diffaccel.tuning.tuner import tune
 
 HELDOUT = 50_000
 
@@ -167,8 +167,8 @@ def test_each_session_of_a_tune_records_its_wall_time_and_trials(tmp_path):
 
 
 def test_a_trial_runs_its_first_chunk_once_and_an_idle_point_reports_it(tmp_path):
-    from diffaccel.adapters_registry import get_adapter
-    from diffaccel.tuning import _Trials
+    from diffaccel.runtime.adapters_registry import get_adapter
+    from diffaccel.tuning.tuner import _Trials
 
     reg = _registry()
     cfg = load_config(_config(tmp_path), reg)
@@ -205,3 +205,36 @@ def test_a_loaded_pipeline_is_tuned_with_its_strategy_tables(tmp_path):
 def test_model_and_strategies_go_with_a_pipeline_only(tmp_path):
     with pytest.raises(ConfigError, match="go with a pipeline"):
         tune(_config(tmp_path), ["rig_score>=0.5"], tmp_path / "t.toml", strategies=[{"use": "rig"}], registry=_registry())
+
+
+DIGITS = ('[model]\nadapter = "unet"\ncheckpoint = "digits"\nsteps = 8\nbatch = 2\nguidance_scale = 2.0\n'
+          'prompts = ["digit 3", "digit 7"]\nscheduler = "ddim"\n'
+          '[[strategy]]\nuse = "time-anchor"\nthreshold = 0.3\nwarmup = 1\nmax_age = 2\n')
+
+
+def test_tune_searches_the_models_steps_and_scheduler_with_the_strategies(tmp_path):
+    path = tmp_path / "digits.toml"
+    path.write_text(DIGITS)
+    result = tune(path, ["psnr>=5"], tmp_path / "tuned.toml", trials=3, tune_seeds=1, heldout=2, heldout_seed=HELDOUT,
+                  candidates=3, judge="none", progress=False, model_space={"steps": (3, 4), "scheduler": ("dpm++2m",)})
+    study = json.loads((result.report / "tune.json").read_text())
+    points = list(study["points"].values())
+    assert points and all(p["[model]"]["scheduler"] == "dpm++2m" and p["[model]"]["steps"] in (3, 4) for p in points)
+    # each candidate is a config on its own model, benched against the config as given (DDIM 8 steps)
+    cand = (result.report / "candidates" / f"{next(iter(study['points']))}.toml").read_text()
+    assert 'scheduler = "dpm++2m"' in cand and "[model]" not in cand.split("[[strategy]]")[-1]
+    # 3 or 4 DPM-Solver++ steps with a cache against 8 DDIM steps: faster than 1.5x on the held-out seeds
+    assert all(study["figures"][name]["speedup"]["2"] > 1.5 for name in study["points"])
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("steps=8,x", "steps must be positive integers"), ("size=16", "KEY one of steps, scheduler"),
+    ("scheduler=heun", "--model-space scheduler=heun: key 'scheduler': must be one of"),
+])
+def test_a_bad_model_space_is_one_line_before_anything_loads(tmp_path, capsys, spec, message):
+    path = tmp_path / "digits.toml"
+    path.write_text(DIGITS)
+    assert main(["tune", str(path), "--budget", "psnr>=20", "--out", str(tmp_path / "t.toml"), "--model-space", spec]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not list(tmp_path.glob("*.tune"))

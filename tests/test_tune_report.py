@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from diffaccel.report import combine
-from diffaccel.tune_report import tune_blocks
+from diffaccel.bench.report import combine
+from diffaccel.tuning.tune_report import tune_blocks
 
 
 def _tune_folder(tmp_path, chosen="tune-trial-3"):

@@ -13,10 +13,10 @@ import torch
 
 import diffaccel
 from diffaccel import ConfigError, ModelLoadError, parse_config
-from diffaccel.accelerator import apply, build_strategies
+from diffaccel.runtime.accelerator import apply, build_strategies
 from diffaccel.adapters.unet2d import UNet2DAdapter, block_specs
-from diffaccel.adapters_registry import adapter_for
-from diffaccel.cli import main
+from diffaccel.runtime.adapters_registry import adapter_for
+from diffaccel.cli.entry import main
 
 STEPS = 12
 
@@ -40,7 +40,8 @@ def _resnet_calls(pipe) -> dict[str, list[int]]:
 
 
 @pytest.mark.parametrize("scheduler, pipeline", [("ddim", "DDIMPipeline"), ("ddpm", "DDPMPipeline"),
-                                                 ("checkpoint", "DDPMPipeline")])
+                                                 ("checkpoint", "DDPMPipeline"), ("dpm++2m", "SolverPipeline"),
+                                                 ("unipc", "SolverPipeline"), ("euler", "SolverPipeline")])
 def test_loads_a_saved_folder_under_each_scheduler(tiny_unet2d, scheduler, pipeline):
     cfg = _cfg(tiny_unet2d, scheduler)
     pipe = UNet2DAdapter.load(cfg)
@@ -57,7 +58,7 @@ def test_loads_a_saved_folder_under_each_scheduler(tiny_unet2d, scheduler, pipel
     assert facts["depths"] == [0, 1, 2, 1, 0] and facts["kinds"] == ["down", "down", "mid", "up", "up"]
 
 
-@pytest.mark.parametrize("scheduler", ["ddim", "ddpm"])
+@pytest.mark.parametrize("scheduler", ["ddim", "ddpm", "dpm++2m", "euler"])
 def test_time_anchor_skips_deep_blocks_without_running_them(tiny_unet2d, scheduler):
     cfg = _cfg(tiny_unet2d, scheduler, strategy={"use": "time-anchor", "threshold": 0.5, "warmup": 2, "max_age": 3})
     pipe = UNet2DAdapter.load(cfg)
@@ -77,7 +78,7 @@ def test_time_anchor_skips_deep_blocks_without_running_them(tiny_unet2d, schedul
     assert not torch.equal(out.images, base.images)  # served from the cache: not the computed output
 
 
-@pytest.mark.parametrize("scheduler", ["ddim", "ddpm"])
+@pytest.mark.parametrize("scheduler", ["ddim", "ddpm", "unipc", "euler"])
 def test_dct_anchor_reuses_blocks_without_running_them(tiny_unet2d, scheduler):
     cfg = _cfg(tiny_unet2d, scheduler, strategy={"use": "dct-anchor", "threshold": 5.0, "warmup": 2, "max_reuse": 2})
     pipe = UNet2DAdapter.load(cfg)
@@ -102,7 +103,8 @@ def test_what_the_adapter_lacks_is_refused_by_capability(tiny_unet2d):
 
 
 @pytest.mark.parametrize("line, named", [
-    ('scheduler = "euler"', "key 'scheduler': must be one of 'ddim', 'ddpm', 'checkpoint', got 'euler'"),
+    ('scheduler = "heun"', "key 'scheduler': must be one of 'ddim', 'ddpm', 'dpm++2m', 'unipc', 'euler', 'checkpoint', "
+                           "got 'heun'"),
     ("eta = 2.0", "key 'eta': must be in [0.0, 1.0], got 2.0"),
     ("grid_scale = 0", "key 'grid_scale'"),
     ('prompts = ["a cat"]', "unknown key 'prompts'"),
@@ -110,7 +112,7 @@ def test_what_the_adapter_lacks_is_refused_by_capability(tiny_unet2d):
 def test_bad_options_are_one_line_before_diffusers_loads(tmp_path, line, named):
     cfg = tmp_path / "bad.toml"
     cfg.write_text(f'[model]\nadapter = "unet2d"\ncheckpoint = "synthetic-ddpm-16"\n{line}\n')
-    probe = ("import json, sys\nfrom diffaccel.cli import main\nrc = main(sys.argv[1:])\n"
+    probe = ("import json, sys\nfrom diffaccel.cli.entry import main\nrc = main(sys.argv[1:])\n"
              "print(json.dumps({'rc': rc, 'diffusers': 'diffusers' in sys.modules}))")
     proc = subprocess.run([sys.executable, "-c", probe, "check", str(cfg)], capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "DIFFACCEL_PLUGINS": ""}, timeout=120)

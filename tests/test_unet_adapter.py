@@ -92,7 +92,7 @@ class CacheOddSteps:
 
 
 def _cfg(steps=STEPS, checkpoint="synthetic-sd-tiny", **options):
-    from diffaccel.config import parse_config
+    from diffaccel.runtime.config import parse_config
 
     model = {"adapter": "unet", "checkpoint": checkpoint, "steps": steps, "prompts": ["a red cube"], **options}
     return parse_config({"model": model})
@@ -123,7 +123,7 @@ def test_blocks_are_listed_from_the_unet_structure(sd):
 
 
 def test_accepts_unet_pipelines_only(sd, digits, tiny_text_pipe):
-    from diffaccel.adapters_registry import adapter_for
+    from diffaccel.runtime.adapters_registry import adapter_for
 
     assert UNetAdapter.accepts(sd) and UNetAdapter.accepts(digits)
     assert not UNetAdapter.accepts(tiny_text_pipe) and not UNetAdapter.accepts(object())
@@ -396,7 +396,7 @@ def test_run_info_and_batch_size(digits):
 def test_quality_of_a_resample_from_parts_equals_quality_on_its_outputs():
     """The bench's intervals pool per-seed parts (``PoolsQuality``): on seeds drawn with repeats
     the pooled figures equal ``quality`` on those outputs themselves."""
-    from diffaccel.adapter import PoolsQuality
+    from diffaccel.contract.adapter import PoolsQuality
     from diffaccel.adapters.diffusers_pipelines import ImageOutput
 
     g = torch.Generator().manual_seed(0)

@@ -15,7 +15,7 @@ from diffaccel.adapters.unet.adapter import UNetAdapter
 from diffaccel.adapters.digits import class_accuracy, digit_label
 from diffaccel.adapters.unet.metrics import psnr, psnr_per_image, ssim
 from diffaccel.adapters.unet.pipeline import DigitsPipeline
-from diffaccel.cli import main
+from diffaccel.cli.entry import main
 from diffaccel.adapters.unet.testing import digit_images, sd_images, tiny_digits_pipeline, tiny_sd_pipeline
 
 STEPS = 4
@@ -47,7 +47,7 @@ def no_instance_patches(pipe) -> bool:
 
 
 def _cfg(steps=STEPS, checkpoint="synthetic-sd-tiny", **options):
-    from diffaccel.config import parse_config
+    from diffaccel.runtime.config import parse_config
 
     model = {"adapter": "unet", "checkpoint": checkpoint, "steps": steps, "prompts": ["a red cube"], **options}
     return parse_config({"model": model})
@@ -140,7 +140,7 @@ UNET = '[model]\nadapter = "unet"\ncheckpoint = "synthetic-sd-tiny"\n'
 CASES = [
     ("size-zero", UNET + "size = 0\n", "[model]: key 'size': must be positive, got 0"),
     ("guidance-negative", UNET + "guidance_scale = -1\n", "[model]: key 'guidance_scale': must be in [0.0, inf), got -1.0"),
-    ("scheduler", UNET + 'scheduler = "euler"\n', "[model]: key 'scheduler': must be one of 'ddim', 'checkpoint', got 'euler'"),
+    ("scheduler", UNET + 'scheduler = "heun"\n', "[model]: key 'scheduler': must be one of 'ddim', 'dpm++2m', 'unipc', 'euler', 'checkpoint', got 'heun'"),
     ("prompts", UNET + "prompts = [1]\n", "[model]: key 'prompts': expected a list of strings, got [1]"),
     ("grid-columns", UNET + "grid_columns = 0\n", "[model]: key 'grid_columns': must be positive, got 0"),
     ("eta", UNET + "eta = 2\n", "[model]: key 'eta': must be in [0.0, 1.0], got 2.0"),
@@ -191,7 +191,7 @@ needs_deepcache = pytest.mark.skipif(importlib.util.find_spec("DeepCache") is No
 
 @needs_deepcache
 def test_deepcache_peer_changes_images_and_leaves_no_trace():
-    from diffaccel.config import PeerEntry
+    from diffaccel.runtime.config import PeerEntry
     from diffaccel.adapters.unet.adapter import DeepCachePeer
 
     pipe = tiny_sd_pipeline()
@@ -213,7 +213,7 @@ def test_deepcache_peer_changes_images_and_leaves_no_trace():
 def test_bench_runs_the_peer_interleaved(tmp_path):
     import json
 
-    from diffaccel.bench import format_table, run_bench
+    from diffaccel.bench.runner import format_table, run_bench
 
     cfg = tmp_path / "tiny.toml"
     cfg.write_text(UNET + 'steps = 6\nprompts = ["a red cube"]\n[[peer]]\nuse = "deepcache"\ncache_interval = 2\n')

@@ -11,7 +11,8 @@ Checkpoints (``[model] checkpoint``):
   with a ``.transformer``: PixArt-alpha/sigma, Stable Diffusion 3 ...), or a hub id, loaded with
   ``DiffusionPipeline.from_pretrained``.
 
-Peers (``[[peer]]``): diffusers' own cache hooks (``peers.py``).
+Peers (``[[peer]]``): diffusers' own cache hooks (``peers.py``); ``steps``, the same pipeline at
+fewer steps or under another scheduler (``diffaccel.adapters.diffusers_peers``).
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from typing import Any
 import torch
 from diffusers import DiffusionPipeline
 
+from .. import diffusers_peers
 from ..diffusers_pipelines import load_for_config, run_pipeline
 from ..unet.adapter import UNetAdapter, UNetOutput
+from ..unet.options import StepsPeer
 from . import hooks, peers
 from .loading import SOURCE, load_checkpoint  # noqa: F401 - load_checkpoint: importable from here as before
 from .options import DiTOptions, DiTSpec  # noqa: F401 - DiTOptions importable from here as before
@@ -48,7 +51,7 @@ class DiTAdapter:
     output_suffix = DiTSpec.output_suffix
     Options = DiTSpec.Options
     capabilities = hooks.CAPABILITIES
-    PEERS = peers.PEERS
+    PEERS = {**peers.PEERS, "steps": StepsPeer}
     layer_types = (hooks.DiTBlock,)
 
     @staticmethod
@@ -96,11 +99,19 @@ class DiTAdapter:
     quality_of_parts = UNetAdapter.quality_of_parts
     quality_keys = UNetAdapter.quality_keys
 
-    # -- peers: diffusers' cache hooks ------------------------------------------------------------
+    # -- peers: diffusers' cache hooks, fewer steps and other solvers (``steps``) ------------------
+    peer_run_config = staticmethod(diffusers_peers.run_config)
+    solver_peers = staticmethod(diffusers_peers.solver_peers)
+    variant_peer = staticmethod(diffusers_peers.variant_peer)
+
     @staticmethod
     def peer_name(entry) -> str:
+        if isinstance(entry.config, StepsPeer):
+            return diffusers_peers.peer_name(entry.config)
         return peers.peer_name(entry.config)
 
     @staticmethod
     def peer_context(pipe, peer):
+        if isinstance(peer, StepsPeer):
+            return diffusers_peers.steps_context(pipe, peer)
         return peers.peer_context(pipe, peer, hooks.session_of)

@@ -26,14 +26,14 @@ from typing import Any
 
 import torch
 
-from diffaccel.capabilities import BLOCK_STACK, GUIDANCE_BRANCHES, IMAGE_STEPS
-from diffaccel.state import RunState
+from diffaccel.contract.capabilities import BLOCK_STACK, GUIDANCE_BRANCHES, IMAGE_STEPS
+from diffaccel.contract.state import RunState
 
 from .. import diffusers_hooks as _shared
 from ..diffusers_hooks import DenoiserBlock, DenoiserSession, detach, session_of  # noqa: F401
 
 CAPABILITIES = frozenset({BLOCK_STACK, GUIDANCE_BRANCHES, IMAGE_STEPS})
-"""What the DiT adapter offers strategies (``diffaccel.capabilities``)."""
+"""What the DiT adapter offers strategies (``diffaccel.contract.capabilities``)."""
 
 STACKS = ("transformer_blocks", "single_transformer_blocks")
 """Module lists of a diffusers transformer that hold its blocks, in forward order."""

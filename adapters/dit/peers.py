@@ -28,8 +28,8 @@ from diffusers.hooks.hooks import CacheContext, _set_cache_context
 from diffusers.hooks.pyramid_attention_broadcast import _PYRAMID_ATTENTION_BROADCAST_HOOK
 from diffusers.hooks.taylorseer_cache import _TAYLORSEER_CACHE_HOOK
 
-from diffaccel.errors import DiffaccelError
-from diffaccel.validators import in_range, non_negative, positive
+from diffaccel.contract.errors import DiffaccelError
+from diffaccel.contract.validators import in_range, non_negative, positive
 
 
 @attrs.frozen(kw_only=True)

@@ -9,17 +9,17 @@ from typing import Any
 
 import attrs
 
-from diffaccel.capabilities import MASK_CONFIDENCES, PINNED_TOKENS, TOKEN_LOGITS, TOKEN_POSITIONS
-from diffaccel.errors import ConfigError, ConfigValueError, DiffaccelError
-from diffaccel.placement import torch_dtype
-from diffaccel.validators import in_range, one_of, positive
+from diffaccel.contract.capabilities import MASK_CONFIDENCES, PINNED_TOKENS, TOKEN_LOGITS, TOKEN_POSITIONS
+from diffaccel.contract.errors import ConfigError, ConfigValueError, DiffaccelError
+from diffaccel.runtime.placement import torch_dtype
+from diffaccel.contract.validators import in_range, one_of, positive
 
 from . import commands, judge, measure, metrics
 from .tasks import mode as task_mode
 from .diffusion_gemma import BLOCK, BLOCK_CAPABILITIES, DiffusionGemmaPipeline, GemmaLayer
 from .diffusion_gemma_loading import precheck
-from .facts import check_options, text_facts
-from .loading import load_pipeline
+from .facts import check_options
+from .loading import load_pipeline, text_facts
 from .pipeline import SAMPLERS, TextDiffusionPipeline, TextLayer, TextOutput, run_capabilities
 
 #: Standard deviation of the logit perturbation whose effect is the agreement noise floor.
@@ -93,19 +93,20 @@ class TextAdapter:
     def accepts(pipe: Any) -> bool:
         return isinstance(pipe, (TextDiffusionPipeline, DiffusionGemmaPipeline))
 
-    @staticmethod
-    def attach(pipe: TextDiffusionPipeline, accelerator) -> None:  # or a DiffusionGemmaPipeline
+    @classmethod
+    def attach(cls, pipe: TextDiffusionPipeline, accelerator) -> None:  # or a DiffusionGemmaPipeline
+        pipe.adapter = cls.name  # the run reports name the adapter that drives it (a subclass: its own)
         pipe.accelerator = accelerator
 
     @staticmethod
     def detach(pipe: TextDiffusionPipeline) -> None:
         pipe.accelerator = None
 
-    @staticmethod
-    def info(pipe: TextDiffusionPipeline) -> dict[str, Any]:
+    @classmethod
+    def info(cls, pipe: TextDiffusionPipeline) -> dict[str, Any]:
         den = pipe.denoiser
         block = isinstance(pipe, DiffusionGemmaPipeline)
-        info = {"adapter": "text", "vocab_size": den.vocab_size, "n_layers": den.n_layers, "kind": den.kind,
+        info = {"adapter": cls.name, "vocab_size": den.vocab_size, "n_layers": den.n_layers, "kind": den.kind,
                 "max_len": den.max_len, "time_conditioned": den.time_conditioned,
                 "layers": [f"{'decoder' if block else 'block'}.{i}" for i in range(den.n_layers)],
                 "cond_dim": den.cond_dim, "tokenizer": pipe.tokenizer,
@@ -114,8 +115,8 @@ class TextAdapter:
             info.update(sampler=BLOCK, mask_id=None, canvas_length=pipe.canvas_length)
         return info
 
-    @staticmethod
-    def load(config) -> TextDiffusionPipeline:
+    @classmethod
+    def load(cls, config) -> TextDiffusionPipeline:
         opts, where = config.options, f"{config.source}: [model]"
         problem = precheck(config.model.checkpoint, opts.length, opts.sampler, opts.block_size, opts.temperature)
         if problem:  # a DiffusionGemma folder's options, checked before its weights load
@@ -128,22 +129,23 @@ class TextAdapter:
                 raise ConfigError(f"{where}: key 'prefix_cache': DiffusionGemma serves its finished blocks from its own exact "
                                   "cache; prefix_cache is the masked sampler's option")
             TextAdapter._check_block(pipe, config, where)
-            return pipe
-        check_options(config, pipe.kind, pipe.denoiser.max_len, pipe.denoiser.time_conditioned)
-        if opts.task:
-            try:
-                task_mode.check_model(task_mode.spec_of(opts), pipe.denoiser.max_len, config.model.checkpoint)
-            except ConfigValueError as exc:
-                raise ConfigError(f"{where}: {exc}") from None
+        else:
+            check_options(config, pipe.kind, pipe.denoiser.max_len, pipe.denoiser.time_conditioned)
+            if opts.task:
+                try:
+                    task_mode.check_model(task_mode.spec_of(opts), pipe.denoiser.max_len, config.model.checkpoint)
+                except ConfigValueError as exc:
+                    raise ConfigError(f"{where}: {exc}") from None
+        pipe.adapter = cls.name  # the run reports name the adapter that loaded it (a subclass: its own)
         return pipe
 
-    @staticmethod
-    def facts(config) -> dict[str, Any]:
+    @classmethod
+    def facts(cls, config) -> dict[str, Any]:
         """``info`` of the model ``config`` names, from its config files, without its weights; a
         DiffusionGemma checkpoint (facts from its generation config and canvas) is loaded as
         ``generate`` loads it, its own checks included."""
         info = text_facts(config)
-        return info if info is not None else TextAdapter.info(TextAdapter.load(config))
+        return {**(info if info is not None else cls.info(cls.load(config))), "adapter": cls.name}
 
     @staticmethod
     def _check_block(pipe: DiffusionGemmaPipeline, config, where: str) -> None:

@@ -1,6 +1,6 @@
 """Does the condition vector steer a conditional model? A held-out loss check, no sampling.
 
-For each held-out line of a conditions file (``diffaccel.conditions``' format, written by
+For each held-out line of a conditions file (``diffaccel.kit.conditions``' format, written by
 ``python -m diffaccel_bert_cond.conditions --lines-from`` over the lines of ``python -m
 diffaccel.adapters.text.corpus --split heldout``: lines neither training nor the bench's sources
 use), a sequence of ``--length`` tokens starts at the line and goes on with the lines after it.
@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from diffaccel.conditions import load
+from diffaccel.kit.conditions import load
 
 from .corpus import source_lines
 from .reference import SHIPPED, shipped_path

@@ -75,7 +75,7 @@ def heldout_lines() -> list[str]:
 
 
 def source_lines(split: str) -> list[str]:
-    """Lines to condition (``diffaccel.conditions``): WordNet's training lines (``train``), or the
+    """Lines to condition (``diffaccel.kit.conditions``): WordNet's training lines (``train``), or the
     held-out lines that the bench's sources (the last 10% of the shipped held-out file) are not
     drawn from (``heldout``)."""
     if split == "heldout":

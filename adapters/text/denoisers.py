@@ -5,8 +5,9 @@ time, on a subset of positions, with keys and values of the other positions cach
 ``condition`` -> ``embed`` -> ``block(i, ...)`` for each layer -> ``logits``.
 
 * ``ReferenceDenoiser``: the project's ``TextDiffusionLM`` (masked or continuous).
-* ``BertDenoiser``: any transformers BERT-family ``AutoModelForMaskedLM`` used as a masked
-  denoiser (MDLM-style, not time-conditioned).
+* ``BertDenoiser``: a transformers masked LM of BERT's layout (BERT, RoBERTa, XLM-RoBERTa, the
+  ELECTRA generator) used as a masked denoiser (MDLM-style, not time-conditioned); the other
+  encoder families are in ``encoders.py``.
 """
 
 from __future__ import annotations
@@ -100,8 +101,12 @@ class BertDenoiser:
         self.pos_offset = (base.embeddings.padding_idx + 1) if hasattr(base.embeddings, "padding_idx") else 0
         self.num_timesteps = 1000
         self.head = getattr(model, "cls", None) or getattr(model, "lm_head", None)
+        if self.head is None and hasattr(model, "generator_lm_head"):  # the ELECTRA generator's head
+            self.head = torch.nn.Sequential(model.generator_predictions, model.generator_lm_head)
         if self.head is None:
-            raise TypeError(f"{type(model).__name__} has no masked-LM head (cls or lm_head)")
+            raise TypeError(f"{type(model).__name__} has no masked-LM head (cls, lm_head or generator_lm_head)")
+        # ELECTRA with embeddings narrower than its layers projects them up
+        self.project = getattr(base, "embeddings_project", None)
 
     def condition(self, t, batch: int, cond=None):
         return None
@@ -112,6 +117,8 @@ class BertDenoiser:
         else:  # (1, T): the embeddings module wants a batch dimension
             ids, pos = x.reshape(-1)[positions.flat][None], positions.pos[None]
         h = self.base.embeddings(input_ids=ids, position_ids=pos + self.pos_offset, token_type_ids=torch.zeros_like(ids))
+        if self.project is not None:
+            h = self.project(h)
         return h if positions is None else h[0]
 
     def block(self, i: int, h, c, kv: KVCache, positions: Positions | None = None):

@@ -34,10 +34,10 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from diffaccel.capabilities import TOKEN_LOGITS, TOKEN_POSITIONS
-from diffaccel.sequence import RunSequence, StepModel
-from diffaccel.hygiene import deliberate
-from diffaccel.state import RunState
+from diffaccel.contract.capabilities import TOKEN_LOGITS, TOKEN_POSITIONS
+from diffaccel.runtime.sequence import RunSequence, StepModel
+from diffaccel.kit.hygiene import deliberate
+from diffaccel.contract.state import RunState
 
 from .logits import TopKLogits, most_probable
 from .diffusion_gemma_layers import GemmaLayer, _Block, _GemmaContext, decoder_layer, softcap
@@ -158,7 +158,7 @@ class DiffusionGemmaPipeline:
             torch.manual_seed(seed)
             if accel is None and not logit_noise:  # untouched: transformers' own loop
                 out = self.model.generate(input_ids, **kw)
-                seqs, report = out.sequences, {"adapter": "text", "steps_run": None, "counters": {}, "strategies": {}}
+                seqs, report = out.sequences, {"adapter": getattr(self, "adapter", None) or "text", "steps_run": None, "counters": {}, "strategies": {}}
             else:
                 seqs, report = self._hooked(input_ids, kw, seed, accel, logit_noise, progress, temperature)
         P = input_ids.shape[1]
@@ -193,7 +193,7 @@ class DiffusionGemmaPipeline:
         stopping = model._prepare_ar_stopping_criteria(gc, None)
         adaptive = model._prepare_diffusion_stopping_criteria(gc)
 
-        run = RunState(adapter="text", num_steps=n_blocks * steps, batch_size=B, capabilities=BLOCK_CAPABILITIES)
+        run = RunState(adapter=getattr(self, "adapter", None) or "text", num_steps=n_blocks * steps, batch_size=B, capabilities=BLOCK_CAPABILITIES)
         run.info.set(checkpoint=self.name, seeds=[seed] * B, temperature=temperature, length=C, vocab_size=self.vocab_size, kind=BLOCK,
                         sampler=BLOCK, time_conditioned=False, n_layers=self.n_layers, tokenizer=self.tokenizer,
                         prompt_lengths=[0] * B, cond_dim=0, canvas_length=C, blocks=n_blocks, pins=False,

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from diffaccel.state import Layer, RunState
+from diffaccel.contract.state import Layer, RunState
 
 from .positions import Positions
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from diffaccel.errors import ModelLoadError
+from diffaccel.contract.errors import ModelLoadError
 
 from ..checkpoints import check_loading_info, check_vocab, precheck_folder, quiet_loading
 from .diffusion_gemma import BLOCK, DiffusionGemmaPipeline, _block_options

@@ -171,7 +171,7 @@ def load(checkpoint: Path):
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from diffaccel.errors import ModelLoadError
+    from diffaccel.contract.errors import ModelLoadError
 
     p = argparse.ArgumentParser(prog="python -m diffaccel.adapters.text.dlm_eval", description=__doc__.split("\n\n")[0])
     p.add_argument("checkpoint", type=Path, help="a smollm2-dlm delta folder, a training run folder (state.pt) or a snapshot .pt")

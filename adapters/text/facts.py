@@ -1,35 +1,17 @@
-"""The text adapter's model facts without the weights (``TextAdapter.facts``, for ``diffaccel check``),
-and the rule that checks the ``[model]`` options against a model's facts (at load and in check).
+"""The rule that checks the ``[model]`` options against a model's facts (at load and in check);
+the facts themselves, without the weights, are ``loading.text_facts``.
 
-The same keys as ``TextAdapter.info(pipe)`` (but the tokenizer object), from the facts the
-checkpoint's loader reads from its config files (``loading.model_facts``): the reference models'
-config.json, a LLaMA/Qwen2-class or BERT-family config.json (through transformers' config
-classes, no weights), the synthetic models' specs. Where ``load`` would refuse the checkpoint
-(missing folder, hub id offline), this refuses it with the same line.
+It imports no model kind: the kinds (``modernbert`` through ``protocol``) import this rule.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from diffaccel.errors import ConfigError
+from diffaccel.contract.errors import ConfigError
 
 from .diffusion_gemma import BLOCK
-from .loading import model_facts
-from .pipeline import run_capabilities
 
 
-def text_facts(config: Any) -> dict[str, Any] | None:
-    """``info`` of the text model ``config`` names, without loading its weights; the
-    ``[model]`` options are checked against them as ``load`` checks them. None where the facts
-    need the model (DiffusionGemma)."""
-    f = model_facts(config.model.checkpoint, config.model.allow_pickle)
-    if f is None:
-        return None
-    check_options(config, f.kind, f.max_len, f.time_conditioned)
-    return {"adapter": "text", "vocab_size": f.vocab_size, "n_layers": f.n_layers, "kind": f.kind, "max_len": f.max_len,
-            "time_conditioned": f.time_conditioned, "layers": [f"block.{i}" for i in range(f.n_layers)], "cond_dim": f.cond_dim,
-            "capabilities": sorted(run_capabilities("masked" if f.kind == "masked" else "hybrid"))}
+__all__ = ["check_options"]
 
 
 def check_options(config, kind: str, max_len: int, time_conditioned: bool) -> None:

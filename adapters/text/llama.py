@@ -53,7 +53,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from diffaccel.errors import ModelLoadError
+from diffaccel.contract.errors import ModelLoadError
 
 from ..checkpoints import check_vocab, folder_weights, match_state, read_tensors
 from .loader import Loaded, ModelFacts, Source

@@ -10,7 +10,11 @@ from typing import Any, Protocol
 
 import attrs
 
-from diffaccel.errors import ModelLoadError
+from diffaccel.contract.errors import ModelLoadError
+
+
+KINDS_GROUP = "diffaccel.text_models"
+"""The entry-point group of third-party text model kinds (each names a ``Loader``)."""
 
 
 def first_line(exc: BaseException, limit: int | None = None) -> str:
@@ -28,6 +32,10 @@ class Source:
     allow_pickle: bool = False
     known: tuple[str, ...] = ()
     """Every name a loader answers to (for the message when nothing matches)."""
+    families: tuple[str, ...] = ()
+    """The masked-LM families (``model_type``) that the other loaders run, shipped or installed
+    (``Loader.model_types``): listed where the catch-all refuses a family. Filled by
+    ``loading.source`` so that no loader needs to ask for the others."""
     _config: dict[str, Any] | None = attrs.field(default=None, init=False)
 
     @property
@@ -85,6 +93,9 @@ class Loaded:
     """The weights' file or folder (or hub id), as the finite check's error names it."""
     pipeline: type | None = None
     """The pipeline class, when not ``TextDiffusionPipeline``; built as ``pipeline(denoiser, tokenizer, name=name)``."""
+    model_kind: str | None = None
+    """The model kind named in run reports (``report["model"]``); None: the entry-point name of
+    a third-party kind, nothing for the shipped loaders."""
 
 
 @attrs.frozen
@@ -100,10 +111,20 @@ class ModelFacts:
 
 
 class Loader(Protocol):
+    """A text model kind's loader (``loading.py``'s docstring says how the dispatch asks them)."""
+
     names: tuple[str, ...]
+    """Checkpoint names it answers to without a folder (may be empty)."""
 
-    def recognises(self, source: Source) -> bool: ...
+    def recognises(self, source: Source) -> bool:
+        """Whether this kind runs ``source`` (from ``source.checkpoint``, ``.path``, ``.config()``)."""
 
-    def load(self, source: Source) -> Loaded: ...
+    def load(self, source: Source) -> Loaded:
+        """The loaded components; one-line ``ModelLoadError`` for what it cannot run."""
 
-    def facts(self, source: Source) -> ModelFacts | None: ...
+    def facts(self, source: Source) -> ModelFacts | None:
+        """The model's facts from its config files, no weights; refuses what ``load`` refuses,
+        with the same line (None: the facts need the model)."""
+
+
+__all__ = ["KINDS_GROUP", "Loaded", "Loader", "ModelFacts", "Source", "first_line"]

@@ -9,10 +9,10 @@ from typing import Any
 
 import torch
 
-from diffaccel.state import RunState, StepPlan
+from diffaccel.contract.state import RunState, StepPlan
 
 from . import metrics
-from diffaccel.sequence import NULL
+from diffaccel.runtime.sequence import NULL
 
 from .judge import judge_lines
 from .pipeline import _RunContext

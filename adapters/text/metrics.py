@@ -15,7 +15,7 @@ from functools import lru_cache
 
 import torch
 
-from diffaccel.words import words
+from diffaccel.kit.words import words
 
 from .corpus import heldout_lines
 

@@ -27,6 +27,9 @@ from torch import nn
 
 from .positions import Positions
 
+__all__ = ["SCHEDULES", "Block", "KVCache", "TextDiffusionConfig", "TextDiffusionLM", "alphas_cumprod", "apply_rope",
+           "attend_positions", "mask_rate", "rope_tables", "timestep_embedding", "write_positions"]
+
 SCHEDULES = ("linear", "cosine", "scaled-linear")
 
 
@@ -117,7 +120,13 @@ def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
 # ---- the network --------------------------------------------------------------------------
 
 class KVCache:
-    """Keys and values of one layer for every position, refreshed where the layer last ran."""
+    """Keys and values of one layer for every position, refreshed where the layer last ran.
+
+    ``k`` and ``v`` are (B, Hkv, N, dh) each (None before the first step). A denoiser's full
+    ``block`` call sets both (a view of its projection is fine); a partial call writes its
+    positions' rows in place (``attend_positions`` does, and makes them contiguous once). The
+    pipeline keeps one per layer for a generation and writes a finished prefix into them
+    (``prefix_cache``), so the layout is part of the protocol."""
 
     __slots__ = ("k", "v")
 
@@ -126,15 +135,11 @@ class KVCache:
         self.v: torch.Tensor | None = None
 
 
-def attend_positions(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache, sel: Positions,
-                     scale: float | None = None) -> torch.Tensor:
-    """Attention for the T positions ``sel`` of a partial step: their keys and values ``k``, ``v``
-    (T, Hkv, dh) are written into ``kv`` (B, Hkv, N, dh each) in place, one ``index_copy_`` per tensor,
-    and their queries ``q`` (T, H, dh) attend over every position of their row. Returns (T, H * dh).
-    Queries are padded to the longest row for the one attention call only; rows with no
-    position (finished rows) are not in it."""
-    T, H, dh = q.shape
-    Hkv = k.shape[1]  # fewer than H with grouped-query attention: each serves H / Hkv query heads
+def write_positions(k: torch.Tensor, v: torch.Tensor, kv: KVCache, sel: Positions) -> None:
+    """Write the keys and values ``k``, ``v`` (T, Hkv, dh) of the T positions ``sel`` into ``kv``
+    (B, Hkv, N, dh each) in place, one ``index_copy_`` per tensor: the cache duty of a partial
+    step whose attention is not ``attend_positions``' (an additive bias: DeBERTa)."""
+    T, Hkv, dh = k.shape
     # a full step leaves the values as a strided view of its qkv product: make them one block once
     if not kv.k.is_contiguous():
         kv.k = kv.k.contiguous()
@@ -143,8 +148,27 @@ def attend_positions(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCa
     rows = sel.kv_index(Hkv)
     kv.k.view(-1, dh).index_copy_(0, rows, k.reshape(T * Hkv, dh))
     kv.v.view(-1, dh).index_copy_(0, rows, v.reshape(T * Hkv, dh))
+
+
+def attend_positions(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache, sel: Positions,
+                     scale: float | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention for the T positions ``sel`` of a partial step: their keys and values ``k``, ``v``
+    (T, Hkv, dh) are written into ``kv`` (B, Hkv, N, dh each) in place, one ``index_copy_`` per tensor,
+    and their queries ``q`` (T, H, dh) attend over every position of their row. Returns (T, H * dh).
+    Queries are padded to the longest row for the one attention call only; rows with no
+    position (finished rows) are not in it.
+
+    ``mask``: which keys each query position may attend to, a (N, N) bool tensor indexed
+    [query position, key position] (True: attend), the same the full step passes to its own
+    attention (a sliding window: ``(i - j).abs() <= w``); None: every position."""
+    T, H, dh = q.shape
+    Hkv = k.shape[1]  # fewer than H with grouped-query attention: each serves H / Hkv query heads
+    write_positions(k, v, kv, sel)
+    allowed = None
+    if mask is not None:  # each query's row of the mask; padded queries may attend anywhere (no NaN)
+        allowed = (~sel.pad(~mask.index_select(0, sel.pos)))[:, None]  # (L, 1, M, N)
     a = F.scaled_dot_product_attention(sel.pad(q).transpose(1, 2), sel.live_rows(kv.k), sel.live_rows(kv.v), scale=scale,
-                                       enable_gqa=Hkv != H)  # (L, H, M, dh)
+                                       attn_mask=allowed, enable_gqa=Hkv != H)  # (L, H, M, dh)
     return sel.unpad(a.transpose(1, 2)).reshape(T, H * dh)
 
 

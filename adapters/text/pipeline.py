@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from diffaccel.capabilities import MASK_CONFIDENCES, PINNED_TOKENS, TOKEN_LOGITS, TOKEN_POSITIONS
-from diffaccel.sequence import RunSequence, StepModel
-from diffaccel.state import RunState
+from diffaccel.contract.capabilities import MASK_CONFIDENCES, PINNED_TOKENS, TOKEN_LOGITS, TOKEN_POSITIONS
+from diffaccel.runtime.sequence import RunSequence, StepModel
+from diffaccel.contract.state import RunState
 
 from .logits import CdfCache, TopKLogits, clean_estimate, draw, most_probable
 from .model import KVCache
@@ -161,6 +161,14 @@ class _TextStep(StepModel):
 
 class TextDiffusionPipeline:
     """Generate text with a diffusion LM. ``pipe(prompt, length=128, steps=128, seed=0)``."""
+
+    adapter: str | None = None
+    """The adapter that loaded or attached this pipeline (``TextAdapter`` and its subclasses set
+    their own name), named in run reports (None: ``text``) and preferred by ``diffaccel.apply``."""
+
+    model_kind: str | None = None
+    """The text model kind that loaded the denoiser (``loading.load_pipeline`` sets it), named in
+    run reports as ``report["model"]``."""
 
     def __init__(self, denoiser, tokenizer, name: str = "text"):
         self.denoiser = denoiser
@@ -317,15 +325,19 @@ class TextDiffusionPipeline:
         if len(prompts) != batch:
             batch = len(prompts)
         prompt_ids = [tok.encode(p) if p else [] for p in prompts]
-        if any(len(p) >= length for p in prompt_ids):
-            raise ValueError(f"a prompt fills all {length} positions; use a longer length")
+        longest = max((len(p) for p in prompt_ids), default=0)
+        if longest >= length:
+            exc = ValueError(f"a prompt fills all {length} positions (it is {longest} tokens); use a length of at least {longest + 1}")
+            exc.key = "length"  # type: ignore[attr-defined]  # the option to change: serve names its field (max_tokens)
+            raise exc
         if seeds is not None and len(seeds) != batch:
             raise ValueError(f"seeds: {len(seeds)} given for {batch} rows")
         seeds = list(seeds) if seeds is not None else [seed + r for r in range(batch)]
         gens = [torch.Generator().manual_seed(row_seed(s)) for s in seeds]
         self._logit_noise = logit_noise
         self._noise_gen = torch.Generator().manual_seed(10_000_019 + seed)
-        run = RunState(adapter="text", num_steps=steps, batch_size=batch, capabilities=run_capabilities(sampler))
+        run = RunState(adapter=self.adapter or "text", num_steps=steps, batch_size=batch, capabilities=run_capabilities(sampler),
+                       model=self.model_kind)
         run.info.set(checkpoint=self.name, seeds=seeds, temperature=temperature, length=length, vocab_size=den.vocab_size, kind=den.kind, sampler=sampler,
                         time_conditioned=den.time_conditioned, n_layers=den.n_layers,
                         tokenizer=tok, prompt_lengths=[len(p) for p in prompt_ids], cond_dim=den.cond_dim,

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+__all__ = ["Positions"]
+
 
 class Positions:
     """T (row, position) pairs of a (B, N) batch, row-major. Built once per step (or per layer,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from diffaccel.errors import ModelLoadError
+from diffaccel.contract.errors import ModelLoadError
 
 from ..checkpoints import check_vocab, folder_weights, match_state, read_tensors
 from .denoisers import ReferenceDenoiser

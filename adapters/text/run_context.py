@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from diffaccel.state import Layer, RunState
+from diffaccel.contract.state import Layer, RunState
 
 from .model import KVCache
 from .positions import Positions

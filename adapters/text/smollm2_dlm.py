@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from diffaccel.errors import ModelLoadError
+from diffaccel.contract.errors import ModelLoadError
 
 from .loader import Loaded, ModelFacts, Source
 

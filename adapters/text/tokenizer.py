@@ -24,6 +24,9 @@ def train_tokenizer(lines: list[str], vocab_size: int = 4096) -> Tokenizer:
     return tok
 
 
+__all__ = ["HFTokenizer", "TextTokenizer", "train_tokenizer"]
+
+
 class TextTokenizer:
     """Thin wrapper: ids <-> text, with the special ids the samplers need."""
 
@@ -66,7 +69,9 @@ class TextTokenizer:
 
 
 class HFTokenizer:
-    """A transformers tokenizer behind the small interface the pipeline uses."""
+    """A transformers tokenizer behind the small interface the pipeline uses: ``encode(text) ->
+    list[int]`` (no special tokens added), ``decode(ids) -> str`` (special tokens dropped), and
+    ``mask_id``, ``vocab_size`` (added tokens included), ``special_ids``."""
 
     def __init__(self, tok):
         self.tok = tok

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
-from diffaccel.conditions import load as load_conditions
+from diffaccel.kit.conditions import load as load_conditions
 
 from .corpus import read_wordnet, write_lines
 from .model import TextDiffusionConfig, TextDiffusionLM, mask_rate
@@ -67,7 +67,7 @@ class TrainConfig:
     """Continue from this checkpoint (a folder or a shipped model name): its weights, architecture
     and tokenizer; a condition projection it lacks starts at zero, so step 0 is that model."""
     conditions: str | None = None
-    """Masked models: a file of per-line condition vectors (``diffaccel.conditions``' format,
+    """Masked models: a file of per-line condition vectors (``diffaccel.kit.conditions``' format,
     written by ``python -m diffaccel_bert_cond.conditions``); every sequence then starts at a
     conditioned line and the model learns cond_dim = the vectors' size, fed to its per-block condition gating."""
     cond_dropout: float = 0.15

@@ -11,7 +11,8 @@ Checkpoints (``[model] checkpoint``):
   ``StableDiffusionPipeline.from_pretrained``.
 
 Peers (``[[peer]]`` tables, run by ``diffaccel bench`` beside the strategies): ``deepcache``,
-DeepCache 0.1.1's ``DeepCacheSDHelper`` applied to the same pipeline.
+DeepCache 0.1.1's ``DeepCacheSDHelper`` applied to the same pipeline; ``steps``, the same
+pipeline at fewer steps or under another scheduler (``diffusers_peers``).
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ import torch
 from diffusers import DiffusionPipeline, UNet2DConditionModel
 from PIL import Image
 
-from diffaccel.errors import DiffaccelError, ModelLoadError
+from diffaccel.contract.errors import DiffaccelError, ModelLoadError
 
+from .. import diffusers_peers
 from ..checkpoints import quiet_loading
 from ..diffusers_pipelines import (  # noqa: F401 - check_pipeline: importable from here as before
     ImageOutput, PipelineSource, check_pipeline, load_for_config, load_pipeline, run_pipeline)
@@ -37,7 +39,7 @@ from ..digits import class_accuracy, classify
 from . import commands, hooks
 from .loading import ASSETS, SHIPPED, SOURCE, load_checkpoint  # noqa: F401 - ASSETS, load_checkpoint: importable from here as before
 from .metrics import psnr_per_image, ssim_per_image
-from .options import SCHEDULERS, DeepCachePeer, UNetOptions, UNetSpec  # noqa: F401 - importable from here as before
+from .options import SCHEDULERS, DeepCachePeer, StepsPeer, UNetOptions, UNetSpec  # noqa: F401 - importable from here as before
 from .synthetic import SYNTHETIC, build
 
 
@@ -60,7 +62,7 @@ class UNetAdapter:
     Options = UNetSpec.Options
     capabilities = hooks.CAPABILITIES
     diffaccel_register_commands = staticmethod(commands.diffaccel_register_commands)  # diffaccel train digits
-    PEERS = {"deepcache": DeepCachePeer}
+    PEERS = {"deepcache": DeepCachePeer, "steps": StepsPeer}
     layer_types = (hooks.UNetBlock,)
     output_suffix = UNetSpec.output_suffix
     """``generate`` writes one PNG grid: ``--out`` must end in .png (default ``<config name>.png``)."""
@@ -209,9 +211,15 @@ class UNetAdapter:
         return q
 
     # -- peers ------------------------------------------------------------------------------------
+    peer_run_config = staticmethod(diffusers_peers.run_config)
+    solver_peers = staticmethod(diffusers_peers.solver_peers)
+    variant_peer = staticmethod(diffusers_peers.variant_peer)
+
     @staticmethod
     def peer_name(entry) -> str:
         c = entry.config
+        if isinstance(c, StepsPeer):
+            return diffusers_peers.peer_name(c)
         if c.name:
             return c.name
         return f"deepcache-i{c.cache_interval}" + (f"-b{c.cache_branch_id}" if c.cache_branch_id else "")
@@ -219,7 +227,11 @@ class UNetAdapter:
     @staticmethod
     @contextmanager
     def peer_context(pipe, peer):
-        """Apply a peer accelerator (a ``DeepCachePeer``) to ``pipe`` for a ``with`` block."""
+        """Apply a peer accelerator (a ``DeepCachePeer``, or a ``StepsPeer``'s scheduler) to ``pipe`` for a ``with`` block."""
+        if isinstance(peer, StepsPeer):
+            with diffusers_peers.steps_context(pipe, peer):
+                yield pipe
+            return
         if not isinstance(peer, DeepCachePeer):
             raise DiffaccelError(f"unet adapter: unknown peer {type(peer).__name__}")
         try:

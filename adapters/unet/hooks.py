@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from diffaccel.capabilities import BLOCK_STACK, BLOCK_TAIL, GUIDANCE_BRANCHES, INNER_MODULES, SPATIAL_FEATURES
+from diffaccel.contract.capabilities import BLOCK_STACK, BLOCK_TAIL, GUIDANCE_BRANCHES, INNER_MODULES, SPATIAL_FEATURES
 
 from .. import diffusers_hooks as _shared
 from ..diffusers_hooks import (  # noqa: F401 - the shared machinery, under its old names here too
@@ -50,7 +50,7 @@ from ..diffusers_hooks import (  # noqa: F401 - the shared machinery, under its 
 from . import tail
 
 CAPABILITIES = frozenset({BLOCK_STACK, BLOCK_TAIL, SPATIAL_FEATURES, INNER_MODULES, GUIDANCE_BRANCHES})
-"""What the UNet adapter offers strategies (``diffaccel.capabilities``)."""
+"""What the UNet adapter offers strategies (``diffaccel.contract.capabilities``)."""
 
 
 def depth_of(name: str, n_down: int) -> int:

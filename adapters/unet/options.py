@@ -2,16 +2,16 @@
 
 This module imports attrs and the core's validators only (no torch, no diffusers): the command
 line reads it through the ``diffaccel.adapters.options`` entry point to check a config's options
-and ``--out`` before the adapter, and with it diffusers, is imported (``diffaccel.adapters_registry``).
+and ``--out`` before the adapter, and with it diffusers, is imported (``diffaccel.runtime.adapters_registry``).
 """
 
 from __future__ import annotations
 
 import attrs
 
-from diffaccel.validators import in_range, non_negative, one_of, positive
+from diffaccel.contract.validators import in_range, non_negative, one_of, positive
 
-SCHEDULERS = ("ddim", "checkpoint")
+from ..diffusers_schedulers import SCHEDULERS, StepsPeer  # noqa: F401 - StepsPeer: importable from here too
 
 
 @attrs.frozen(kw_only=True)
@@ -27,7 +27,8 @@ class UNetOptions:
     negative_prompt: str | None = None
     """Prompt of the unconditional branch (Stable Diffusion pipelines only; default: empty)."""
     scheduler: str = attrs.field(default="ddim", validator=one_of(SCHEDULERS))
-    """ddim (DDIM, eta 0, from the checkpoint's noise schedule) or checkpoint (the scheduler it ships)."""
+    """ddim (DDIM, eta 0), dpm++2m (DPM-Solver++ 2M), unipc (UniPC) or euler (Euler), each built from the checkpoint's
+    noise schedule and prediction type, or checkpoint (the scheduler it ships)."""
     eta: float = attrs.field(default=0.0, validator=in_range(0.0, 1.0))
     """DDIM eta: 0 is deterministic DDIM, 1 is DDPM-like noise."""
     grid_columns: int = attrs.field(default=8, validator=positive)

@@ -27,7 +27,17 @@ small: a few steps, a tiny model):
   no skip, every layer call computed in full (``positions_computed == positions_total``), a
   whole number of passes over ``info(pipe)["layers"]`` per step;
 * ``commit`` (adapters declaring ``mask-confidences``): a strategy committing every candidate at
-  step 0 ends the run in fewer steps than configured.
+  step 0 ends the run in fewer steps than configured;
+* ``partial`` (layers with ``supports_positions``): at step 1, each such layer computed on part of
+  its positions (a ragged (B, N) mask: different positions in each row) equals the same layer
+  computed in full at those positions, to the dtype's tolerance (``PARTIAL_TOLERANCE``), and keeps
+  its full output elsewhere; an adapter whose partial path drops a mask (a sliding window) or
+  returns something else fails here, though its full runs are right;
+* ``facts`` (adapters with ``facts``): ``facts(config)`` agrees with ``info(pipe)`` on ``layers``
+  and ``n_layers``, and refuses what ``load`` refuses: for a config naming a checkpoint folder
+  that does not exist, and for each config of ``refused`` (configs ``load`` must refuse), both
+  raise, with the same line;
+* ``name``: the report names the adapter that ran (``report["adapter"] == adapter.name``).
 
 A failure raises ``AssertionError`` naming the check and what differed.
 """
@@ -39,13 +49,16 @@ from typing import Any
 
 import attrs
 
-from . import capabilities as caps
-from .accelerator import apply
-from .guard import GuardConfig
-from .plugins import hookimpl
-from .state import Layer
+from .conformance_checks import PARTIAL_TOLERANCE, check_facts, check_partial  # the model-level checks
+from .contract import capabilities as caps
+from .contract.state import Layer
+from .runtime.accelerator import apply
+from .runtime.guard import GuardConfig
+from .runtime.registry import hookimpl
 
-CHECKS = ("idle", "order", "stop", "state", "guards", "report", "commit")
+__all__ = ["CHECKS", "PARTIAL_TOLERANCE", "check_adapter", "same_output"]
+
+CHECKS = ("idle", "order", "stop", "state", "guards", "report", "commit", "partial", "facts", "name")
 """Every check ``check_adapter`` runs (``skip`` takes names from here)."""
 
 
@@ -216,10 +229,13 @@ def _fail(check: str, what: str) -> None:
     raise AssertionError(f"adapter conformance, {check}: {what}")
 
 
-def check_adapter(adapter: Any, pipe: Any, config: Any, *, seed: int = 0, skip: Iterable[str] = ()) -> list[str]:
+def check_adapter(adapter: Any, pipe: Any, config: Any, *, seed: int = 0, skip: Iterable[str] = (),
+                  refused: Iterable[Any] = ()) -> list[str]:
     """Run the conformance checks of ``adapter`` on ``pipe`` loaded for ``config`` (a
-    ``RunConfig`` without strategies; keep it small). Returns the checks that ran; raises
-    ``AssertionError`` naming the first that failed."""
+    ``RunConfig`` without strategies; keep it small). ``refused``: configs that ``load`` must
+    refuse (a model family the adapter cannot run, an option the model does not fit), for the
+    ``facts`` check. Returns the checks that ran; raises ``AssertionError`` naming the first
+    that failed."""
     skip = set(skip)
     unknown = skip - set(CHECKS)
     if unknown:
@@ -229,6 +245,7 @@ def check_adapter(adapter: Any, pipe: Any, config: Any, *, seed: int = 0, skip: 
     layers = list(info.get("layers", ()))
     offered = set(info.get("capabilities", adapter.capabilities))
     ran: list[str] = []
+    handed: list[Any] | None = None  # the layers a recorded run was handed
 
     def run(strategies=None, guard=None):
         if strategies is None and guard is None:
@@ -251,7 +268,7 @@ def check_adapter(adapter: Any, pipe: Any, config: Any, *, seed: int = 0, skip: 
         rec = _Recorder()
         out = run(strategies=[rec])
         steps = out.report["steps_run"]
-        log = rec.log
+        log, handed = rec.log, rec.layers
         if "order" not in skip:
             if not same_output(plain, out):
                 _fail("order", "a strategy that only records hooks changed the output")
@@ -343,4 +360,30 @@ def check_adapter(adapter: Any, pipe: Any, config: Any, *, seed: int = 0, skip: 
         if out.report["steps_run"] >= plain.report["steps_run"]:
             _fail("commit", f"committing every candidate at step 0 still took {out.report['steps_run']} steps")
         ran.append("commit")
+
+    if "partial" not in skip and any(getattr(layer, "supports_positions", False)
+                                      for layer in (handed if handed is not None else _layers_of(run))):
+        check_partial(run, layers)
+        ran.append("partial")
+
+    if "facts" not in skip and callable(getattr(adapter, "facts", None)):
+        import tempfile
+        from pathlib import Path
+
+        with tempfile.TemporaryDirectory() as where:
+            check_facts(adapter, cfg, info, list(refused), Path(where))
+        ran.append("facts")
+
+    if "name" not in skip:
+        if plain.report.get("adapter") != adapter.name:
+            _fail("name", f"the report names adapter {plain.report.get('adapter')!r}, but {adapter.name!r} ran: "
+                          "RunState(adapter=...) must be the adapter's name")
+        ran.append("name")
     return ran
+
+
+def _layers_of(run) -> list[Any]:
+    """The layers one run with a recording strategy is handed."""
+    rec = _Recorder()
+    run(strategies=[rec])
+    return rec.layers

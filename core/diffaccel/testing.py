@@ -5,13 +5,17 @@
 Tiny random models belong to their adapters (the core names none):
 ``diffaccel.adapters.text.testing`` (``tiny_text_pipeline``, ``CharTokenizer``, the
 ``tiny_text_pipe`` fixture) and ``diffaccel.adapters.unet.testing`` (``tiny_digits_pipeline``).
+They lived here until 0.1: the old names still work until 0.3.0, with a ``DeprecationWarning``
+naming the new place (``MOVED``; CHANGELOG.md's rule for the plugin API).
 """
 
 from __future__ import annotations
 
+import importlib
 import shutil
 import subprocess
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -44,3 +48,30 @@ def install_distribution(tmp_path_factory):
         return target
 
     return install
+
+
+MOVED = {"tiny_text_pipeline": "diffaccel.adapters.text.testing", "CharTokenizer": "diffaccel.adapters.text.testing",
+         "tiny_digits_pipeline": "diffaccel.adapters.unet.testing"}
+"""Names that moved to their adapter's ``testing`` module, by the module they are in now."""
+
+
+def _moved(name: str, stacklevel: int) -> Any:
+    where = MOVED[name]
+    warnings.warn(f"diffaccel.testing.{name} moved to {where}.{name}; import it from there "
+                  "(the old name is removed in 0.3.0)", DeprecationWarning, stacklevel=stacklevel + 1)
+    # imported by its name when asked for: the core imports no adapter (the layer contract)
+    return getattr(importlib.import_module(where), name)
+
+
+def __getattr__(name: str) -> Any:
+    """``from diffaccel.testing import tiny_text_pipeline`` (the 0.1 place), with a warning."""
+    if name in MOVED:
+        return _moved(name, stacklevel=2)
+    raise AttributeError(f"module 'diffaccel.testing' has no attribute '{name}'")
+
+
+@pytest.fixture
+def tiny_text_pipe():
+    """Deprecated here (``pytest_plugins = ["diffaccel.adapters.text.testing"]`` has it): the tiny
+    random masked text pipeline. Where both modules are plugins, the later one's fixture is used."""
+    return _moved("tiny_text_pipeline", stacklevel=2)("masked")

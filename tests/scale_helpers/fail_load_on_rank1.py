@@ -5,8 +5,8 @@ import os
 import sys
 
 from diffaccel.adapters.text.adapter import TextAdapter
-from diffaccel.cli import main
-from diffaccel.errors import ModelLoadError
+from diffaccel.cli.entry import main
+from diffaccel.contract.errors import ModelLoadError
 
 real_load = TextAdapter.load
 

@@ -13,7 +13,7 @@ import attrs
 
 from . import GRIDS, TASKS, PromptError, TaskSpec, task_spec
 from .evaluate import generated_lines
-from diffaccel.errors import ConfigValueError
+from diffaccel.contract.errors import ConfigValueError
 
 
 def spec_of(options) -> TaskSpec:

@@ -9,12 +9,13 @@ diffaccel.serve.loadtest``.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import re
 import sys
 from typing import Any
 
-from ..errors import ConfigError, DiffaccelError
+from ..contract.errors import ConfigError, DiffaccelError
 
 PRESET = re.compile(r"^([A-Za-z0-9_.-]+)=(.+)$")
 
@@ -35,7 +36,29 @@ def check_args(args: Any) -> dict[str, str]:
         if m.group(1) in presets:
             raise ConfigError(f"--preset {spec}: preset '{m.group(1)}' given twice")
         presets[m.group(1)] = m.group(2)
+    check_address(args.host, args.port)
     return presets
+
+
+def check_address(host: str, port: int) -> None:
+    """``ConfigError`` if the server could not listen on ``host:port``: found by binding a socket
+    the way uvicorn will (``SO_REUSEADDR``), before the model loads (uvicorn would find it only
+    after, and exit 3 with its own message). Port 0 (any free port) is always possible."""
+    import socket
+
+    if port == 0:
+        return
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as exc:
+        raise ConfigError(f"--host {host}: not an address this machine can listen on ({exc.strerror})") from None
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(addr)
+        except OSError as exc:
+            why = "already in use (another server is listening there)" if exc.errno == errno.EADDRINUSE else exc.strerror
+            raise ConfigError(f"--port {port}: cannot listen on {host}:{port}: {why}; choose another --port") from None
 
 
 def _missing_extra() -> str | None:
@@ -58,7 +81,7 @@ def main(args: Any) -> int:
     from .app import create_app
     from .engine import Engine
 
-    engine = Engine(args.config, presets, batch_inexact=args.batch_inexact)
+    engine = Engine(args.config, presets, batch_inexact=args.batch_inexact, max_batch=args.max_batch)
     app = create_app(engine, max_batch=args.max_batch, window_s=args.batch_window_ms / 1000, queue=args.queue)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.log_level == "debug",
                             timeout_graceful_shutdown=args.shutdown_timeout, lifespan="on")

@@ -4,7 +4,8 @@
   ``seed``, ``max_tokens`` (the sample's ``length``, prompt included, as ``generate`` counts it),
   ``temperature``; diffaccel's own knobs in one extra object ``diffaccel: {"steps": N,
   "preset": "name"}``. Each choice's ``text`` is the row's whole text, prompt included, exactly as
-  ``diffaccel generate`` prints it.
+  ``diffaccel generate`` prints it; ``usage`` counts the prompt's tokens and the positions generated
+  past it (all choices).
 * ``POST /v1/images/generations`` (image models): ``prompt``, ``n``, ``seed``, ``response_format``
   (``b64_json``: a PNG), ``size`` (only the served size), ``diffaccel`` as above.
 * ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus text format).
@@ -35,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from .batcher import Batcher, Job
-from .engine import NO_STRATEGIES, Engine, RequestError, Work
+from .engine import FIELDS, NO_STRATEGIES, Engine, RequestError, Work
 from .metrics import Metrics
 
 MAX_SEED = 2**63 - 1
@@ -144,7 +145,8 @@ def create_app(engine: Engine, *, max_batch: int, window_s: float, queue: int) -
         rows = job.future.result()
         choices = [{"index": i, "text": t, "logprobs": None, "finish_reason": "length"} for i, t in enumerate(rows.texts())]
         return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-                "model": engine.model_id, "choices": choices, "diffaccel": _extra(job, rows.report, seconds)}
+                "model": engine.model_id, "choices": choices, "usage": _usage(rows.token_counts()),
+                "diffaccel": _extra(job, rows.report, seconds)}
 
     @app.post("/v1/images/generations")
     async def images(body: ImageRequest, request: Request):
@@ -192,7 +194,7 @@ async def _submit(request: Request, batcher: Batcher, engine: Engine, kind: str,
         engine.check_keys(model, options)
     except ValueError as exc:
         key = getattr(exc, "key", None)
-        field = {"length": "max_tokens", "temperature": "temperature", "steps": "diffaccel.steps"}.get(key, key)
+        field = FIELDS.get(key, key)
         raise RequestError(400, f"{field}: {getattr(exc, 'message', exc)}", "invalid_request_error", param=field) from None
     seed = engine.config.model.seed if seed is None else seed
     if seed + n - 1 > MAX_SEED:
@@ -222,6 +224,15 @@ async def _disconnected(request: Request) -> None:
         message = await request.receive()
         if message["type"] == "http.disconnect":
             return
+
+
+def _usage(counts: tuple[int, int] | None) -> dict[str, int] | None:
+    """OpenAI's ``usage``: the prompt's tokens (once, as OpenAI counts them for ``n`` choices) and
+    the tokens generated over all choices (docs/serve.md says what they cost a diffusion model)."""
+    if counts is None:
+        return None
+    prompt, generated = counts
+    return {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated}
 
 
 def _extra(job: Job, report: dict[str, Any], seconds: float) -> dict[str, Any]:

@@ -224,6 +224,16 @@ class _Rows:
     def images(self) -> Any:
         return self.output.images[self.start:self.start + self.count]
 
+    def token_counts(self) -> tuple[int, int] | None:
+        """(the prompt's tokens, the tokens generated over the job's rows): each row's positions
+        past its prompt (``tokens`` holds the prompt too). None when the adapter's output has no
+        ``tokens`` and ``prompt_lengths``."""
+        tokens, prompts = getattr(self.output, "tokens", None), getattr(self.output, "prompt_lengths", None)
+        if tokens is None or prompts is None:
+            return None
+        rows = range(self.start, self.start + self.count)
+        return int(prompts[self.start]), sum(int(tokens.shape[1]) - int(prompts[r]) for r in rows)
+
     @property
     def report(self) -> dict[str, Any]:
         return self.output.report

@@ -4,18 +4,22 @@ one batch of rows run exactly as ``diffaccel generate`` runs it.
 A batch is one adapter ``run`` of several requests' rows. Each row keeps the seed it would have
 alone (request seed ``s`` with ``n`` rows: ``s .. s+n-1``, as ``generate --seed s`` with
 ``batch = n``), passed to the adapter as ``seeds=[...]``; strategies keep their state per batch row
-(``diffaccel.state``) and start afresh at every run. So a response is the same whatever it was
+(``diffaccel.contract.state``) and start afresh at every run. So a response is the same whatever it was
 batched with (tests/test_serve.py checks it bitwise).
 
 That needs the model's numbers to be batch-invariant: a row computed the same whatever the batch
 size. Matrix products over many rows are on the CPU (the text models: rows x positions), but not
-every kernel is (the digits UNet's rows differ by ~1e-5 between a batch of 1 and of 2). The
-warm-up checks it: a row alone against the same row second in a batch of two. Where they differ,
+every kernel is (the digits UNet's rows differ by ~1e-5 between a batch of 1 and of 2 on one CPU,
+and between 1 and 3 but not 2 on another: the kernels' blocking follows the batch size and the CPU's
+vector units). The warm-up checks it at every batch size the server can form: a row alone against
+the same row last in a batch of 2, 3 .. ``max_batch`` rows, each a full run (a shorter run is no
+proof: on the digits UNet one step gave equal images at every size, two steps did not). Where any
+differs,
 or where the adapter's ``run`` takes no ``seeds`` (its rows share one random stream), each
 request is generated as its own batch (``generate`` with ``batch = n``), unless the server was
 started with ``--batch-inexact`` (rows then differ from ``generate`` by float rounding).
 
-The core knows no adapter by name: it talks to the adapter through ``diffaccel.adapter.Adapter``
+The core knows no adapter by name: it talks to the adapter through ``diffaccel.contract.adapter.Adapter``
 and reads outputs through two structural protocols (``TextRows``, ``ImageRows``).
 """
 
@@ -27,17 +31,19 @@ from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
-from .. import hookimpl
-from ..accelerator import apply, build_strategies
-from ..adapters_registry import get_adapter
-from ..config import RunConfig, load_config
-from ..errors import ConfigError, DiffaccelError, ModelError, NonFiniteError, StrategyError
-from ..plugins import Registry
+from ..contract.errors import ConfigError, DiffaccelError, ModelError, NonFiniteError, StrategyError
+from ..contract.hookspecs import hookimpl
+from ..runtime.accelerator import apply, build_strategies
+from ..runtime.adapters_registry import get_adapter
+from ..runtime.config import RunConfig, load_config
+from ..runtime.registry import Registry
 
 NO_STRATEGIES = "none"
 """The preset every server offers: the model with no strategy (the baseline)."""
 DEFAULT_PRESET = "default"
 """The preset of the served config's own ``[[strategy]]`` tables."""
+FIELDS = {"length": "max_tokens", "temperature": "temperature", "steps": "diffaccel.steps"}
+"""A config key a request sets, by the request field that sets it (errors name the field)."""
 
 
 @runtime_checkable
@@ -102,7 +108,8 @@ class Engine:
     """The loaded model and presets; ``run`` generates one batch. Not thread-safe: the server
     calls it from one worker thread."""
 
-    def __init__(self, config_path: str, presets: dict[str, str] | None = None, batch_inexact: bool = False):
+    def __init__(self, config_path: str, presets: dict[str, str] | None = None, batch_inexact: bool = False,
+                 max_batch: int = 2):
         self.registry = Registry()
         cfg = load_config(config_path, self.registry)
         configs = {DEFAULT_PRESET: cfg}
@@ -123,12 +130,12 @@ class Engine:
         self.model_id = cfg.model.checkpoint
         self.option_names = {f.name for f in attrs.fields(type(cfg.options))} if attrs.has(type(cfg.options)) else set()
         self.row_seeds = True
-        self.kind, self.image_shape, self.warmup_s, self.batch_invariant = self._warm_up()
+        self.kind, self.image_shape, self.warmup_s, self.batch_invariant = self._warm_up(max_batch)
         """``warmup_s``: seconds of the last warm-up batch (the first guess of a batch's pace)."""
         self.cross_batch = self.row_seeds and (self.batch_invariant or batch_inexact)
         """Whether requests share batches (else each request is one batch of its own rows)."""
 
-    def _warm_up(self) -> tuple[str, tuple[int, ...] | None, float, bool]:
+    def _warm_up(self, max_batch: int) -> tuple[str, tuple[int, ...] | None, float, bool]:
         """Before the server opens: pays the first run's one-off costs, and finds what the
         adapter's outputs are, whether its ``run`` takes per-row ``seeds`` and whether a row is
         the same alone and in a batch (the module's docstring)."""
@@ -156,8 +163,19 @@ class Engine:
             t0 = time.perf_counter()
             pair = self.run(Batch(work, [prompt, prompt], [seed + 1, seed]))
             seconds = time.perf_counter() - t0  # a batch's pace, without the first run's imports
-            invariant = (alone.texts[0] == pair.texts[1]) if kind == "text" else bool(alone.images[0].equal(pair.images[1]))
+            invariant = _same_row(alone, pair, 1) and self._invariant_up_to(max_batch, alone, prompt, seed)
         return kind, shape, seconds, invariant
+
+    def _invariant_up_to(self, max_batch: int, alone: Any, prompt: str, seed: int) -> bool:
+        """Whether a row alone equals the same row last in batches of 3 .. ``max_batch`` rows."""
+        if max_batch < 3:
+            return True
+        work = Work("?", NO_STRATEGIES)
+        for rows in range(3, max_batch + 1):
+            batch = self.run(Batch(work, [prompt] * rows, [*range(seed + 1, seed + rows), seed]))
+            if not _same_row(alone, batch, rows - 1):
+                return False
+        return True
 
     def check_keys(self, model: dict[str, Any], options: dict[str, Any]) -> None:
         """A request's ``[model]`` keys and adapter options through the config's own validators:
@@ -193,6 +211,13 @@ class Engine:
         return out
 
 
+def _same_row(alone: Any, batch: Any, row: int) -> bool:
+    """Whether row 0 of ``alone`` and row ``row`` of ``batch`` are bitwise equal."""
+    if isinstance(alone, TextRows):
+        return alone.texts[0] == batch.texts[row]
+    return bool(alone.images[0].equal(batch.images[row]))
+
+
 class StopWhenSet:
     """Ends a run at its next step once ``event`` is set: the server's way to stop a batch whose
     clients all went away. Only ``pre_step``: it plans nothing, so outputs are unchanged until then."""
@@ -218,5 +243,7 @@ def error_of(exc: BaseException) -> RequestError:
     if isinstance(exc, ModelError):  # the model's own computation raised (an out-of-memory in a layer, say)
         return RequestError(500, first, "model_error")
     if isinstance(exc, ValueError):  # the adapter refused this request's input (e.g. a prompt longer than max_tokens)
-        return RequestError(400, first or type(exc).__name__, "invalid_request_error")
+        field = FIELDS.get(getattr(exc, "key", None) or "")  # the option it names, where it names one
+        return RequestError(400, f"{field}: {first}" if field else first or type(exc).__name__, "invalid_request_error",
+                            param=field)
     return RequestError(500, f"{type(exc).__name__}: {first}", "server_error")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import attrs
 
-from ..errors import DiffaccelError
+from ..contract.errors import DiffaccelError
 
 HOST = "127.0.0.1"
 
@@ -61,7 +61,7 @@ def start_server(config: str | Path, *options: str, env: dict[str, str] | None =
 
     port = free_port()
     log_path = Path(log) if log else Path(tempfile.mkstemp(prefix="diffaccel-serve-", suffix=".log")[1])
-    cmd = [sys.executable, "-m", "diffaccel.cli", "serve", str(config), "--host", HOST, "--port", str(port), *options]
+    cmd = [sys.executable, "-m", "diffaccel.cli.entry", "serve", str(config), "--host", HOST, "--port", str(port), *options]
     with open(log_path, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     server = Server(proc, f"http://{HOST}:{port}", log_path, str(config))

@@ -133,10 +133,10 @@ def offline_payloads(config: str, kind: str, bodies: list[dict[str, Any]]) -> li
     """What ``diffaccel generate --seed SEED`` gives for each body (batch 1, the config's strategies)."""
     import attrs
 
-    from ..accelerator import apply, build_strategies
-    from ..adapters_registry import get_adapter
-    from ..config import load_config
-    from ..plugins import Registry
+    from ..runtime.accelerator import apply, build_strategies
+    from ..runtime.adapters_registry import get_adapter
+    from ..runtime.config import load_config
+    from ..runtime.registry import Registry
     from .app import png_bytes
 
     import base64
@@ -170,7 +170,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         first = httpx.get(f"{servers['batched'].url}/v1/models").json()["data"][0]
         kind = first["diffaccel"]["kind"]
         path = "/v1/completions" if kind == "text" else "/v1/images/generations"
-        from ..config import load_config
+        from ..runtime.config import load_config
 
         prompts = list(getattr(load_config(a.config).options, "prompts", []) or [])
         bodies = request_bodies(kind, prompts, a.seed, a.requests)

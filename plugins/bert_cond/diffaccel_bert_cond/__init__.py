@@ -16,7 +16,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from diffaccel import Strategy, hookimpl
-from diffaccel.capabilities import PINNED_TOKENS, TOKEN_LOGITS
+from diffaccel.contract.capabilities import PINNED_TOKENS, TOKEN_LOGITS
 
 from .candidates import Candidate, always_candidates, candidates
 from .config import MINILM, BertCondConfig

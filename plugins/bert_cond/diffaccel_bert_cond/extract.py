@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 import torch
 
-from diffaccel.errors import ConfigValueError
+from diffaccel.contract.errors import ConfigValueError
 
 from .candidates import Candidate, candidates
 from .config import MINILM

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from diffaccel.words import words
+from diffaccel.kit.words import words
 
 
 def starts(term_words: Sequence[str], text_words: Sequence[str]) -> Iterator[int]:

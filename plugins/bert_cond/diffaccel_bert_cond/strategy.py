@@ -25,9 +25,9 @@ import attrs
 import torch
 
 from diffaccel import hookimpl
-from diffaccel.capabilities import PINNED_TOKENS, TOKEN_LOGITS
-from diffaccel.errors import ConfigError, ConfigValueError
-from diffaccel.hygiene import deliberate
+from diffaccel.contract.capabilities import PINNED_TOKENS, TOKEN_LOGITS
+from diffaccel.contract.errors import ConfigError, ConfigValueError
+from diffaccel.kit.hygiene import deliberate
 
 from .candidates import candidates
 from .config import BertCondConfig

@@ -252,7 +252,7 @@ def _cli_one_line_error(tmp_path, checkpoint: str, key_line: str) -> tuple[Path,
     bad = tmp_path / "bad.toml"
     bad.write_text(f'[model]\nadapter = "text"\ncheckpoint = "{checkpoint}"\nlength = 16\nsteps = 4\n'
                    f'[[strategy]]\nuse = "bert-cond"\nsource = "velvet: smooth and soft"\n{key_line}\n')
-    proc = subprocess.run([sys.executable, "-m", "diffaccel.cli", "generate", str(bad), "--no-progress"], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "diffaccel.cli.entry", "generate", str(bad), "--no-progress"], capture_output=True,
                           text=True, env={**os.environ, "DIFFACCEL_PLUGINS": "bert-cond"})
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     return bad, proc.stderr

@@ -318,7 +318,7 @@ def test_unet_adapter_is_refused_in_the_config_and_at_run_time(tiny_bert):
 def test_cli_prints_one_line_naming_file_table_and_key(tmp_path, tiny_bert):
     bad = tmp_path / "bad.toml"
     bad.write_text('[model]\nadapter = "text"\n[[strategy]]\nuse = "bert-cond"\nsource = ""\n')
-    proc = subprocess.run([sys.executable, "-m", "diffaccel.cli", "check", str(bad)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "diffaccel.cli.entry", "check", str(bad)], capture_output=True, text=True,
                           env={**__import__("os").environ, "DIFFACCEL_PLUGINS": "bert-cond"})
     assert proc.returncode == 2
     assert proc.stderr.strip() == (f"diffaccel: error: {bad}: [[strategy]] #1 (bert-cond): key 'source': the source is empty; "
@@ -328,7 +328,7 @@ def test_cli_prints_one_line_naming_file_table_and_key(tmp_path, tiny_bert):
     (tmp_path / "gpt" / "config.json").write_text('{"model_type": "gpt2"}')
     notbert.write_text(f'[model]\nadapter = "text"\ncheckpoint = "wordnet-masked"\n[[strategy]]\nuse = "bert-cond"\n'
                        f'source = "velvet"\nbert = "{tmp_path / "gpt"}"\n')
-    proc = subprocess.run([sys.executable, "-m", "diffaccel.cli", "generate", str(notbert), "--no-progress"], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "diffaccel.cli.entry", "generate", str(notbert), "--no-progress"], capture_output=True,
                           text=True, env={**__import__("os").environ, "DIFFACCEL_PLUGINS": "bert-cond"})
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
     assert f"{notbert}: [[strategy]] #1 (bert-cond): key 'bert':" in proc.stderr and "not a BERT-family encoder" in proc.stderr

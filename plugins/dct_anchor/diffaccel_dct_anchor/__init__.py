@@ -12,7 +12,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from diffaccel import Strategy, Tunable, hookimpl
-from diffaccel.capabilities import BLOCK_STACK, IMAGE_STEPS, SPATIAL_FEATURES
+from diffaccel.contract.capabilities import BLOCK_STACK, IMAGE_STEPS, SPATIAL_FEATURES
 
 from .config import DCTAnchorConfig
 from .dct import band_energy, dct2, dct_basis, low_band, relative_band_change, relative_energy_change

@@ -6,9 +6,9 @@ from typing import Any
 
 import attrs
 
-from diffaccel.capabilities import BLOCK_STACK, BLOCK_TAIL, IMAGE_STEPS, SPATIAL_FEATURES
-from diffaccel.errors import ConfigValueError
-from diffaccel.validators import in_range, non_negative, one_of, positive
+from diffaccel.contract.capabilities import BLOCK_STACK, BLOCK_TAIL, IMAGE_STEPS, SPATIAL_FEATURES
+from diffaccel.contract.errors import ConfigValueError
+from diffaccel.contract.validators import in_range, non_negative, one_of, positive
 
 from .dct import CRITERIA
 

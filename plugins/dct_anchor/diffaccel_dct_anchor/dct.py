@@ -14,7 +14,7 @@ from functools import lru_cache
 
 import torch
 
-from diffaccel.hygiene import deliberate
+from diffaccel.kit.hygiene import deliberate
 
 
 @lru_cache(maxsize=64)

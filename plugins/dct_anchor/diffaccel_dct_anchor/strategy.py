@@ -29,9 +29,9 @@ import attrs
 import torch
 
 from diffaccel import hookimpl
-from diffaccel.capabilities import BLOCK_STACK, IMAGE_STEPS, SPATIAL_FEATURES, describe, missing
-from diffaccel.errors import DiffaccelError
-from diffaccel.extrapolate import extrapolated, keep
+from diffaccel.contract.capabilities import BLOCK_STACK, IMAGE_STEPS, SPATIAL_FEATURES, describe, missing
+from diffaccel.contract.errors import DiffaccelError
+from diffaccel.kit.extrapolate import extrapolated, keep
 
 from .config import DCTAnchorConfig, check_against_model, last_up
 from .dct import CRITERIA, CRITERION_POWER, low_band

@@ -9,8 +9,8 @@ import torch
 import diffaccel
 from diffaccel.adapters.unet.adapter import UNetAdapter
 from diffaccel.adapters.unet.synthetic import build as build_synthetic
-from diffaccel.config import parse_config
-from diffaccel.plugins import Registry
+from diffaccel.runtime.config import parse_config
+from diffaccel.runtime.registry import Registry
 
 STEPS = 10
 DCT = {"use": "dct-anchor", "threshold": 0.5, "warmup": 1, "max_reuse": 2,

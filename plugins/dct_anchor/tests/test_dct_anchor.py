@@ -15,8 +15,8 @@ import diffaccel
 from diffaccel import ConfigError, DiffaccelError, load_config
 from diffaccel.adapters.unet.adapter import UNetAdapter
 from diffaccel.adapters.unet.synthetic import build as build_synthetic
-from diffaccel.config import parse_config
-from diffaccel.errors import ConfigValueError
+from diffaccel.runtime.config import parse_config
+from diffaccel.contract.errors import ConfigValueError
 from diffaccel.adapters.unet.testing import tiny_digits_pipeline
 from diffaccel_dct_anchor import (DCTAnchor, DCTAnchorConfig, band_energy, dct2, dct_basis, decide, low_band,
                                   relative_band_change, relative_energy_change)
@@ -335,7 +335,7 @@ MODEL_BAD = [
 
 @pytest.mark.parametrize("line,expected", MODEL_BAD)
 def test_values_that_do_not_fit_the_model(tmp_path, capsys, line, expected):
-    from diffaccel.cli import main
+    from diffaccel.cli.entry import main
 
     path = tmp_path / "c.toml"
     path.write_text(SD_TINY + line)

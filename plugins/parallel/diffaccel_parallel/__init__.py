@@ -12,7 +12,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from diffaccel import Strategy, Tunable, hookimpl
-from diffaccel.capabilities import MASK_CONFIDENCES, TOKEN_LOGITS
+from diffaccel.contract.capabilities import MASK_CONFIDENCES, TOKEN_LOGITS
 
 from .strategy import RULES, SCALES, Parallel, ParallelConfig, choose, entropies, scaled_confidence, spaced
 

@@ -6,7 +6,7 @@ the two points around the entry's steps (by default the entry's mean steps run, 
 a bench JSON with a judge (``diffaccel bench ... --judge smollm2 --json B.json``, or
 ``parallel-sweep``'s JSON), which keeps every entry's judge nll and tokens seed by seed
 (``judge_per_seed``); the interval resamples seeds, the same for the entry and every point of the
-line (paired), recomputing each gen_ppl and the line (``diffaccel.stats.pooled_ci``).
+line (paired), recomputing each gen_ppl and the line (``diffaccel.kit.stats.pooled_ci``).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from diffaccel.errors import DiffaccelError
-from diffaccel.stats import pooled_ci, resample
+from diffaccel.contract.errors import DiffaccelError
+from diffaccel.kit.stats import pooled_ci, resample
 
 from .sweep import steps_run
 

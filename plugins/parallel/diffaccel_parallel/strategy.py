@@ -39,8 +39,8 @@ import attrs
 import torch
 
 from diffaccel import hookimpl
-from diffaccel.errors import ConfigValueError
-from diffaccel.validators import in_range, non_negative, one_of, positive
+from diffaccel.contract.errors import ConfigValueError
+from diffaccel.contract.validators import in_range, non_negative, one_of, positive
 
 RULES = ("threshold", "factor", "entropy")
 SCALES = ("ratio", "prob")

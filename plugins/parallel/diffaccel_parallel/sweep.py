@@ -31,9 +31,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from diffaccel.bench import format_table, run_bench
-from diffaccel.config import read_toml
-from diffaccel.errors import DiffaccelError
+from diffaccel import format_table, read_toml, run_bench
+from diffaccel.contract.errors import DiffaccelError
 
 RULE_KNOB = {"factor": "factor", "threshold": "tau", "entropy": "gamma"}
 # entry names: <rule>[-prob]-<knob><value>[-s<spacing>] (scale ratio unless -prob)

@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from diffaccel.cli import main
-from diffaccel.errors import DiffaccelError
+from diffaccel.cli.entry import main
+from diffaccel.contract.errors import DiffaccelError
 from diffaccel_parallel.line import against_line, line_at
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from diffaccel import ConfigError, hookimpl, parse_config
-from diffaccel.accelerator import build_strategies
+from diffaccel.runtime.accelerator import build_strategies
 from diffaccel.adapters.text.logits import TopKLogits
 from diffaccel.adapters.text.testing import tiny_text_pipeline
 from diffaccel.testing import run_with
@@ -347,7 +347,7 @@ def test_image_model_is_refused():
 
 
 def test_cli_exit_2_on_a_continuous_model(tmp_path, capsys):
-    from diffaccel.cli import main
+    from diffaccel.cli.entry import main
 
     path = tmp_path / "cont.toml"
     path.write_text('[model]\nadapter = "text"\ncheckpoint = "wordnet-continuous"\nsteps = 4\nlength = 16\n'
@@ -360,7 +360,7 @@ def test_cli_exit_2_on_a_continuous_model(tmp_path, capsys):
 
 
 def test_cli_exit_2_on_a_bad_tau(tmp_path, capsys):
-    from diffaccel.cli import main
+    from diffaccel.cli.entry import main
 
     path = tmp_path / "tau.toml"
     path.write_text(MODEL + '[[strategy]]\nuse = "parallel"\ntau = 2\n')
@@ -373,7 +373,7 @@ def test_diffusion_gemma_is_refused_by_capability(tmp_path, capsys):
     # DiffusionGemma's block sampler redraws every canvas position at every step (uniform noise,
     # no mask token): nothing is committed, so there is no commit for parallel to choose
     from diffaccel.adapters.text.diffusion_gemma_build import build
-    from diffaccel.cli import main
+    from diffaccel.cli.entry import main
 
     ckpt = build(tmp_path / "dg", "tiny", seed=0)
     path = tmp_path / "dg.toml"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from diffaccel.errors import DiffaccelError
+from diffaccel.contract.errors import DiffaccelError
 from diffaccel_parallel import sweep
 
 
@@ -47,8 +47,8 @@ def test_entry_names_carry_rule_scale_knob_and_spacing():
 
 
 def test_the_sweep_is_a_registered_command(monkeypatch):
-    from diffaccel.cli import CORE
-    from diffaccel.commands import collect
+    from diffaccel.cli.entry import CORE
+    from diffaccel.cli.commands import collect
 
     monkeypatch.setenv("DIFFACCEL_PLUGINS", "parallel")
     found, problems = collect(CORE)

@@ -26,10 +26,10 @@ import torch
 import torch.nn.functional as F
 
 from diffaccel import hookimpl
-from diffaccel.capabilities import TOKEN_LOGITS, TOKEN_POSITIONS
-from diffaccel.errors import ConfigError
-from diffaccel.state import StepPlan
-from diffaccel.validators import in_range, one_of
+from diffaccel.contract.capabilities import TOKEN_LOGITS, TOKEN_POSITIONS
+from diffaccel.contract.errors import ConfigError
+from diffaccel.contract.state import StepPlan
+from diffaccel.contract.validators import in_range, one_of
 
 from .plot import stability_curve
 

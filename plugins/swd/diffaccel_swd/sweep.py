@@ -27,8 +27,7 @@ from pathlib import Path
 
 import attrs
 
-from diffaccel.bench import run_bench, with_batch, with_seed
-from diffaccel.config import load_config, read_toml
+from diffaccel import load_config, read_toml, run_bench, with_batch, with_seed
 
 
 def _values(text: str, cast) -> list:
@@ -150,7 +149,7 @@ def fewer_steps(baseline: str, steps: list[int], args) -> tuple[dict, list[tuple
     """The baseline with fewer steps, each timed interleaved with the full baseline on the bench's
     first seeds (a second pass: speedups and quality are relative to this pass's baseline, which
     it returns beside the rows)."""
-    from diffaccel.adapters_registry import get_adapter
+    from diffaccel import get_adapter
 
     cfg = load_config(baseline).without_strategies()
     if args.batch:

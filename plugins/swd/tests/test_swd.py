@@ -12,8 +12,8 @@ import diffaccel_swd
 from diffaccel import ConfigError, ConfigValueError, hookimpl
 from diffaccel.adapters.text.logits import most_probable
 from diffaccel.adapters.text.pipeline import TextStepOutput
-from diffaccel.config import parse_config
-from diffaccel.state import RunState, StepPlan
+from diffaccel.runtime.config import parse_config
+from diffaccel.contract.state import RunState, StepPlan
 from diffaccel.adapters.text.testing import tiny_text_pipeline
 from diffaccel.testing import run_with
 from diffaccel_swd import SWD, SWDConfig, radius_at, update_stability, widen
@@ -356,7 +356,7 @@ def test_a_model_without_token_positions_is_refused_by_capability():
 
 
 def test_cli_exits_2_on_bad_input(tmp_path, capsys):
-    from diffaccel.cli import main
+    from diffaccel.cli.entry import main
 
     bad = tmp_path / "bad.toml"
     bad.write_text('[model]\nadapter = "text"\ncheckpoint = "wordnet-masked"\n\n[[strategy]]\nuse = "swd"\nR = -1\n')
@@ -441,7 +441,7 @@ def test_masked_default_max_age_recomputes_old_logits_and_zero_turns_it_off(mask
 
 
 def test_the_sweep_is_a_registered_command(monkeypatch, capsys):
-    from diffaccel.cli import main
+    from diffaccel.cli.entry import main
 
     monkeypatch.setenv("DIFFACCEL_PLUGINS", "swd")
     with pytest.raises(SystemExit) as exc:

@@ -16,7 +16,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from diffaccel import Strategy, Tunable, hookimpl
-from diffaccel.capabilities import BLOCK_STACK, TOKEN_POSITIONS
+from diffaccel.contract.capabilities import BLOCK_STACK, TOKEN_POSITIONS
 
 from .cache import LatentCache
 from .config import TimeAnchorConfig

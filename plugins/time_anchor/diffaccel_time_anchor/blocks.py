@@ -18,9 +18,9 @@ from typing import Any
 import attrs
 import torch
 
-from diffaccel.errors import ConfigValueError
-from diffaccel.extrapolate import extrapolated, keep
-from diffaccel.hygiene import deliberate
+from diffaccel.contract.errors import ConfigValueError
+from diffaccel.kit.extrapolate import extrapolated, keep
+from diffaccel.kit.hygiene import deliberate
 
 from .cache import LatentCache
 from .state import AnchorState, rel_change

@@ -19,9 +19,8 @@ import attrs
 import torch
 
 import diffaccel
-from diffaccel import hookimpl
-from diffaccel.adapters_registry import get_adapter
-from diffaccel.capabilities import TOKEN_POSITIONS
+from diffaccel import get_adapter, hookimpl
+from diffaccel.contract.capabilities import TOKEN_POSITIONS
 
 from .gate import Gate, fit_gates, schedule_fraction
 

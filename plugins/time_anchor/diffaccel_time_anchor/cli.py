@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from diffaccel.errors import ConfigValueError, DiffaccelError
+from diffaccel.contract.errors import ConfigValueError, DiffaccelError
 
 
 def _parser() -> argparse.ArgumentParser:

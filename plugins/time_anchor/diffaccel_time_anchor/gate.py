@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from diffaccel.errors import ConfigValueError
+from diffaccel.contract.errors import ConfigValueError
 
 FREQS = 8
 

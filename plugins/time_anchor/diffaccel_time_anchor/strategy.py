@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from diffaccel import hookimpl
-from diffaccel.capabilities import BLOCK_STACK, BLOCK_TAIL, TOKEN_POSITIONS
-from diffaccel.errors import ConfigValueError, DiffaccelError
+from diffaccel.contract.capabilities import BLOCK_STACK, BLOCK_TAIL, TOKEN_POSITIONS
+from diffaccel.contract.errors import ConfigValueError, DiffaccelError
 
 from .blocks import BlockPolicy, BlockStackState
 from .config import TimeAnchorConfig, load_clusters

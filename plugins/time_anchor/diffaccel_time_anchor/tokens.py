@@ -21,8 +21,8 @@ import attrs
 import torch
 
 from diffaccel import StepPlan
-from diffaccel.capabilities import MASK_CONFIDENCES
-from diffaccel.errors import ConfigValueError
+from diffaccel.contract.capabilities import MASK_CONFIDENCES
+from diffaccel.contract.errors import ConfigValueError
 
 from .cache import LatentCache
 from .state import AnchorState, rel_change

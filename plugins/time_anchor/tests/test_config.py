@@ -10,7 +10,7 @@ import torch
 
 import diffaccel
 from diffaccel import ConfigError, ConfigValueError, load_config
-from diffaccel.cli import main as diffaccel_main
+from diffaccel.cli.entry import main as diffaccel_main
 from diffaccel_time_anchor import Gate, TimeAnchorConfig
 from diffaccel_time_anchor.cli import main as ta_main
 

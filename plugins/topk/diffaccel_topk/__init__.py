@@ -11,7 +11,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from diffaccel import Strategy, Tunable, hookimpl
-from diffaccel.capabilities import TOKEN_LOGITS
+from diffaccel.contract.capabilities import TOKEN_LOGITS
 
 from .strategy import TopK, TopKConfig, draw_topk, self_similarity
 

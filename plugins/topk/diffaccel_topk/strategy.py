@@ -29,9 +29,9 @@ import attrs
 import torch
 
 from diffaccel import hookimpl
-from diffaccel.errors import ConfigValueError
-from diffaccel.validators import in_range, one_of, positive
-from diffaccel.words import words
+from diffaccel.contract.errors import ConfigValueError
+from diffaccel.contract.validators import in_range, one_of, positive
+from diffaccel.kit.words import words
 
 # Row r is seeded with seeds[r] + _SALT: the pipeline seeds its own generators with seeds[r], and
 # sharing its stream would correlate our draws with its noise.
@@ -76,7 +76,7 @@ def draw_topk(logits: torch.Tensor, k: int, temperature: float, gens: Sequence[t
 def self_similarity(samples: Sequence[Any], n: int = 2) -> float:
     """Mean Jaccard overlap of the n-gram sets of every pair of samples (1: all alike, 0: disjoint).
 
-    A sample is a text (split into words by ``diffaccel.words``, as the text metrics do) or a sequence of token ids.
+    A sample is a text (split into words by ``diffaccel.kit.words``, as the text metrics do) or a sequence of token ids.
     """
     seqs = [words(s) if isinstance(s, str) else [int(t) for t in s] for s in samples]
     grams = [{tuple(s[i:i + n]) for i in range(len(s) - n + 1)} for s in seqs]

@@ -26,9 +26,8 @@ import attrs
 import torch
 
 import diffaccel
-from diffaccel import RunState, hookimpl
-from diffaccel.adapters_registry import get_adapter
-from diffaccel.errors import ConfigError
+from diffaccel import RunState, get_adapter, hookimpl
+from diffaccel.contract.errors import ConfigError
 
 from .strategy import TopK, TopKConfig
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from diffaccel import load_config
-from diffaccel.cli import main
+from diffaccel.cli.entry import main
 from diffaccel_topk.truncation import one_step, sampler_info
 
 CONFIG = '[model]\nadapter = "text"\ncheckpoint = "wordnet-masked"\nlength = 16\nsteps = 4\n'

@@ -13,7 +13,7 @@ from typing import Any
 import attrs
 
 import diffaccel
-from diffaccel.validators import one_of
+from diffaccel.contract.validators import one_of
 
 HOOKS = ("setup", "run_start", "pre_step", "layer_output", "denoiser_output", "post_step", "finalize", "run_end")
 

@@ -27,10 +27,10 @@ import attrs
 import torch
 
 from diffaccel import Accelerator, Layer, RunState
-from diffaccel.sequence import RunSequence, StepModel
-from diffaccel.capabilities import BLOCK_STACK
-from diffaccel.errors import DiffaccelError
-from diffaccel.validators import positive
+from diffaccel.runtime.sequence import RunSequence, StepModel
+from diffaccel.contract.capabilities import BLOCK_STACK
+from diffaccel.contract.errors import DiffaccelError
+from diffaccel.contract.validators import positive
 
 __version__ = "0.3.1"
 
