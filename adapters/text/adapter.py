@@ -15,6 +15,7 @@ from diffaccel.runtime.placement import torch_dtype
 from diffaccel.contract.validators import in_range, one_of, positive
 
 from . import commands, judge, measure, metrics
+from .tasks import mode as task_mode
 from .diffusion_gemma import BLOCK, BLOCK_CAPABILITIES, DiffusionGemmaPipeline, GemmaLayer
 from .diffusion_gemma_loading import precheck
 from .facts import check_options
@@ -43,8 +44,15 @@ class TextOptions:
     """Masked sampler with ``block_size``: finished blocks attend among themselves only (block
     diffusion), so their keys and values are computed once per block instead of every step;
     exact for that attention pattern. Needs ``length`` a multiple of ``block_size``."""
+    task: str | None = None
+    """A task model's task (``arith`` or ``sudoku``): row r of seed s solves held-out problem s + r
+    (or the ``prompts``, which must be problems of the task), and quality is the task's accuracy
+    (``acc``) and second metric; ``length`` and the default steps are the task's; no judge."""
+    grid: int = 9
+    """``task = "sudoku"``: the grid's size (9, 6 or 4); the model must be trained on it."""
 
     def __attrs_post_init__(self):
+        task_mode.check_options(self)  # before any model loads: a prompt must be a problem of the task
         if not self.prefix_cache:
             return
         if self.sampler not in (None, "masked"):
@@ -123,6 +131,11 @@ class TextAdapter:
             TextAdapter._check_block(pipe, config, where)
         else:
             check_options(config, pipe.kind, pipe.denoiser.max_len, pipe.denoiser.time_conditioned)
+            if opts.task:
+                try:
+                    task_mode.check_model(task_mode.spec_of(opts), pipe.denoiser.max_len, config.model.checkpoint)
+                except ConfigValueError as exc:
+                    raise ConfigError(f"{where}: {exc}") from None
         pipe.adapter = cls.name  # the run reports name the adapter that loaded it (a subclass: its own)
         return pipe
 
@@ -149,6 +162,8 @@ class TextAdapter:
     @staticmethod
     def run(pipe: TextDiffusionPipeline, config, seed: int, progress: bool = True, **extra) -> TextOutput:
         m, o = config.model, config.options
+        if o.task and not isinstance(pipe, DiffusionGemmaPipeline):
+            return task_mode.run(pipe, config, seed, progress, **extra)
         prompts = None
         if o.prompts:
             prompts = [o.prompts[i % len(o.prompts)] for i in range(m.batch)]
@@ -193,12 +208,37 @@ class TextAdapter:
     @staticmethod
     def quality_keys(config) -> list[str]:
         """What ``quality`` reports (``ReportsQuality``): the trigram perplexity, distinct-n and
-        token agreement with the baseline."""
+        token agreement with the baseline; a task model's: ``acc``, its second metric, agreement."""
+        if config.options.task:
+            return task_mode.keys(config.options)
         return ["perplexity", "distinct_1", "distinct_2", "agreement"]
+
+    @staticmethod
+    def judged(config) -> bool:
+        """Whether a judge scores this config's samples: not a task model's (its scores are exact)."""
+        return not config.options.task
+
+    @staticmethod
+    def quality_parts(baseline: list[TextOutput], outputs: list[TextOutput], references: list[TextOutput] | None = None) -> list:
+        """``PoolsQuality``: a task run's per-seed scores (pooled without scoring again); other runs
+        keep their outputs, and ``quality`` pools those as before."""
+        refs = references or [None] * len(outputs)
+        if outputs and outputs[0].task is not None:
+            return [task_mode.part(o, metrics.agreement(b.tokens, o.tokens, b.prompt_lengths)) for b, o in zip(baseline, outputs)]
+        return [(b, o, r) for b, o, r in zip(baseline, outputs, refs)]
+
+    @staticmethod
+    def quality_of_parts(parts: list) -> dict[str, float]:
+        if parts and not isinstance(parts[0][0], TextOutput):
+            return task_mode.pool(parts)
+        refs = [r for _, _, r in parts]
+        return TextAdapter.quality([b for b, _, _ in parts], [o for _, o, _ in parts], None if None in refs else refs)
 
     @staticmethod
     def quality(baseline: list[TextOutput], outputs: list[TextOutput], references: list[TextOutput] | None = None) -> dict[str, float]:
         """Quality of ``outputs`` against the unaccelerated ``baseline`` of the same seeds."""
+        if outputs and outputs[0].task is not None:
+            return TextAdapter.quality_of_parts(TextAdapter.quality_parts(baseline, outputs))
         texts = [t for o in outputs for t in o.texts]
         q = metrics.text_quality(texts)
         q["agreement"] = sum(metrics.agreement(b.tokens, o.tokens, b.prompt_lengths) for b, o in zip(baseline, outputs)) / len(outputs)

@@ -137,3 +137,10 @@ class TextOutput:
     prompt_lengths: list[int]
     report: dict[str, Any]
     """Counters and what each strategy reported (``RunState.report()``)."""
+    task: Any = None
+    """A task model's run (``tasks.mode.TaskRun``): its problems; ``task.scores(output)`` scores the rows."""
+
+    @property
+    def task_scores(self) -> list[dict[str, float]] | None:
+        """A task run's per-row scores (``acc`` and the task's second metric); None otherwise."""
+        return None if self.task is None else self.task.scores(self)

@@ -17,7 +17,7 @@ from .tokenizer import TextTokenizer
 
 ASSETS = Path(__file__).parent / "assets"
 SHIPPED = {"wordnet-masked": "wordnet-masked", "default": "wordnet-masked", "wordnet-continuous": "wordnet-continuous",
-           "wordnet-masked-cond": "wordnet-masked-cond"}
+           "wordnet-masked-cond": "wordnet-masked-cond", "arith": "arith", "sudoku": "sudoku"}
 
 
 def shipped_path(name: str) -> Path:

@@ -105,7 +105,7 @@ def run_bench(paths: list[str], *, seeds: int = 3, repeats: int = 1, json_path: 
     adapter = get_adapter(configs[0].model.adapter)
     configs, variants, alone, homes = add_peers(configs, adapter, solver_line, entry_name)
     base = configs[0]
-    judge_obj, judge_info = _load_judge(adapter, judge)
+    judge_obj, judge_info = _load_judge(adapter, judge_for(adapter, base, judge))
     pipe = adapter.load(base) if pipe is None else pipe
     info = adapter.info(pipe)
     entries: list[tuple[str, list[Any]]] = [("baseline", [])]
@@ -266,6 +266,13 @@ def _quality_intervals(result: dict[str, Any], adapter: Any, outputs: dict[str, 
 def _ratios(entry: dict[str, float], base: dict[str, float]) -> dict[str, float]:
     """entry / baseline for each key both have, finite, with a non-zero baseline."""
     return {k: v / base[k] for k, v in entry.items() if finite(v) and finite(base.get(k)) and base[k] != 0}
+
+
+def judge_for(adapter: Any, config: RunConfig, spec: str | None) -> str | None:
+    """``spec``, or "none" where the adapter's ``judged(config)`` says no judge scores these
+    samples (the text adapter's task models: their scores are exact, a judge would add nothing)."""
+    judged = getattr(adapter, "judged", None)
+    return spec if judged is None or judged(config) else "none"
 
 
 def _load_judge(adapter: Any, spec: str | None) -> tuple[Any, dict[str, Any]]:

@@ -52,6 +52,8 @@ def _parser(extra: list | None = None) -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, help="override [model] seed")
     g.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     g.add_argument("--prompts", metavar="FILE", help="one item per line; --out is then a folder (docs/scale-out.md)")
+    g.add_argument("--prompt", metavar="TEXT", help="the prompt of this run (text models: replaces [model] prompts; "
+                   "a task model's must be a problem of its task)")
 
     b = cmd("bench", "compare configs with the baseline: speedup and quality side by side")
     b.add_argument("configs", nargs="+", help="TOML configs sharing one [model]")
@@ -198,6 +200,21 @@ def _listed(d) -> object:
                    source=d.source)
 
 
+def with_prompt(cfg, prompt: str):
+    """``cfg`` whose rows all take ``prompt`` (``generate --prompt``): one line if the adapter takes
+    no prompt or the options refuse it (a task model's prompt that is not a problem of its task)."""
+    import attrs
+
+    from ..contract.errors import ConfigValueError
+
+    if "prompts" not in attrs.fields_dict(type(cfg.options)):
+        raise ConfigError(f"--prompt: the {cfg.model.adapter} adapter takes no prompt")
+    try:
+        return attrs.evolve(cfg, options=attrs.evolve(cfg.options, prompts=[prompt]))
+    except ConfigValueError as exc:
+        raise ConfigError(f"--prompt: {exc.message}") from None
+
+
 def _generate(args) -> int:
     if args.prompts is not None:
         from ..runtime.jobs import main_generate
@@ -215,6 +232,8 @@ def _generate(args) -> int:
     cfg = load_config(args.config, registry)
     if args.seed is not None:
         cfg = attrs.evolve(cfg, model=attrs.evolve(cfg.model, seed=args.seed))
+    if args.prompt is not None:
+        cfg = with_prompt(cfg, args.prompt)
     adapter = get_adapter(cfg.model.adapter)
     out_path = generate_out(adapter, cfg, args.out)  # checked before the model loads
     pipe = adapter.load(cfg)

@@ -92,6 +92,8 @@ def parse(expr: str, metrics: Iterable[str] | None = None) -> Budget:
         raise ConfigError(f"--budget {expr!r}: not a budget; write {FORMS}")
     name, op, sign, number, pct = m.groups()
     metric = ALIASES.get(name.lower(), name.lower())
+    if metrics is not None and name.lower() in set(metrics):
+        metric = name.lower()  # a key reported under its own name wins over an alias (task models' acc)
     if metrics is not None:
         known = sorted(set(metrics))
         if metric not in known:

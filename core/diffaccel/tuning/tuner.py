@@ -30,7 +30,7 @@ from typing import Any
 import attrs
 from tqdm.auto import tqdm
 
-from ..bench.runner import _load_judge, run_bench
+from ..bench.runner import _load_judge, judge_for, run_bench
 from ..contract.adapter import JudgesSamples, ReportsQuality
 from ..contract.errors import ConfigError, DiffaccelError
 from ..kit.stats import finite
@@ -93,7 +93,7 @@ def reported_metrics(adapter: Any, config: RunConfig, registry: Registry, judge:
     """The quality keys a bench of ``config`` reports: the adapter's (``quality_keys``), gen_ppl
     when a judge runs, and what the config's strategies add (``Strategy.reports``)."""
     keys = list(adapter.quality_keys(config)) if isinstance(adapter, ReportsQuality) else []
-    if judge not in (None, "none") and isinstance(adapter, JudgesSamples):
+    if judge_for(adapter, config, judge) not in (None, "none") and isinstance(adapter, JudgesSamples):
         keys.append("gen_ppl")
     for entry in config.strategies:
         spec = registry.get(entry.name)
@@ -307,6 +307,7 @@ def tune(config: Any, budget: Sequence[str] | str, out: str | Path, *, trials: i
     if source is not None:
         Path(config).write_text(dumps(source))
 
+    judge = judge_for(adapter, cfg, judge)
     judge_obj, _ = _load_judge(adapter, judge)
     pipe = adapter.load(cfg) if pipe is None else pipe
     measure = _Trials(adapter, pipe, cfg, registry, judge_obj)

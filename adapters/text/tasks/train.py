@@ -1,0 +1,263 @@
+"""The task models' training recipe (``diffaccel train task``).
+
+A masked diffusion LM learns to fill the generation given the prompt: the prompt is never masked
+and never scored; each row's generation is masked at a rate t ~ U(0, 1) (stratified over the
+batch) and the loss is the cross-entropy of the masked positions. AdamW, linear warm-up, cosine
+decay to 5%. ``arith`` runs a curriculum: the most operations a problem may have grows from 1 to
+4 over the first ``curriculum`` share of the steps. Training problems are drawn from the training
+split only (``common.training_problem``).
+
+Every ``eval_every`` steps the model solves ``eval_n`` held-out problems (the bench's seeds 0..)
+with the real sampler (masked, confidence order, greedy, full steps); the best model so far is
+the folder's model.safetensors. ``ckpt.pt`` (model, optimiser, random states, history) is written
+at every evaluation, so a stopped run resumes where it was.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import attrs
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from ..model import TextDiffusionConfig, TextDiffusionLM
+from . import TaskSpec, task_spec
+from .common import HELD_OUT_EVERY, eos_id, is_held_out, solution_ids
+from .evaluate import solve
+
+
+@attrs.frozen(kw_only=True)
+class TaskTrainConfig:
+    task: str = "arith"
+    grid: int = 9
+    """sudoku: grid size (9, 6 or 4)."""
+    out: str = "runs/arith"
+    steps: int = 6000
+    batch: int = 64
+    lr: float = 2e-3
+    dim: int = 128
+    layers: int = 4
+    heads: int = 4
+    seed: int = 0
+    threads: int = 1
+    eval_every: int = 500
+    eval_n: int = 100
+    curriculum: float = 0.2
+    """arith: share of the steps over which the operation cap grows from 1 to 4."""
+    max_minutes: float = 0.0
+    """Stop (with a checkpoint) after this many minutes of this process (0: no limit)."""
+    focus: float = 0.0
+    """arith: chance that each result digit (after ``=``, and the final answer's) is masked whatever
+    the row's mask rate. At a low rate its operands are then visible while it is scored: with
+    t ~ U(0, 1) alone a result is scored with both operands visible in about 1 row in 5."""
+    init: str | None = None
+    """Start from this folder's weights (a stage-one model; not its optimiser or history)."""
+    bf16: bool = True
+    """Forward and backward under bfloat16 autocast (weights and optimiser stay float32): a
+    CPU with AMX or AVX512-BF16 runs the matrix products faster."""
+
+
+def result_positions(tok, ids: torch.Tensor, gen: torch.Tensor) -> torch.Tensor:
+    """(B, N) bool: the generation's result digits, the two tokens after each ``=`` and the two
+    after ``#### ▁`` (arith's layout; nothing in a sudoku grid)."""
+    eq, answer, space = (tok.tok.token_to_id(t) for t in ("=", "####", "\u2581"))
+    out = torch.zeros_like(gen)
+    if eq is None or answer is None:
+        return out
+    after_eq = ids == eq
+    after_answer = (ids == space) & F.pad(ids == answer, (1, 0))[:, :-1]
+    for k in (1, 2):  # the two digits after "=" and after the final line's "▁"
+        out[:, k:] |= after_eq[:, :-k] | after_answer[:, :-k]
+    return out & gen
+
+
+def encode(spec: TaskSpec, tok, problems) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids (B, max_len), generation mask (B, max_len)): the prompt, the solution, [EOS] to the end."""
+    N, eos = spec.max_len, eos_id(tok)
+    ids = torch.full((len(problems), N), eos, dtype=torch.long)
+    gen = torch.zeros(len(problems), N, dtype=torch.bool)
+    for r, p in enumerate(problems):
+        row = tok.encode(p.prompt)
+        sol = solution_ids(tok, p.solution)
+        if len(row) + len(sol) > N:
+            raise ValueError(f"problem too long for {N} positions: {p.prompt!r}")
+        ids[r, : len(row)] = torch.tensor(row)
+        ids[r, len(row): len(row) + len(sol)] = torch.tensor(sol)
+        gen[r, len(row):] = True
+    return ids, gen
+
+
+def masked_loss(model: TextDiffusionLM, ids: torch.Tensor, gen: torch.Tensor, g: torch.Generator,
+                focus: torch.Tensor | None = None, focus_p: float = 0.0) -> torch.Tensor:
+    B = ids.shape[0]
+    t = ((torch.arange(B) + torch.rand(B, generator=g)) / B)[torch.randperm(B, generator=g)]  # stratified U(0, 1)
+    masked = gen & (torch.rand(ids.shape, generator=g) < t.clamp(min=0.02)[:, None])
+    if focus is not None and focus_p > 0:
+        masked |= focus & (torch.rand(ids.shape, generator=g) < focus_p)
+    x = torch.where(masked, torch.full_like(ids, model.config.mask_id), ids)
+    c = model.condition(None, B)
+    h = model.embed(x)
+    for block in model.blocks:
+        h = block(h, c)
+    return F.cross_entropy(model.logits(h[masked]), ids[masked])  # the head on the masked rows only
+
+
+def level_cap(spec: TaskSpec, cfg: TaskTrainConfig, step: int) -> int:
+    if spec.levels <= 1:
+        return 1
+    ramp = max(1, int(cfg.curriculum * cfg.steps))
+    return min(spec.levels, 1 + step * spec.levels // ramp)
+
+
+class Sampler:
+    """Training problems: drawn from ``rng``, never a held-out one; counts what it rejected."""
+
+    def __init__(self, spec: TaskSpec, seed: int):
+        self.spec, self.rng = spec, np.random.default_rng([seed, 0x7A5C])
+        self.drawn = self.rejected = 0
+
+    def draw(self, cap: int):
+        while True:
+            level = int(self.rng.integers(1, cap + 1))
+            p = self.spec.generate(self.rng, level)
+            self.drawn += 1
+            if not is_held_out(p.prompt):
+                return p
+            self.rejected += 1
+
+
+def _state(model, opt, sampler, g, step, history, minutes) -> dict:
+    return {"model": model.state_dict(), "opt": opt.state_dict(), "rng": sampler.rng.bit_generator.state,
+            "drawn": sampler.drawn, "rejected": sampler.rejected, "torch_rng": g.get_state(), "step": step,
+            "history": history, "minutes": minutes}
+
+
+def _save_atomic(obj, path: Path) -> None:
+    tmp = path.with_name(path.name + ".partial")
+    torch.save(obj, tmp)
+    tmp.replace(path)  # a stop while writing keeps the last whole checkpoint
+
+
+def train_task(cfg: TaskTrainConfig) -> Path:
+    spec = task_spec(cfg.task, cfg.grid)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = spec.tokenizer()
+    tok.save(out / "tokenizer.json")
+    torch.manual_seed(cfg.seed)
+    model = TextDiffusionLM(TextDiffusionConfig(vocab_size=tok.vocab_size, kind="masked", max_len=spec.max_len, dim=cfg.dim,
+                                                n_layers=cfg.layers, n_heads=cfg.heads, mask_id=tok.mask_id, pad_id=tok.pad_id))
+    if cfg.init:
+        model.load_state_dict(TextDiffusionLM.load(cfg.init).state_dict())
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.98))
+    warmup = max(1, cfg.steps // 50)
+    began, before = time.time(), 0.0
+    minutes = lambda: before + (time.time() - began) / 60  # noqa: E731
+
+    def progress(step: int) -> float:
+        # with a time budget the cosine follows whichever runs out first, steps or minutes: on a
+        # shared machine the step rate is unknown in advance, and the decay must still finish
+        return min(1.0, max(step / cfg.steps, minutes() / cfg.max_minutes if cfg.max_minutes else 0.0))
+
+    def set_lr(step: int) -> None:  # linear warm-up, cosine decay to 5% of the peak
+        for group in opt.param_groups:
+            group["lr"] = cfg.lr * min(1.0, (step + 1) / warmup) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress(step))))
+    sampler, g = Sampler(spec, cfg.seed), torch.Generator().manual_seed(cfg.seed)
+    history = {"loss": [], "eval": []}  # eval: (step, minutes, acc, second metric)
+    start = 0
+    ckpt = out / "ckpt.pt"
+    if ckpt.is_file():
+        st = torch.load(ckpt, weights_only=False)
+        model.load_state_dict(st["model"])
+        opt.load_state_dict(st["opt"])
+        sampler.rng.bit_generator.state, sampler.drawn, sampler.rejected = st["rng"], st["drawn"], st["rejected"]
+        g.set_state(st["torch_rng"])
+        start, history, before = st["step"], st["history"], st["minutes"]
+        print(f"resumed {ckpt} at step {start}")
+    problems = [spec.heldout(i) for i in range(cfg.eval_n)]
+    began = time.time()
+    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"train {spec.key}", unit="step")
+    for step in bar:
+        model.train()
+        ids, gen = encode(spec, tok, [sampler.draw(level_cap(spec, cfg, step)) for _ in range(cfg.batch)])
+        focus = result_positions(tok, ids, gen) if cfg.focus else None
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+            loss = masked_loss(model, ids, gen, g, focus, cfg.focus)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        set_lr(step)
+        opt.step()
+        history["loss"].append(loss.item())
+        done = step + 1
+        stop = progress(done) >= 1.0
+        if done % cfg.eval_every == 0 or stop:
+            _evaluate(spec, model, tok, problems, history, done, minutes(), out)
+            _save_atomic(_state(model, opt, sampler, g, done, history, minutes()), ckpt)
+            plot_curves(out / "curves.png", history, spec.key, spec.metrics[1])
+            _write_json(out, cfg, spec, sampler, history, done, minutes())
+            bar.set_postfix(loss=f"{np.mean(history['loss'][-50:]):.3f}", acc=f"{history['eval'][-1][2]:.2f}")
+        elif done % 10 == 0:
+            bar.set_postfix(loss=f"{np.mean(history['loss'][-50:]):.3f}")
+        if stop:
+            break
+    return out
+
+
+def _evaluate(spec, model, tok, problems, history, step, minutes, out: Path) -> None:
+    model.eval()
+    scores = solve(spec, model, tok, problems)
+    acc, second = float(np.mean([s[0] for s in scores])), float(np.mean([s[1] for s in scores]))
+    best = max((e[2] for e in history["eval"]), default=-1.0)
+    history["eval"].append((step, minutes, acc, second))
+    if acc >= best:  # the shipped weights: the best held-out accuracy so far (the latest on a tie)
+        model.save(out)
+    print(f"\nstep {step}: held-out acc {acc:.3f}, {spec.metrics[1]} {second:.3f} ({minutes:.1f} min)", flush=True)
+
+
+def _write_json(out: Path, cfg, spec, sampler, history, step, minutes) -> None:
+    evals = history["eval"]
+    best = max(evals, key=lambda e: (e[2], e[0])) if evals else None
+    facts = {"command": " ".join(["diffaccel", *sys.argv[1:]]) if sys.argv else "", "config": attrs.asdict(cfg),
+             "task": spec.key, "steps_done": step, "minutes": round(minutes, 2), "threads": torch.get_num_threads(),
+             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+             "split": {"held_out_every": HELD_OUT_EVERY, "rule": "sha256(prompt) % 8 == 0 is held out",
+                       "training_problems_drawn": sampler.drawn, "held_out_rejected": sampler.rejected},
+             "eval": {"problems": "held-out 0..%d (the bench's seeds)" % (cfg.eval_n - 1),
+                      "sampler": "masked, confidence order, temperature 0, %d steps" % spec.steps,
+                      "history": [dict(zip(("step", "minutes", "acc", spec.metrics[1]), e)) for e in evals]},
+             "shipped_step": best[0] if best else None, "final_loss_mean_50": float(np.mean(history["loss"][-50:]))}
+    (out / "train.json").write_text(json.dumps(facts, indent=2))
+
+
+def plot_curves(path: Path, history: dict, key: str, second: str = "second metric") -> None:
+    import matplotlib  # slow to import: only the curves need it
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    losses = history["loss"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    k = max(1, len(losses) // 100)
+    a.plot(losses, alpha=0.3, label="loss")
+    a.plot(np.arange(len(losses) - k + 1) + k - 1, np.convolve(losses, np.ones(k) / k, mode="valid"), label=f"mean of {k}")
+    a.set(xlabel="step", ylabel="masked cross-entropy", yscale="log", title=f"{key}: training loss")
+    a.legend()
+    ev = np.array(history["eval"]) if history["eval"] else np.zeros((0, 4))
+    b.plot(ev[:, 0], ev[:, 2], marker="o", label="acc")
+    b.plot(ev[:, 0], ev[:, 3], marker=".", label=second)
+    for s, m, acc, _ in history["eval"][-1:]:
+        b.annotate(f"{m:.0f} min", (s, acc))
+    b.set(xlabel="step", ylabel="held-out", ylim=(0, 1), title="held-out accuracy (greedy, full steps)")
+    b.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
