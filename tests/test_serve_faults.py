@@ -79,7 +79,11 @@ def image_server(site, tmp_path_factory):
     d = tmp_path_factory.mktemp("serve-images")
     config = _write(d, "digits.toml", IMAGE)
     nan = _write(d, "nan.toml", IMAGE + NAN)
-    with start_server(config, "--preset", f"nan={nan}", "--batch-window-ms", "300", env={"PYTHONPATH": str(site)}) as s:
+    # one thread, as this process runs (conftest): the offline images the test compares with are made
+    # here, and the UNet's rounding in a batch depends on the thread count (two threads split a batch
+    # of 2 differently from one), so a server on the machine's default threads gave other bytes in CI
+    env = {"PYTHONPATH": str(site), "OMP_NUM_THREADS": "1"}
+    with start_server(config, "--preset", f"nan={nan}", "--batch-window-ms", "300", env=env) as s:
         yield s
 
 
