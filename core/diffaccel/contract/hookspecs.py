@@ -14,10 +14,14 @@ Who calls what:
 * ``apply`` / ``run_with``: the adapter attaches; adapters with inner modules ask
   ``diffaccel_hooked_modules``. Then each generation: ``diffaccel_run_start``, per step
   ``diffaccel_pre_step``, per layer ``diffaccel_layer_output``, ``diffaccel_denoiser_output``,
-  ``diffaccel_post_step``; then ``diffaccel_finalize`` and ``diffaccel_run_end``.
+  ``diffaccel_commit`` (text samplers, after their draws), ``diffaccel_post_step``; then
+  ``diffaccel_finalize``, ``diffaccel_memory`` (per strategy) and ``diffaccel_run_end``.
   ``diffaccel_new_state`` runs the first time a strategy calls ``run.state(self)`` in a branch.
 * ``diffaccel bench``: ``diffaccel_bench_quality`` and ``diffaccel_bench_plot`` after the runs.
 * ``diffaccel tune``: ``diffaccel_tunables`` on the plugin of each strategy of the config.
+* the command line, given a command that a distribution declares (entry-point group
+  ``diffaccel.commands``): that declaration's ``diffaccel_register_commands``, once per process;
+  ``diffaccel plugins --check`` calls every plugin's and adapter's.
 
 Each hook's merge rule is declared once, here, with ``@contract(...)`` (``RULES``: first result,
 collected list, pipe, union, each with wrappers, per strategy), and the core's dispatcher is
