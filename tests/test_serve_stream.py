@@ -6,6 +6,8 @@ engine's observer in-process; a client that leaves mid-stream."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import signal
 import threading
 import time
@@ -16,7 +18,7 @@ import pytest
 
 from diffaccel.serve.launch import start_server
 from diffaccel.serve.metrics import parse
-from diffaccel.serve.stream import TextDeltas
+from diffaccel.serve.stream import Chunks, TextDeltas, events
 
 MASKED = '[model]\nadapter = "text"\ncheckpoint = "wordnet-masked"\nlength = 32\nsteps = 16\nblock_size = 8\n'
 ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
@@ -148,6 +150,33 @@ def test_text_deltas_hold_back_the_word_at_a_block_edge():
     f = TextDeltas(1)
     f.delta(0, "x y")
     assert f.rest(0, "x'y") == "'y"  # an edge decoded otherwise in context: the rest after the common start
+
+
+def test_a_batch_that_fails_after_a_block_was_sent_ends_with_an_error_event():
+    """The status line is gone by then: OpenAI's error event, which the client raises."""
+    from diffaccel.serve.batcher import Job
+    from diffaccel.serve.engine import RequestError, Work
+
+    class Client:  # a client that stays
+        async def receive(self):
+            await asyncio.Event().wait()
+
+    class Batcher:
+        cancelled: list = []
+
+        def cancel(self, job):
+            self.cancelled.append(job)
+
+    async def scenario() -> list[str]:
+        job = Job(Work("text", "default"), ["p"], [1], asyncio.get_running_loop().create_future(), stream=asyncio.Queue())
+        job.stream.put_nowait((0, "a dog is a"))
+        job.future.set_exception(RequestError(500, "boom at step 9", "strategy_error", code="bad"))
+        return [e async for e in events(Client(), Batcher(), job, None, Chunks("m", False), lambda rows: (None, {}), False)]
+
+    block, error = (json.loads(e[len("data: "):]) for e in asyncio.run(scenario()))
+    assert block["choices"] == [{"index": 0, "text": "a dog is", "logprobs": None, "finish_reason": None}]
+    assert error == {"error": {"message": "boom at step 9", "type": "strategy_error", "param": None, "code": "bad"}}
+    assert Batcher.cancelled == []  # its batch had ended: nothing to cancel
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from .batcher import Batcher, Job
+from .engine import RequestError, error_of
 
 DONE = "data: [DONE]\n\n"
 
@@ -104,7 +105,9 @@ async def _next(job: Job, gone: asyncio.Future) -> tuple[int, str] | None:
             get.cancel()
     if get.done() and not get.cancelled():
         return get.result()
-    return await _next(job, gone) if job.future.done() and not job.stream.empty() else None
+    # the batch ended: the blocks its last steps committed were put before its end (on the loop,
+    # in order), and are still to be sent
+    return job.stream.get_nowait() if job.future.done() and not job.stream.empty() else None
 
 
 async def events(request: Request, batcher: Batcher, job: Job, first: tuple[int, str] | None, chunks: Chunks,
@@ -115,7 +118,7 @@ async def events(request: Request, batcher: Batcher, job: Job, first: tuple[int,
     deltas = TextDeltas(job.rows)
     gone = asyncio.ensure_future(disconnected(request))
     try:
-        item = first
+        item = first if first is not None else await _next(job, gone)
         while item is not None:
             text = deltas.delta(*item)
             if text:
@@ -125,8 +128,7 @@ async def events(request: Request, batcher: Batcher, job: Job, first: tuple[int,
             return
         exc = job.future.exception()
         if exc is not None:  # the batch failed after the first block was sent: OpenAI's error event
-            yield sse(exc.body() if hasattr(exc, "body") else {"error": {"message": str(exc), "type": "server_error",
-                                                                          "param": None, "code": None}})
+            yield sse((exc if isinstance(exc, RequestError) else error_of(exc)).body())
             return
         rows = job.future.result()
         usage, extra = finish(rows)
