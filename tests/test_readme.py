@@ -34,17 +34,26 @@ def test_readme_is_under_200_lines_with_the_commands_the_table_and_the_links():
     assert "```python" not in text  # the examples live in docs/python.md
 
 
-def test_readme_has_a_text_and_a_diffusers_example_of_at_most_ten_lines():
+def test_readme_has_a_config_a_text_and_a_diffusers_example_of_at_most_ten_lines():
     blocks = python_blocks()
-    assert len(blocks) == 2
-    assert "StableDiffusionPipeline" in blocks[1] and "load_pipeline" in blocks[0]
+    assert len(blocks) == 3
+    assert "diffaccel.Run(" in blocks[0] and "load_pipeline" in blocks[1] and "StableDiffusionPipeline" in blocks[2]
     assert all(len(b.strip().splitlines()) <= 10 for b in blocks)
     assert all("strategies=" in b for b in blocks)
 
 
+def test_readme_config_example_runs_the_config_then_another_configs_strategies(monkeypatch, capsys):
+    monkeypatch.chdir(README.parent)  # the example names configs/ of the repository
+    exec(compile(python_blocks()[0], f"{README}:config-example", "exec"), {})
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].strip()  # a sample
+    assert out[-2].startswith("wordnet-masked, 128 steps, strategies: swd; ") and not out[-2].endswith("computed 100%")
+    assert eval(out[-1])["fraction_computed"] == 1.0  # text-default.toml has no strategy
+
+
 def test_readme_text_example_runs(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    exec(compile(python_blocks()[0], f"{README}:text-example", "exec"), {})
+    exec(compile(python_blocks()[1], f"{README}:text-example", "exec"), {})
     out = capsys.readouterr().out.splitlines()
     assert out[0].strip()  # a sample
     counters = eval(out[-1])  # the printed counters dict
@@ -66,7 +75,7 @@ def test_readme_diffusers_example_runs_on_a_tiny_pipeline(tmp_path, monkeypatch,
     monkeypatch.setattr(StableDiffusionPipeline, "from_pretrained", staticmethod(from_pretrained))
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
-    exec(compile(python_blocks()[1], f"{README}:diffusers-example", "exec"), namespace)
+    exec(compile(python_blocks()[2], f"{README}:diffusers-example", "exec"), namespace)
     assert asked == ["stable-diffusion-v1-5/stable-diffusion-v1-5"]
     with Image.open(tmp_path / "astronaut.png") as im:
         assert im.width > 0

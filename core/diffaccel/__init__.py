@@ -2,10 +2,11 @@
 
     import diffaccel
 
-    cfg = diffaccel.load_config("configs/text-default.toml")
-    pipe = diffaccel.load_pipeline(cfg)
-    with diffaccel.apply(pipe, cfg):
-        out = pipe(seed=0)
+    run = diffaccel.Run("configs/text-default.toml")   # the one run setup (diffaccel.runtime.runs)
+    out = run.generate(seed=0)                         # loads the model, applies the strategies
+    print(run.summary(out))
+
+or, on a pipeline loaded elsewhere, ``with diffaccel.apply(pipe, strategies=[{"use": "swd"}]): ...``.
 
 Plugins implement the hooks in ``diffaccel.contract.hookspecs`` with ``@diffaccel.hookimpl`` and
 register strategies through ``diffaccel_register(register)``; adapters (model families) implement
@@ -50,6 +51,7 @@ _LAZY = {
     # what plugins' own commands (sweeps, calibration) use of the run machinery and the bench; public
     # here so that a plugin imports only diffaccel, diffaccel.contract and diffaccel.kit (the plugin
     # contract in pyproject.toml), imported on first use: ``import diffaccel`` stays as light as it was
+    "Run": "diffaccel.runtime.runs",  # the one run setup: adapter, model, strategies, apply, report
     "get_adapter": "diffaccel.runtime.adapters_registry",
     "read_toml": "diffaccel.runtime.config",
     "run_bench": "diffaccel.bench.runner",
@@ -82,17 +84,16 @@ def tune(config, budget, out, **kwargs):
 
 def load_pipeline(config):
     """Load the model a config (or its path) names, through its adapter (an entry point of the
-    ``diffaccel.adapters`` group)."""
-    from .runtime.adapters_registry import get_adapter
+    ``diffaccel.adapters`` group): ``diffaccel.Run(config).pipe``, for a pipeline alone."""
+    from .runtime.runs import Run
 
-    cfg = config if isinstance(config, RunConfig) else load_config(config)
-    return get_adapter(cfg.model.adapter).load(cfg)
+    return Run(config).pipe
 
 
 __all__ = [
     "Accelerator", "Applied", "BrokenPlugin", "PLUGIN_API", "ConfigError", "ConfigValueError", "Counters", "DiffaccelError", "GuardConfig",
     "Layer", "ModelConfig", "ModelError", "ModelLoadError", "NonFiniteError", "NullAccelerator", "PluginError", "PluginWarning",
-    "Registry", "RunConfig", "RunInfo", "RunSequence", "RunState", "StepModel", "StepPlan", "Strategy", "StrategyError",
+    "Registry", "Run", "RunConfig", "RunInfo", "RunSequence", "RunState", "StepModel", "StepPlan", "Strategy", "StrategyError",
     "Tunable", "__version__", "apply", "build_strategies", "capabilities", "format_table", "generate_job", "get_adapter",
     "hookimpl", "load_config", "load_pipeline", "parse_config", "read_toml", "run_bench", "tune", "with_batch", "with_seed",
 ]
