@@ -9,6 +9,7 @@ import asyncio
 import json
 
 import httpx
+import openai
 import pytest
 
 from diffaccel.serve.launch import start_server
@@ -178,3 +179,13 @@ def test_metrics_parse_and_count_what_happened(server):
         if line.startswith("# TYPE"):
             assert line.split()[3] in ("counter", "gauge", "histogram")
     assert json.loads(httpx.get(f"{server.url}/health", timeout=10).text)["queue_depth"] == 0
+
+
+def test_stream_is_refused_for_a_model_without_blocks(server):
+    """The official client's ``stream=True`` on a masked model without blocks (all its tokens
+    finish together): one 400 naming ``stream``, before anything is queued."""
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="wordnet-masked", prompt="a dog", stream=True)
+    assert e.value.status_code == 400 and e.value.body["param"] == "stream"
+    assert "finish all tokens together" in e.value.body["message"]

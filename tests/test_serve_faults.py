@@ -117,6 +117,8 @@ def test_image_request_errors(image_server):
     assert r.status_code == 400 and r.json()["error"]["param"] == "size" and "32x32" in r.json()["error"]["message"]
     r = httpx.post(url, json={"prompt": "digit 2", "response_format": "url"}, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
+    r = httpx.post(url, json={"prompt": "digit 2", "stream": True}, timeout=30)  # an image is not streamed
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream"
     r = httpx.post(f"{image_server.url}/v1/completions", json={"prompt": "x"}, timeout=30)
     assert r.status_code == 400 and "/v1/images/generations" in r.json()["error"]["message"]
     # NaN from a strategy, with the finite guard off: an error response, never an image

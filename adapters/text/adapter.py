@@ -174,6 +174,19 @@ class TextAdapter:
                     sampler=o.sampler, temperature=o.temperature, block_size=o.block_size, progress=progress, **extra)
 
     @staticmethod
+    def block_length(pipe, config) -> int | None:
+        """``StreamsBlocks``: DiffusionGemma's canvas, or the masked sampler's ``block_size``, when
+        a run has more than one block (the samplers keep ``run.info.extra["committed"]``); task
+        runs and the continuous samplers (every position moves until the end) have none."""
+        o = config.options
+        if isinstance(pipe, DiffusionGemmaPipeline):
+            return pipe.canvas_length if o.length > pipe.canvas_length else None
+        sampler = o.sampler or ("masked" if pipe.kind == "masked" else "hybrid")
+        if o.task or sampler != "masked" or not o.block_size or o.block_size >= o.length:
+            return None
+        return o.block_size
+
+    @staticmethod
     def reference_run(pipe, config, seed: int) -> TextOutput:
         """The unaccelerated run with logits perturbed by ~1e-4: its agreement is the noise floor."""
         return TextAdapter.run(pipe, config, seed, progress=False, logit_noise=NOISE_FLOOR_STD)

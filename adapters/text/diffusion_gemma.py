@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from diffaccel.contract.adapter import Committed
 from diffaccel.contract.capabilities import TOKEN_LOGITS, TOKEN_POSITIONS
 from diffaccel.runtime.sequence import RunSequence, StepModel
 from diffaccel.kit.hygiene import deliberate
@@ -176,6 +177,7 @@ class DiffusionGemmaPipeline:
         model = self.model
         gc, model_kwargs = model._prepare_generation_config(None, **kw)
         B, cur_len = input_ids.shape
+        prompt_len = cur_len
         _, max_new = model._prepare_generated_length(gc, cur_len)
         C = model.config.canvas_length
         n_blocks = math.ceil(max_new / C)
@@ -257,6 +259,7 @@ class DiffusionGemmaPipeline:
                 input_ids, finished = model._finalize_canvas(input_ids=input_ids, finished_sequences=finished,
                                                              generation_config=gc, stopping_criteria=stopping,
                                                              canvas_length=C, eos_tensor=eos)
+                run.info.set(committed=_committed(self.tokenizer, input_ids, prompt_len))  # serve streams it
                 if bool(finished.all()):
                     break
                 cur_len, dec_mask, attention_mask, enc_pos, dec_pos = model._prepare_kwargs_for_next_canvas(
@@ -361,6 +364,12 @@ def _proposal(ctx: _GemmaContext, argmax: torch.Tensor, logits: torch.Tensor, do
     computed = None if ctx.step_sel is None else ctx.step_sel.mask()
     return CommitProposal(candidates=candidates, tokens=argmax, confidence=prob, scheduled=torch.zeros_like(candidates),
                           logits=logits, computed=computed, temperature=temperature, steps_left=[steps_left] * argmax.shape[0])
+
+
+def _committed(tokenizer, input_ids: torch.Tensor, prompt_len: int) -> Committed:
+    """Every block so far is final (``StreamsBlocks``): the generated text, decoded as the output's."""
+    return Committed([input_ids.shape[1] - prompt_len] * input_ids.shape[0],
+                     lambda r: tokenizer.decode(input_ids[r, prompt_len:].cpu().tolist()))
 
 
 def _multiples(length: int, C: int) -> str:

@@ -9,6 +9,8 @@ from typing import Any
 import attrs
 import torch
 
+from diffaccel.contract.adapter import Committed
+
 from .logits import TopKLogits
 
 
@@ -144,3 +146,14 @@ class TextOutput:
     def task_scores(self) -> list[dict[str, float]] | None:
         """A task run's per-row scores (``acc`` and the task's second metric); None otherwise."""
         return None if self.task is None else self.task.scores(self)
+
+
+def committed_blocks(x: torch.Tensor, mask_id: int, ends: list[int], decode) -> Committed:
+    """The masked sampler's ``Committed`` (``StreamsBlocks``): row r is final up to ``ends[r]``
+    (the start of its current block), or up to its first masked position if that is earlier (a
+    block left with positions masked: given no steps, or a run stopped early; finalize fills
+    them). Decoded on demand from ``x``, which the sampler edits in place only past that."""
+    masked = x == mask_id
+    first = torch.where(masked.any(1), masked.int().argmax(1), torch.full_like(masked[:, 0], x.shape[1], dtype=torch.long))
+    counts = [min(e, int(f)) for e, f in zip(ends, first.tolist())]
+    return Committed(counts, lambda r: decode(x[r, :counts[r]].cpu().tolist()))

@@ -31,7 +31,7 @@ from diffaccel.contract.state import RunState
 
 from .logits import CdfCache, TopKLogits, clean_estimate, draw, most_probable
 from .model import KVCache
-from .outputs import CommitProposal, TextFinal, TextOutput, TextStepOutput
+from .outputs import CommitProposal, TextFinal, TextOutput, TextStepOutput, committed_blocks
 from .positions import Positions
 from .run_context import _NOT_RUN, TextLayer, _refresh_computed, _RunContext
 
@@ -413,7 +413,7 @@ class TextDiffusionPipeline:
         if prefix_cache and early:
             raise ValueError("prefix_cache does not combine with a strategy that commits tokens early: rows would "
                              "leave their blocks at different steps, and the prefix is one for the batch")
-        blk, spent = [0] * B, [0] * B
+        blk, spent, shown = [0] * B, [0] * B, None
         banned = list(ctx.den.special_ids)
         cdfs = CdfCache((B, N, ctx.den.vocab_size), x.device) if accel.active and temperature > 0 else None
         for step in range(steps):
@@ -422,6 +422,9 @@ class TextDiffusionPipeline:
             for r in range(B):
                 while blk[r] < nb and (spent[r] >= per_block[blk[r]] or (early and not left[r][blk[r]])):
                     blk[r], spent[r] = blk[r] + 1, 0
+            if nb > 1 and blk != shown:  # a block committed: what serve streams (StreamsBlocks)
+                shown = list(blk)
+                run.info.set(committed=committed_blocks(x, mask_id, [min(b * block_size, N) for b in blk], self.tokenizer.decode))
             if early:
                 if all(b == nb for b in blk):
                     break

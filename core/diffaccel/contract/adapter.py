@@ -20,9 +20,11 @@ member of ``Adapter``; ``diffaccel plugins --check`` and the first use verify it
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
+
+import attrs
 
 
 @runtime_checkable
@@ -171,6 +173,31 @@ class PeersRunOtherConfigs(Protocol):
 
     def peer_run_config(self, config: Any, peer: Any) -> Any:
         """The ``RunConfig`` a peer entry runs (``peer``: an instance of a ``PEERS`` class)."""
+
+
+@runtime_checkable
+class StreamsBlocks(Protocol):
+    """Optional: ``diffaccel serve`` streams (``stream: true``) the runs of a model that makes its
+    output final block by block, in order (block diffusion, semi-autoregressive masked sampling):
+    each block is sent once committed. While such a run goes, the adapter keeps a ``Committed``
+    in ``run.info.extra["committed"]``, updated as blocks commit, read at every ``pre_step``."""
+
+    def block_length(self, pipe: Any, config: Any) -> int | None:
+        """Positions per block when the runs of ``config`` commit more than one block in order,
+        each final once committed (``Committed``); None when every position may change until the
+        run ends (one block, or a sampler without blocks)."""
+
+
+@attrs.define
+class Committed:
+    """What a run of a ``StreamsBlocks`` adapter has made final so far, per batch row."""
+
+    counts: list[int]
+    """Per row, its positions final so far: it grows as the row's blocks commit, and those
+    positions never change again."""
+    text: Callable[[int], str]
+    """``text(row)``: the text of those positions, decoded as the output's ``texts`` are (so the
+    row's final text begins with it, up to how the tokenizer joins pieces at the edge)."""
 
 
 def missing_members(adapter: Any) -> list[str]:

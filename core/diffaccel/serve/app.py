@@ -5,7 +5,8 @@
   ``temperature``; diffaccel's own knobs in one extra object ``diffaccel: {"steps": N,
   "preset": "name"}``. Each choice's ``text`` is the row's whole text, prompt included, exactly as
   ``diffaccel generate`` prints it; ``usage`` counts the prompt's tokens and the positions generated
-  past it (all choices).
+  past it (all choices). ``stream: true`` (``stream.py``): each committed block as a chunk, for
+  models that commit their text block by block; other models refuse it (400, ``param: stream``).
 * ``POST /v1/images/generations`` (image models): ``prompt``, ``n``, ``seed``, ``response_format``
   (``b64_json``: a PNG), ``size`` (only the served size), ``diffaccel`` as above.
 * ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus text format).
@@ -31,10 +32,11 @@ from typing import Any, Literal
 import attrs
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
+from . import stream
 from .batcher import Batcher, Job
 from .engine import FIELDS, NO_STRATEGIES, Engine, RequestError, Work
 from .metrics import Metrics
@@ -50,6 +52,13 @@ class Knobs(BaseModel):
     preset: str | None = None
 
 
+class StreamOptions(BaseModel):
+    """OpenAI's ``stream_options``: ``include_usage`` sends a last chunk with the ``usage``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    include_usage: bool = False
+
+
 class CompletionRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     model: str | None = None
@@ -59,6 +68,7 @@ class CompletionRequest(BaseModel):
     seed: int | None = Field(None, ge=0, le=MAX_SEED)
     temperature: float | None = Field(None, ge=0.0, le=100.0)
     stream: bool = False
+    stream_options: StreamOptions | None = None
     diffaccel: Knobs | None = None
 
 
@@ -88,59 +98,18 @@ def create_app(engine: Engine, *, max_batch: int, window_s: float, queue: int) -
     app = FastAPI(title="diffaccel serve", lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
     app.state.metrics = metrics
     app.add_middleware(_Observe, metrics=metrics)
-
-    # -- errors in OpenAI's shape --------------------------------------------------------------
-    @app.exception_handler(RequestError)
-    async def request_error(request: Request, exc: RequestError):
-        request.state.error_type = exc.type
-        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError):
-        return await request_error(request, _validation_error(exc.errors()))
-
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Request, exc: HTTPException):
-        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return await request_error(request, RequestError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", kind))
-
-    # -- endpoints ------------------------------------------------------------------------------
-    @app.get("/health")
-    async def health():
-        batcher = state["batcher"]
-        body = {"status": "draining" if batcher.draining else "ok", "model": engine.model_id, "kind": engine.kind,
-                "queue_depth": len(batcher.pending), "max_batch": max_batch}
-        return JSONResponse(body, status_code=503 if batcher.draining else 200)
-
-    @app.get("/metrics")
-    async def metrics_text():
-        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
-
-    @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [{
-            "id": engine.model_id, "object": "model", "created": 0, "owned_by": "diffaccel",
-            "diffaccel": {"adapter": engine.adapter.name, "kind": engine.kind, "presets": sorted(engine.presets),
-                          "max_batch": max_batch, "per_row_seeds": engine.row_seeds,
-                          "batch_invariant": engine.batch_invariant, "requests_share_batches": engine.cross_batch}}]}
+    _add_error_handlers(app)
+    _add_info_routes(app, engine, state, metrics, max_batch)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         _check_common(engine, "text", body.model, body.n, max_batch, "/v1/completions")
+        options = _completion_options(engine, body)
         if body.stream:
-            raise RequestError(400, "stream: streaming is not supported; a diffusion model finishes all tokens together",
-                               "invalid_request_error", param="stream")
-        options: dict[str, Any] = {}
-        if body.max_tokens is not None:
-            limit = engine.info.get("max_len")
-            _option(engine, "length", "max_tokens")
-            if isinstance(limit, int) and body.max_tokens > limit:
-                raise RequestError(400, f"max_tokens: {body.max_tokens} exceeds the model's {limit} positions; allowed: 1 to {limit}",
-                                   "invalid_request_error", param="max_tokens")
-            options["length"] = body.max_tokens
-        if body.temperature is not None:
-            _option(engine, "temperature", "temperature")
-            options["temperature"] = body.temperature
+            return await _stream(request, state["batcher"], engine, body, options)
+        if body.stream_options is not None:
+            raise RequestError(400, "stream_options: allowed only with stream: true", "invalid_request_error",
+                               param="stream_options")
         job, seconds = await _submit(request, state["batcher"], engine, "text", body.prompt, body.n, body.seed, body.diffaccel, options)
         rows = job.future.result()
         choices = [{"index": i, "text": t, "logprobs": None, "finish_reason": "length"} for i, t in enumerate(rows.texts())]
@@ -164,6 +133,97 @@ def create_app(engine: Engine, *, max_batch: int, window_s: float, queue: int) -
     return app
 
 
+def _add_error_handlers(app: FastAPI) -> None:
+    """Errors in OpenAI's shape."""
+
+    @app.exception_handler(RequestError)
+    async def request_error(request: Request, exc: RequestError):
+        request.state.error_type = exc.type
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError):
+        return await request_error(request, _validation_error(exc.errors()))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException):
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return await request_error(request, RequestError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", kind))
+
+
+def _add_info_routes(app: FastAPI, engine: Engine, state: dict[str, Batcher], metrics: Metrics, max_batch: int) -> None:
+    """``/health``, ``/metrics`` and ``/v1/models``."""
+
+    @app.get("/health")
+    async def health():
+        batcher = state["batcher"]
+        body = {"status": "draining" if batcher.draining else "ok", "model": engine.model_id, "kind": engine.kind,
+                "queue_depth": len(batcher.pending), "max_batch": max_batch}
+        return JSONResponse(body, status_code=503 if batcher.draining else 200)
+
+    @app.get("/metrics")
+    async def metrics_text():
+        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{
+            "id": engine.model_id, "object": "model", "created": 0, "owned_by": "diffaccel",
+            "diffaccel": {"adapter": engine.adapter.name, "kind": engine.kind, "presets": sorted(engine.presets),
+                          "max_batch": max_batch, "per_row_seeds": engine.row_seeds,
+                          "batch_invariant": engine.batch_invariant, "requests_share_batches": engine.cross_batch}}]}
+
+
+def _completion_options(engine: Engine, body: CompletionRequest) -> dict[str, Any]:
+    """The adapter options a completion request sets (``max_tokens``, ``temperature``)."""
+    options: dict[str, Any] = {}
+    if body.max_tokens is not None:
+        limit = engine.info.get("max_len")
+        _option(engine, "length", "max_tokens")
+        if isinstance(limit, int) and body.max_tokens > limit:
+            raise RequestError(400, f"max_tokens: {body.max_tokens} exceeds the model's {limit} positions; allowed: 1 to {limit}",
+                               "invalid_request_error", param="max_tokens")
+        options["length"] = body.max_tokens
+    if body.temperature is not None:
+        _option(engine, "temperature", "temperature")
+        options["temperature"] = body.temperature
+    return options
+
+
+async def _stream(request: Request, batcher: Batcher, engine: Engine, body: CompletionRequest,
+                  options: dict[str, Any]) -> StreamingResponse:
+    """A streamed completion: refused (400, ``stream``) unless the run commits blocks in order.
+    Waits for the first committed block (or the end) before answering, so that a request
+    refused or failed before then gets its error status, as without ``stream``."""
+    try:
+        engine.check_keys({}, options)
+    except ValueError:
+        block = 0  # a bad option: ``_enqueue`` names its field, as without stream
+    else:
+        block = engine.block_length(options)
+    if block is None:
+        raise RequestError(400, f"stream: not supported for this model ('{engine.model_id}'): its runs finish all "
+                           "tokens together; streaming needs a model that commits its text block by block "
+                           "(DiffusionGemma, or a masked sampler with block_size below the length; docs/serve.md)",
+                           "invalid_request_error", param="stream")
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    queue: asyncio.Queue = asyncio.Queue()
+    job, t0 = _enqueue(batcher, engine, "text", body.prompt, body.n, body.seed, body.diffaccel, options, stream=queue)
+    first = asyncio.ensure_future(queue.get())
+    try:
+        await _await(request, batcher, job, first)
+    finally:
+        if not first.done():
+            first.cancel()
+    item = first.result() if first.done() and not first.cancelled() else None
+
+    def finish(rows) -> tuple[dict[str, int] | None, dict[str, Any]]:
+        return _usage(rows.token_counts()), _extra(job, rows.report, time.perf_counter() - t0)
+
+    return stream.response(stream.events(request, batcher, job, item, stream.Chunks(engine.model_id, include_usage),
+                                         finish, include_usage))
+
+
 def _check_common(engine: Engine, kind: str, model: str | None, n: int, max_batch: int, path: str) -> None:
     if engine.kind != kind:
         other = "/v1/completions" if engine.kind == "text" else "/v1/images/generations"
@@ -183,8 +243,9 @@ def _option(engine: Engine, key: str, field: str) -> None:
                            "invalid_request_error", param=field)
 
 
-async def _submit(request: Request, batcher: Batcher, engine: Engine, kind: str, prompt: str, n: int, seed: int | None,
-                  knobs: Knobs | None, options: dict[str, Any]) -> tuple[Job, float]:
+def _enqueue(batcher: Batcher, engine: Engine, kind: str, prompt: str, n: int, seed: int | None, knobs: Knobs | None,
+             options: dict[str, Any], stream: asyncio.Queue | None = None) -> tuple[Job, float]:
+    """The request checked (preset, keys, seeds) and queued; the job and when it was queued."""
     preset = (knobs.preset if knobs else None) or "default"
     if preset not in engine.presets:
         raise RequestError(400, f"diffaccel.preset: unknown preset '{preset}'; allowed: {', '.join(sorted(engine.presets))}",
@@ -201,29 +262,32 @@ async def _submit(request: Request, batcher: Batcher, engine: Engine, kind: str,
         raise RequestError(400, f"seed: {seed} + n - 1 exceeds {MAX_SEED}", "invalid_request_error", param="seed")
     work = Work(kind, preset, tuple(sorted(model.items())), tuple(sorted(options.items())))
     t0 = time.perf_counter()
-    job = batcher.submit(work, [prompt] * n, [seed + i for i in range(n)])
-    gone = asyncio.ensure_future(_disconnected(request))
+    return batcher.submit(work, [prompt] * n, [seed + i for i in range(n)], stream=stream), t0
+
+
+async def _await(request: Request, batcher: Batcher, job: Job, first: asyncio.Future | None = None) -> None:
+    """Waits for the job's result (or, streamed, its first block); raises its error, or 499 when
+    the client went away first (its rows then leave the queue)."""
+    gone = asyncio.ensure_future(stream.disconnected(request))
     try:
-        await asyncio.wait({job.future, gone}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({job.future, gone} | ({first} if first is not None else set()), return_when=asyncio.FIRST_COMPLETED)
     finally:
         gone.cancel()
-    if not job.future.done():  # the client went away: its rows leave the queue
+    if not job.future.done() and not (first is not None and first.done()):  # the client went away
         batcher.cancel(job)
         raise RequestError(499, "the client closed the connection", "client_disconnected")
     if job.future.cancelled():
         raise RequestError(499, "the client closed the connection", "client_disconnected")
-    exc = job.future.exception()
+    exc = job.future.exception() if job.future.done() else None
     if exc is not None:
         raise exc
+
+
+async def _submit(request: Request, batcher: Batcher, engine: Engine, kind: str, prompt: str, n: int, seed: int | None,
+                  knobs: Knobs | None, options: dict[str, Any]) -> tuple[Job, float]:
+    job, t0 = _enqueue(batcher, engine, kind, prompt, n, seed, knobs, options)
+    await _await(request, batcher, job)
     return job, time.perf_counter() - t0
-
-
-async def _disconnected(request: Request) -> None:
-    """Returns when the client disconnects (the body has been read: the next message is that)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
 
 
 def _usage(counts: tuple[int, int] | None) -> dict[str, int] | None:

@@ -16,11 +16,16 @@ request of the running batch has gone away, the batch stops at its next step (``
 steps left are never computed); if some remain, the gone requests' rows finish with the batch and
 are discarded. ``drain`` (SIGTERM) refuses every queued request
 with 503 ``shutting_down`` and lets the running batch finish and answer.
+
+A streamed request (``stream: true``, ``stream.py``) is batched like any other; its job carries a
+queue, and the batch runs with an observer (``engine.StreamCommits``) that puts each of its rows'
+committed text there as blocks commit, from the worker thread through the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import threading
 import time
@@ -29,7 +34,7 @@ from typing import Any
 
 import attrs
 
-from .engine import Batch, Engine, RequestError, Work, error_of
+from .engine import Batch, Engine, RequestError, StreamCommits, Work, error_of
 from .metrics import Metrics
 
 
@@ -44,6 +49,8 @@ class Job:
     arrived: float = attrs.Factory(time.monotonic)
     rows_in_batch: int = 0
     """Rows of the batch it ran in (the response reports it)."""
+    stream: asyncio.Queue | None = None
+    """A streamed request's queue: ``(row, the row's final text so far)`` as its blocks commit."""
 
     @property
     def rows(self) -> int:
@@ -79,14 +86,14 @@ class Batcher:
                 pass
         self._executor.shutdown(wait=True)
 
-    def submit(self, work: Work, prompts: list[str], seeds: list[int]) -> Job:
+    def submit(self, work: Work, prompts: list[str], seeds: list[int], stream: asyncio.Queue | None = None) -> Job:
         if self.draining:
             raise RequestError(503, "the server is shutting down; retry on another instance", "server_shutting_down",
                                code="shutting_down")
         if len(self.pending) >= self.queue:
             raise RequestError(503, f"the queue is full ({self.queue} requests waiting); retry after the Retry-After seconds",
                                "server_overloaded", code="queue_full", headers={"Retry-After": str(self.retry_after())})
-        job = Job(work, prompts, seeds, asyncio.get_running_loop().create_future())
+        job = Job(work, prompts, seeds, asyncio.get_running_loop().create_future(), stream=stream)
         self.pending.append(job)
         self.metrics.queue_depth = len(self.pending)
         self._wake.set()
@@ -177,7 +184,9 @@ class Batcher:
         self.metrics.rows_in_flight = len(batch.seeds)
         t0 = time.perf_counter()
         try:
-            out = await loop.run_in_executor(self._executor, self.engine.run, batch, self._stop)
+            stream = _stream(loop, jobs)  # passed only when some request streams
+            run = functools.partial(self.engine.run, batch, self._stop, **({"stream": stream} if stream else {}))
+            out = await loop.run_in_executor(self._executor, run)
         except Exception as exc:  # noqa: BLE001 - every failure becomes the batch's error responses
             out, error = None, exc
         else:
@@ -208,6 +217,31 @@ class Batcher:
             else:
                 job.future.set_result(_Rows(out, at, job.rows))
             at += job.rows
+
+
+def _stream(loop: asyncio.AbstractEventLoop, jobs: list[Job]) -> StreamCommits | None:
+    """The observer that passes committed blocks to the batch's streamed jobs, or None. Its sink
+    runs in the worker thread: it only schedules ``put_nowait`` on the loop (an unbounded queue,
+    so a slow or gone client never blocks the batch)."""
+    owners: dict[int, tuple[Job, int]] = {}  # batch row -> (its job, the row in the job)
+    at = 0
+    for job in jobs:
+        if job.stream is not None:
+            owners.update((at + i, (job, i)) for i in range(job.rows))
+        at += job.rows
+    if not owners:
+        return None
+
+    def sink(texts: dict[int, str]) -> None:
+        for row, text in texts.items():
+            job, i = owners[row]
+            if not job.future.done():  # its client is still there (a stale read only costs a put)
+                try:
+                    loop.call_soon_threadsafe(job.stream.put_nowait, (i, text))
+                except RuntimeError:  # the loop has closed (the server stopped): nobody reads it
+                    return
+
+    return StreamCommits(sink, set(owners))
 
 
 @attrs.frozen

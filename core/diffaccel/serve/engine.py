@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
+from ..contract.adapter import StreamsBlocks
 from ..contract.errors import ConfigError, DiffaccelError, ModelError, NonFiniteError, StrategyError
 from ..contract.hookspecs import hookimpl
 from ..runtime.accelerator import apply, build_strategies
@@ -195,15 +197,26 @@ class Engine:
             options = attrs.evolve(options, **dict(batch.work.options))
         return attrs.evolve(base, model=model, options=options)
 
-    def run(self, batch: Batch, stop: threading.Event | None = None) -> Any:
+    def block_length(self, options: dict[str, Any]) -> int | None:
+        """Positions per streamed block of a request with these adapter options, or None when its
+        run finishes every position together (the adapter is no ``StreamsBlocks``, or says so)."""
+        if not isinstance(self.adapter, StreamsBlocks):
+            return None
+        cfg = self.config
+        if options:
+            cfg = attrs.evolve(cfg, options=attrs.evolve(cfg.options, **options))
+        return self.adapter.block_length(self.pipe, cfg)
+
+    def run(self, batch: Batch, stop: threading.Event | None = None, stream: "StreamCommits | None" = None) -> Any:
         """Generate ``batch``; raises ``StrategyError``, ``NonFiniteError``, ``ValueError`` (the
         adapter refused a row's input) or whatever the model raised. Once ``stop`` is set (every
         client of the batch went away), the run ends at its next step through ``run.stop``, as a
-        strategy would end it: the steps left are not computed and the output is discarded."""
+        strategy would end it: the steps left are not computed and the output is discarded.
+        ``stream`` hears of each block as it commits (streamed requests)."""
         preset = self.presets[batch.work.preset]
         cfg = self.batch_config(batch)
         extra = {"seeds": list(batch.seeds)} if self.row_seeds else {}
-        strategies = preset.strategies if stop is None else [*preset.strategies, StopWhenSet(stop)]
+        strategies = [*preset.strategies, *([StopWhenSet(stop)] if stop is not None else []), *([stream] if stream else [])]
         with apply(self.pipe, cfg, strategies=strategies, registry=self.registry):  # on_error, [guard]
             out = self.adapter.run(self.pipe, cfg, batch.seeds[0], progress=False, **extra)
         if isinstance(out, ImageRows) and not bool(out.images.isfinite().all()):
@@ -231,6 +244,29 @@ class StopWhenSet:
     def diffaccel_pre_step(self, run) -> None:
         if self.event.is_set():
             run.stop = True
+
+
+class StreamCommits:
+    """Hands the text of newly committed blocks to ``sink`` (``{row: the row's final text so
+    far}``, rows of ``rows`` only), read from the adapter's ``run.info.extra["committed"]``
+    (``StreamsBlocks``) at each step, in the worker thread. Only ``pre_step``, planning nothing:
+    outputs are unchanged; the last block arrives with the output itself."""
+
+    name = "serve-stream"
+
+    def __init__(self, sink: Callable[[dict[int, str]], None], rows: set[int]):
+        self.sink, self.rows = sink, rows
+        self.seen: dict[int, int] = {}
+
+    @hookimpl
+    def diffaccel_pre_step(self, run) -> None:
+        committed = run.info.extra.get("committed")
+        if committed is None:
+            return
+        grown = [r for r in self.rows if r < len(committed.counts) and committed.counts[r] > self.seen.get(r, 0)]
+        if grown:
+            self.seen.update((r, committed.counts[r]) for r in grown)
+            self.sink({r: committed.text(r) for r in grown})
 
 
 def error_of(exc: BaseException) -> RequestError:
