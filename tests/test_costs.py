@@ -90,9 +90,9 @@ def test_bench_entries_carry_their_memory_and_timing(tmp_path):
     (tmp_path / "ta.toml").write_text(MODEL + '[[strategy]]\nuse = "time-anchor"\nwarmup = 1\n')
     result = run_bench([str(tmp_path / "base.toml"), str(tmp_path / "ta.toml")], seeds=1, progress=False,
                        noise_floor=False, judge=None)
-    base, ta = result["entries"]
-    assert base["memory"] == {"state_mb": 0.0} and ta["memory"]["state_mb"] > 0
-    assert ta["memory"]["state_mb"] * 2**20 == max(sum(r["memory"]["state_bytes"].values()) for r in ta["reports"])
+    base, ta = result.entries
+    assert base.memory.to_dict() == {"state_mb": 0.0} and ta.memory.state_mb > 0
+    assert ta.memory.state_mb * 2**20 == max(sum(r["memory"]["state_bytes"].values()) for r in ta.reports)
     assert result["timing"]["synchronize"] == "none: the CPU runs ops eagerly" and result["timing"]["warmup_runs"] == 1
     assert result["model"]["dtype"] == "float32" and result["memory"]["process_peak_rss_mb"] > 0
     assert "state MB" in format_table(result).splitlines()[1]

@@ -270,15 +270,16 @@ def _bench(args) -> int:
         return main_bench(args)
     from ..bench.runner import format_table, run_bench
     from ..bench.grid import parse_grid
+    from ..bench.options import BenchOptions
 
     if args.quality_only and args.report_dir:
         raise ConfigError("--report: not available with --quality-only (a report plots speedup against quality)")
     outputs: dict | None = {} if args.report_dir else None
     plot_dir = args.plot_dir or (f"{args.report_dir}/plots" if args.report_dir else None)
-    result = run_bench(args.configs, seeds=args.seeds, repeats=args.repeats, json_path=args.json_path,
-                       noise_floor=not args.no_noise_floor, progress=not args.no_progress, plot_dir=plot_dir,
-                       batch=args.batch, seed=args.seed, judge=args.judge, keep_outputs=outputs,
-                       timed=not args.quality_only, grid=parse_grid(args.grid), solver_line=args.solver_line)
+    result = run_bench(args.configs, BenchOptions(
+        seeds=args.seeds, repeats=args.repeats, json_path=args.json_path, noise_floor=not args.no_noise_floor,
+        progress=not args.no_progress, plot_dir=plot_dir, batch=args.batch, seed=args.seed, judge=args.judge,
+        timed=not args.quality_only, grid=parse_grid(args.grid), solver_line=args.solver_line), keep_outputs=outputs)
     print(format_table(result))
     if args.json_path:
         print(f"wrote {args.json_path}")
@@ -393,13 +394,15 @@ def _serve(args) -> int:
 
 def _tune(args) -> int:
     from ..tuning.model_space import parse_model_space
+    from ..tuning.options import TuneOptions
     from ..tuning.tuner import tune
 
     model_space = parse_model_space(args.model_space)  # before anything loads
     try:
-        result = tune(args.config, args.budget, args.out, trials=args.trials, tune_seeds=args.tune_seeds, heldout=args.heldout,
-                      heldout_seed=args.heldout_seed, batch=args.batch, judge=args.judge, candidates=args.candidates,
-                      report=args.report, progress=not args.no_progress, model_space=model_space)
+        result = tune(args.config, args.budget, args.out, TuneOptions(
+            trials=args.trials, tune_seeds=args.tune_seeds, heldout=args.heldout, heldout_seed=args.heldout_seed,
+            batch=args.batch, judge=args.judge, candidates=args.candidates, report=args.report,
+            progress=not args.no_progress, model_space=model_space))
     except KeyboardInterrupt:
         _say(f"diffaccel: tune interrupted; the finished trials are kept: run the same command again to resume")
         return 130
