@@ -137,7 +137,7 @@ def test_every_hook_is_exercised_through_the_core(tmp_path):
     """register, setup, the run hooks and the bench hooks through run_bench on the shipped text
     model; hooked_modules through an adapter declaring inner-modules."""
     from diffaccel.bench.runner import run_bench
-    from diffaccel.adapters.unet.testing import tiny_digits_pipeline
+    from diffaccel.adapters.diffusers.unet.testing import tiny_digits_pipeline
 
     log: list[str] = []
     reg = _registry(log)

@@ -126,7 +126,7 @@ def test_training_lowers_the_loss_and_resumes(tmp_path):
     tok = spec.tokenizer()
     ids, gen = encode(spec, tok, [spec.problem(s) for s in range(16)])
     out = _tiny_task_model(tmp_path)
-    from diffaccel.adapters.text.model import TextDiffusionLM
+    from diffaccel.adapters.text.sampling.model import TextDiffusionLM
 
     def loss_of(model):
         with torch.no_grad():
@@ -244,7 +244,7 @@ def test_focus_marks_the_result_digits_only():
 
 
 def test_shipped_sudoku_model_solves_held_out_puzzles():
-    from diffaccel.adapters.text.loading import load_pipeline
+    from diffaccel.adapters.text.families.dispatch import load_pipeline
     from diffaccel.adapters.text.tasks.evaluate import solve
 
     spec = task_spec("sudoku", 6)

@@ -189,7 +189,7 @@ def test_a_trial_runs_its_first_chunk_once_and_an_idle_point_reports_it(tmp_path
 
 
 def test_a_loaded_pipeline_is_tuned_with_its_strategy_tables(tmp_path):
-    from diffaccel.adapters.text.loading import load_pipeline
+    from diffaccel.adapters.text.families.dispatch import load_pipeline
 
     reg = _registry()
     pipe = load_pipeline("wordnet-masked")

@@ -12,8 +12,8 @@ import torch
 import diffaccel
 import diffaccel_swd
 from diffaccel import ConfigError, ConfigValueError, hookimpl
-from diffaccel.adapters.text.logits import most_probable
-from diffaccel.adapters.text.pipeline import TextStepOutput
+from diffaccel.adapters.text.sampling.logits import most_probable
+from diffaccel.adapters.text.sampling.pipeline import TextStepOutput
 from diffaccel.runtime.config import parse_config
 from diffaccel.contract.state import RunState, StepPlan
 from diffaccel.adapters.text.testing import tiny_text_pipeline
