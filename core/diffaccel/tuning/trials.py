@@ -15,10 +15,11 @@ from tqdm.auto import tqdm
 
 from ..contract.errors import ConfigError
 from ..kit.stats import finite
-from ..runtime.accelerator import apply, build_strategies
+from ..runtime.accelerator import apply
 from ..runtime.config import RunConfig
 from ..runtime.placement import DeviceClock
 from ..runtime.registry import Registry, call_own
+from ..runtime.runs import Run
 from .model_space import apply_model, model_context
 from .search import MODEL, Measured, Space, feasible_front, run_trials
 
@@ -45,7 +46,8 @@ class _Trials:
 
     def __init__(self, adapter: Any, pipe: Any, config: RunConfig, registry: Registry, judge: Any):
         self.adapter, self.pipe, self.config, self.registry, self.judge = adapter, pipe, config, registry, judge
-        self.info = adapter.info(pipe)
+        self.setup = Run(config, registry=registry, pipe=pipe)  # the model's facts, the trials' strategies
+        self.info = self.setup.info
         self.base_out: dict[int, Any] = {}
         self.base_quality: dict[tuple[int, ...], dict[str, float]] = {}
         self.count = 0
@@ -62,7 +64,7 @@ class _Trials:
             self.runs = (key, {})
         done = self.runs[1]
         cfg = with_point(self.config, point, f"tune trial {self.count}")
-        strategies = build_strategies(cfg, self.registry, self.info)
+        strategies = self.setup.build(cfg)
         for i, seed in enumerate(s for s in seeds if s not in done):
             for which in (("base", "trial") if i % 2 == 0 else ("trial", "base")):
                 if which == "base":
