@@ -136,6 +136,7 @@ def _registry(log):
 def test_every_hook_is_exercised_through_the_core(tmp_path):
     """register, setup, the run hooks and the bench hooks through run_bench on the shipped text
     model; hooked_modules through an adapter declaring inner-modules."""
+    from diffaccel.bench.options import BenchOptions
     from diffaccel.bench.runner import run_bench
     from diffaccel.adapters.diffusers.unet.testing import tiny_digits_pipeline
 
@@ -144,8 +145,8 @@ def test_every_hook_is_exercised_through_the_core(tmp_path):
     cfg = tmp_path / "probe.toml"
     cfg.write_text('[model]\nadapter = "text"\ncheckpoint = "wordnet-masked"\nlength = 8\nsteps = 2\n'
                    '[[strategy]]\nuse = "probe"\n')
-    result = run_bench([str(cfg)], seeds=1, progress=False, registry=reg, plot_dir=str(tmp_path / "plots"),
-                       noise_floor=False)
+    result = run_bench([str(cfg)],
+        BenchOptions(seeds=1, progress=False, plot_dir=str(tmp_path / "plots"), noise_floor=False), registry=reg)
     probe = next(e for e in result.entries if e.name == "probe")
     assert probe.reports[0]["strategies"]["probe"] == {"steps": 2}
     assert probe.quality["probe_rows"] == 1.0 and result.entries[0].quality["probe_rows"] == 1.0

@@ -164,12 +164,13 @@ def test_bad_prompt_exits_2_before_the_model_loads(tmp_path, capsys):
 
 
 def test_adapter_reports_task_scores_with_intervals(tmp_path):
+    from diffaccel.bench.options import BenchOptions
     from diffaccel.bench.runner import run_bench
 
     folder = _tiny_task_model(tmp_path)
     keep: dict = {}
-    res = run_bench([str(_config(tmp_path, folder))], seeds=3, timed=False, noise_floor=False, progress=False,
-                    judge="default", keep_outputs=keep)
+    res = run_bench([str(_config(tmp_path, folder))],
+        BenchOptions(seeds=3, timed=False, noise_floor=False, progress=False, judge="default"), keep_outputs=keep)
     base = res["entries"][0]
     assert "judge" not in res  # no judge for a task model, even when the default is asked
     scores = [s for o in keep["baseline"] for s in o.task_scores]

@@ -213,11 +213,12 @@ def test_deepcache_peer_changes_images_and_leaves_no_trace():
 def test_bench_runs_the_peer_interleaved(tmp_path):
     import json
 
+    from diffaccel.bench.options import BenchOptions
     from diffaccel.bench.runner import format_table, run_bench
 
     cfg = tmp_path / "tiny.toml"
     cfg.write_text(UNET + 'steps = 6\nprompts = ["a red cube"]\n[[peer]]\nuse = "deepcache"\ncache_interval = 2\n')
-    result = run_bench([str(cfg)], seeds=2, progress=False, json_path=str(tmp_path / "b.json"))
+    result = run_bench([str(cfg)], BenchOptions(seeds=2, progress=False, json_path=str(tmp_path / "b.json")))
     names = [e["name"] for e in result["entries"]]
     assert names == ["baseline", "deepcache-i2"]
     peer = result["entries"][1]
