@@ -94,11 +94,11 @@ def test_bench_entries_carry_their_memory_and_timing(tmp_path):
     base, ta = result.entries
     assert base.memory.to_dict() == {"state_mb": 0.0} and ta.memory.state_mb > 0
     assert ta.memory.state_mb * 2**20 == max(sum(r["memory"]["state_bytes"].values()) for r in ta.reports)
-    assert result["timing"]["synchronize"] == "none: the CPU runs ops eagerly" and result["timing"]["warmup_runs"] == 1
-    assert result["model"]["dtype"] == "float32" and result["memory"]["process_peak_rss_mb"] > 0
+    assert result.timing.synchronize == "none: the CPU runs ops eagerly" and result.timing.warmup_runs == 1
+    assert result.model.dtype == "float32" and result.memory.process_peak_rss_mb > 0
     assert "state MB" in format_table(result).splitlines()[1]
     head, rows = table(result)
-    assert head[3] == "state MB" and rows[1][3] == memory_cell(ta["memory"])
+    assert head[3] == "state MB" and rows[1][3] == memory_cell(ta.memory)
 
 
 def test_the_cell_shows_the_device_peak_over_the_baseline():

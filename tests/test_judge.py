@@ -301,7 +301,7 @@ def test_no_judge_and_none_leave_the_quality_keys_as_they_were(tmp_path):
     paths = _bench_configs(tmp_path)
     for judge in (None, "none"):
         result = run_bench(paths, BenchOptions(seeds=1, progress=False, noise_floor=False, judge=judge))
-        assert "judge" not in result and all("gen_ppl" not in e["quality"] for e in result["entries"])
+        assert not result.has("judge") and all("gen_ppl" not in e.quality for e in result.entries)
 
 
 def test_import_diffaccel_and_the_judge_module_stay_light():
