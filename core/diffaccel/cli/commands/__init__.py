@@ -1,4 +1,11 @@
-"""Subcommands that plugins and adapters add to ``diffaccel`` (the ``diffaccel_register_commands`` hook).
+"""The ``diffaccel`` commands as objects: the core's, the plugins' and the adapters' alike, each
+added by a ``diffaccel_register_commands`` implementation calling ``commands.add(...)`` once per
+command, parsed and run by one dispatch path (``diffaccel.cli.entry``).
+
+The core registers its own commands the way a plugin does (``diffaccel_register_commands`` below):
+one module per command in this package, named as the command (``generate.py``, ``scale_bench.py``),
+holding its options, the checks it runs before any adapter import (its ``precheck``), its run
+and its examples for ``--help``. ``CORE`` names them in ``diffaccel --help`` order.
 
 Plugins (entry-point group ``diffaccel``) implement the hook in their plugin module, marked
 ``@diffaccel.hookimpl``; adapters (group ``diffaccel.adapters``) as an attribute of the adapter
@@ -35,13 +42,18 @@ from typing import Any
 
 import attrs
 
-from ..contract.errors import PluginError
+from ...contract.errors import PluginError
 
 ENTRY_GROUP = "diffaccel.commands"
 """Entry-point group declaring commands by name (read without importing anything)."""
 
 GROUPS = ("train",)
 """Core commands whose subcommands come from adapters: ``diffaccel train MODEL`` (``group="train"``)."""
+
+CORE = ("generate", "bench", "overhead", "partial", "plugins", "check", "train", "scale-bench", "tune", "serve", "fluency")
+"""The core's commands, in ``diffaccel --help`` order; each is the module of this package named as
+it (``-`` as ``_``). Parsing one imports no plugin or adapter, except ``train`` (its models come
+from adapters)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -61,7 +73,13 @@ class Command:
     group: str | None = None
     """A core command that groups subcommands (``train``), or None for a top-level command."""
     source: str = ""
-    """Who registered it (``plugin 'swd'``, ``adapter 'text'``), set by ``collect``."""
+    """Who registered it (``plugin 'swd'``, ``adapter 'text'``), set by ``collect``; empty for the core's."""
+    precheck: Callable[[argparse.Namespace], None] | None = None
+    """Checks of the parsed options run before ``run`` (paths, counts, config files), importing no
+    adapter or model library: a mistake is one line before minutes of loading."""
+    subcommands: str | None = None
+    """For a command of ``GROUPS``: the metavar of the subcommands registered with ``group=NAME``
+    (``train``'s ``MODEL``)."""
 
 
 class Commands:
@@ -74,17 +92,33 @@ class Commands:
 
     def add(self, name: str, *, help: str, run: Callable[[argparse.Namespace], int],
             arguments: Callable[[argparse.ArgumentParser], None] | None = None, examples: str = "",
-            group: str | None = None) -> None:
+            group: str | None = None, precheck: Callable[[argparse.Namespace], None] | None = None,
+            subcommands: str | None = None) -> None:
         if not name or name.startswith("-") or any(c.isspace() for c in name):
             raise PluginError(f"command name {name!r} is not a word")
         if group is not None and group not in GROUPS:
             raise PluginError(f"command '{name}': group {group!r} is not one of {', '.join(GROUPS)}")
+        if subcommands is not None and (group is not None or name not in GROUPS):
+            raise PluginError(f"command '{name}': only the core's groups ({', '.join(GROUPS)}) take subcommands")
         if (group, name) in self._taken:
             shown = f"{group} {name}" if group else name
             raise PluginError(f"command '{shown}' is already taken (a core command or another registration)")
         self._taken.add((group, name))
         self.added.append(Command(name=name, help=help, run=run, arguments=arguments, examples=examples,
-                                  group=group, source=self.source))
+                                  group=group, source=self.source, precheck=precheck, subcommands=subcommands))
+
+
+def diffaccel_register_commands(commands: Commands) -> None:
+    """The core's own registration: each module of ``CORE`` adds its command, in help order."""
+    for name in CORE:
+        importlib.import_module(f"{__name__}.{name.replace('-', '_')}").register(commands)
+
+
+def core() -> list[Command]:
+    """The core's commands (``diffaccel_register_commands`` into an empty ``Commands``)."""
+    commands = Commands("", set())
+    diffaccel_register_commands(commands)
+    return commands.added
 
 
 def _function(impl: Any) -> Any:
@@ -98,8 +132,8 @@ def collect(core: tuple[str, ...], registry: Any = None) -> tuple[list[Command],
 
     Each registration runs on its own: one that raises (or takes a name already taken) is left
     out whole, nothing it added is kept, and the others still register."""
-    from ..runtime.adapters_registry import adapter_names, get_adapter
-    from ..runtime.registry import Registry
+    from ...runtime.adapters_registry import adapter_names, get_adapter
+    from ...runtime.registry import Registry
 
     taken: set[tuple[str | None, str]] = {(None, name) for name in core}
     found: list[Command] = []
@@ -164,7 +198,7 @@ def declared(core: tuple[str, ...]) -> tuple[list[Declared], list[str]]:
     imported), and one line per declaration refused: a core command's name, a name declared
     twice, a group the core does not have. Commands of a distribution whose every plugin is
     blocked (``DIFFACCEL_PLUGINS``, ``DIFFACCEL_BLOCK_PLUGINS``) are left out."""
-    from ..runtime.registry import blocked_distributions
+    from ...runtime.registry import blocked_distributions
 
     blocked = blocked_distributions()
     taken: set[tuple[str | None, str]] = {(None, name) for name in core}
