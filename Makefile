@@ -85,7 +85,7 @@ train-text: setup
 # (outside git), then wordnet-masked's condition path trained on them (see docs/models.md)
 # (the text adapter writes its training lines to a file, which bert-cond's encoder reads: neither imports the other)
 train-text-cond: setup
-	$(BIN)/python -m diffaccel.adapters.text.loading.corpus --split train --out runs/conditions/train-lines.txt
+	$(BIN)/diffaccel text-corpus --split train --out runs/conditions/train-lines.txt
 	$(BIN)/python -m diffaccel_bert_cond.conditions --lines-from runs/conditions/train-lines.txt --out runs/conditions/shard0.safetensors --lines 2240
 	$(BIN)/python -m diffaccel_bert_cond.conditions --lines-from runs/conditions/train-lines.txt --out runs/conditions/shard1.safetensors --lines 2304 --offset 20000
 	$(BIN)/python -m diffaccel_bert_cond.conditions --lines-from runs/conditions/train-lines.txt --out runs/conditions/shard2.safetensors --lines 2304 --offset 40000

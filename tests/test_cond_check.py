@@ -67,9 +67,10 @@ def test_a_conditions_file_round_trips_and_a_damaged_one_is_refused(tmp_path):
 
 
 def test_the_corpus_writes_the_heldout_lines_that_the_bench_sources_leave(tmp_path):
-    from diffaccel.adapters.text.loading.corpus import heldout_lines, main
     from diffaccel.adapters.text.evaluation.metrics import reference_lines
+    from diffaccel.adapters.text.loading.corpus import heldout_lines
+    from diffaccel.cli.entry import main
 
-    assert main(["--split", "heldout", "--out", str(tmp_path / "lines.txt")]) == 0
+    assert main(["text-corpus", "--split", "heldout", "--out", str(tmp_path / "lines.txt")]) == 0
     written = (tmp_path / "lines.txt").read_text(encoding="utf-8").split("\n")[:-1]
     assert written + reference_lines() == heldout_lines() and not set(written) & set(reference_lines())

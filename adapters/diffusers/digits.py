@@ -128,10 +128,7 @@ def train_loop(cfg: Any, pipe, denoiser: torch.nn.Module, predict: Callable[...,
     ``checkpoint_minutes``, ``eval_per_class``). ``predict(denoiser, xt, t, cond)`` is one
     noise prediction; ``snapshot(ema_denoiser, ema_text)`` the pipeline that is saved and
     evaluated. ``name`` names the denoiser in train.json and the plot. ``bar``: a progress bar
-    rather than a line every 100 steps.
-
-    Threads: with ``threads`` > 1, every 150 steps 10 steps at the other setting (1 or
-    ``threads``) decide which is faster now (a busy machine can make 2 threads slower than 1).
+    rather than a line every 100 steps. Threads: ``_Threads``.
     """
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -146,70 +143,19 @@ def train_loop(cfg: Any, pipe, denoiser: torch.nn.Module, predict: Callable[...,
         p.requires_grad_(False)
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.01)
     warmup = 100
-    started = time.time()
-
-    def progress(step: int) -> float:
-        by_time = (time.time() - started) / (cfg.max_minutes * 60) if cfg.max_minutes else 0.0
-        return min(1.0, max(step / cfg.steps, by_time))
-
+    log = _TrainLog(out, cfg, name, time.time())
     lr_sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * progress(s))))
+        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * log.progress(s))))
     alphas = sched.alphas_cumprod
     gen = torch.Generator().manual_seed(cfg.seed)
-    losses: list[float] = []
-    evals: list[dict] = []
     next_ckpt = cfg.checkpoint_minutes * 60
     progress_bar = tqdm(total=cfg.steps, desc="train digits", unit="step", mininterval=5.0, disable=not bar)
     step = 0
-
-    def save(final: bool) -> None:
-        snap = snapshot(ema_denoiser, ema_text)
-        entry = {"step": step, "minutes": (time.time() - started) / 60}
-        if cfg.eval_per_class:
-            entry["accuracy"] = conditioning_accuracy(snap, per_class=cfg.eval_per_class, steps=25, guidance=2.0)
-            print(f"step {step}: quick accuracy {entry['accuracy']['overall']:.3f}", file=sys.stderr, flush=True)
-        evals.append(entry)
-        snap.save_pretrained(str(out), safe_serialization=True)
-        meta = {"config": attrs.asdict(cfg), "steps_done": step, "minutes": (time.time() - started) / 60,
-                "final": final, "loss_last_200": float(np.mean(losses[-200:])) if losses else None,
-                "evals": evals, f"parameters_{name}": sum(p.numel() for p in denoiser.parameters()),
-                "parameters_text_encoder": sum(p.numel() for p in text.parameters()),
-                "threads": torch.get_num_threads()}
-        (out / "train.json.partial").write_text(json.dumps(meta, indent=2))
-        (out / "train.json.partial").replace(out / "train.json")
-        plot_losses(out / "curves.png", losses, f"digits {name}: training loss")
-
-    threads_now, probe_every, window = cfg.threads, 150, 10
-    recent: list[float] = []  # step times at threads_now
-    probe: list[float] = []  # step times at the other setting
-    while step < cfg.steps and progress(step) < 1.0:
-        phase = step % probe_every
-        other = 1 if threads_now > 1 else cfg.threads
-        probing = cfg.threads > 1 and step > 0 and phase < window
-        torch.set_num_threads(other if probing else threads_now)
-        if cfg.threads > 1 and step > 0 and phase == window and probe and len(recent) >= window:
-            if np.median(probe) < np.median(recent[-window:]):
-                threads_now = other
-                print(f"step {step}: {other} thread(s) are faster now ({np.median(probe):.2f}s vs "
-                      f"{np.median(recent[-window:]):.2f}s per step)", file=sys.stderr, flush=True)
-                recent = list(probe)
-            probe = []
-            torch.set_num_threads(threads_now)
+    threads = _Threads(cfg.threads)
+    while step < cfg.steps and log.progress(step) < 1.0:
+        threads.before(step)
         t_step = time.time()
-        denoiser.train()
-        text.train()
-        idx = torch.randint(0, len(x_all), (cfg.batch,), generator=gen)
-        x0, y = x_all[idx], y_all[idx]
-        form = torch.randint(0, 2, (cfg.batch,), generator=gen) * 10  # "digit N" or "N"
-        drop = torch.rand(cfg.batch, generator=gen) < cfg.p_uncond
-        rows = torch.where(drop, torch.full_like(y, 20), y + form)
-        t = torch.randint(0, len(alphas), (cfg.batch,), generator=gen)
-        noise = torch.randn(x0.shape, generator=gen)
-        ab = alphas[t].view(-1, 1, 1, 1)
-        xt = ab.sqrt() * x0 + (1 - ab).sqrt() * noise
-        cond = text(ids_table[rows])[0]
-        pred = predict(denoiser, xt, t, cond)
-        loss = F.mse_loss(pred, noise)
+        loss = _digits_loss(cfg, denoiser, text, predict, x_all, y_all, ids_table, alphas, gen)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -218,22 +164,111 @@ def train_loop(cfg: Any, pipe, denoiser: torch.nn.Module, predict: Callable[...,
         decay = min(cfg.ema, (1 + step) / (10 + step))
         with torch.no_grad():
             torch._foreach_lerp_(ema_params, [p.detach() for p in params], 1 - decay)
-        losses.append(loss.item())
-        (probe if probing else recent).append(time.time() - t_step)
-        recent = recent[-50:]
+        log.losses.append(loss.item())
+        threads.after(time.time() - t_step)
         step += 1
         progress_bar.update(1)
-        if bar and step % 20 == 0:
-            progress_bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}", lr=f"{lr_sched.get_last_lr()[0]:.2e}")
-        if not bar and step % 100 == 0:
-            print(f"step {step} loss {np.mean(losses[-100:]):.4f} lr {lr_sched.get_last_lr()[0]:.2e} "
-                  f"{(time.time() - started) / 60:.1f} min", file=sys.stderr, flush=True)
-        if time.time() - started >= next_ckpt:
-            save(final=False)
+        log.report(step, progress_bar if bar else None, lr_sched.get_last_lr()[0])
+        if time.time() - log.started >= next_ckpt:
+            log.save(snapshot(ema_denoiser, ema_text), step, denoiser, text, final=False)
             next_ckpt += cfg.checkpoint_minutes * 60
     progress_bar.close()
-    save(final=True)
+    log.save(snapshot(ema_denoiser, ema_text), step, denoiser, text, final=True)
     return out
+
+
+def _digits_loss(cfg: Any, denoiser: torch.nn.Module, text: torch.nn.Module, predict: Callable[..., torch.Tensor],
+                 x_all: torch.Tensor, y_all: torch.Tensor, ids_table: torch.Tensor, alphas: torch.Tensor,
+                 gen: torch.Generator) -> torch.Tensor:
+    """One batch's loss: digits drawn, prompts ("digit N", "N" or the empty one, ``p_uncond``),
+    timesteps and noise from ``gen``, the noise prediction's MSE."""
+    denoiser.train()
+    text.train()
+    idx = torch.randint(0, len(x_all), (cfg.batch,), generator=gen)
+    x0, y = x_all[idx], y_all[idx]
+    form = torch.randint(0, 2, (cfg.batch,), generator=gen) * 10  # "digit N" or "N"
+    drop = torch.rand(cfg.batch, generator=gen) < cfg.p_uncond
+    rows = torch.where(drop, torch.full_like(y, 20), y + form)
+    t = torch.randint(0, len(alphas), (cfg.batch,), generator=gen)
+    noise = torch.randn(x0.shape, generator=gen)
+    ab = alphas[t].view(-1, 1, 1, 1)
+    xt = ab.sqrt() * x0 + (1 - ab).sqrt() * noise
+    cond = text(ids_table[rows])[0]
+    pred = predict(denoiser, xt, t, cond)
+    return F.mse_loss(pred, noise)
+
+
+class _Threads:
+    """With ``threads`` > 1, every ``every`` steps ``window`` steps at the other setting (1 or
+    ``threads``) decide which is faster now (a busy machine can make 2 threads slower than 1)."""
+
+    def __init__(self, threads: int, every: int = 150, window: int = 10):
+        self.threads, self.now, self.every, self.window = threads, threads, every, window
+        self.recent: list[float] = []  # step times at self.now
+        self.probe: list[float] = []  # step times at the other setting
+        self.probing = False
+
+    def before(self, step: int) -> None:
+        phase = step % self.every
+        other = 1 if self.now > 1 else self.threads
+        self.probing = self.threads > 1 and step > 0 and phase < self.window
+        torch.set_num_threads(other if self.probing else self.now)
+        window = self.window
+        if self.threads > 1 and step > 0 and phase == window and self.probe and len(self.recent) >= window:
+            if np.median(self.probe) < np.median(self.recent[-window:]):
+                self.now = other
+                print(f"step {step}: {other} thread(s) are faster now ({np.median(self.probe):.2f}s vs "
+                      f"{np.median(self.recent[-window:]):.2f}s per step)", file=sys.stderr, flush=True)
+                self.recent = list(self.probe)
+            self.probe = []
+            torch.set_num_threads(self.now)
+
+    def after(self, seconds: float) -> None:
+        (self.probe if self.probing else self.recent).append(seconds)
+        self.recent = self.recent[-50:]
+
+
+@attrs.define
+class _TrainLog:
+    """A digits training's progress: its losses, its evaluations, train.json and the loss plot."""
+
+    out: Path
+    cfg: Any
+    name: str
+    started: float
+    losses: list[float] = attrs.field(factory=list)
+    evals: list[dict] = attrs.field(factory=list)
+
+    def progress(self, step: int) -> float:
+        cfg = self.cfg
+        by_time = (time.time() - self.started) / (cfg.max_minutes * 60) if cfg.max_minutes else 0.0
+        return min(1.0, max(step / cfg.steps, by_time))
+
+    def report(self, step: int, bar: Any, lr: float) -> None:
+        """The progress bar's loss every 20 steps, or without a bar a line every 100."""
+        if bar is not None and step % 20 == 0:
+            bar.set_postfix(loss=f"{np.mean(self.losses[-50:]):.4f}", lr=f"{lr:.2e}")
+        if bar is None and step % 100 == 0:
+            print(f"step {step} loss {np.mean(self.losses[-100:]):.4f} lr {lr:.2e} "
+                  f"{(time.time() - self.started) / 60:.1f} min", file=sys.stderr, flush=True)
+
+    def save(self, snap: Any, step: int, denoiser: torch.nn.Module, text: torch.nn.Module, final: bool) -> None:
+        """Save ``snap`` (the EMA pipeline) to ``out``, evaluated if ``eval_per_class``, and train.json."""
+        cfg, out, losses = self.cfg, self.out, self.losses
+        entry = {"step": step, "minutes": (time.time() - self.started) / 60}
+        if cfg.eval_per_class:
+            entry["accuracy"] = conditioning_accuracy(snap, per_class=cfg.eval_per_class, steps=25, guidance=2.0)
+            print(f"step {step}: quick accuracy {entry['accuracy']['overall']:.3f}", file=sys.stderr, flush=True)
+        self.evals.append(entry)
+        snap.save_pretrained(str(out), safe_serialization=True)
+        meta = {"config": attrs.asdict(cfg), "steps_done": step, "minutes": (time.time() - self.started) / 60,
+                "final": final, "loss_last_200": float(np.mean(losses[-200:])) if losses else None,
+                "evals": self.evals, f"parameters_{self.name}": sum(p.numel() for p in denoiser.parameters()),
+                "parameters_text_encoder": sum(p.numel() for p in text.parameters()),
+                "threads": torch.get_num_threads()}
+        (out / "train.json.partial").write_text(json.dumps(meta, indent=2))
+        (out / "train.json.partial").replace(out / "train.json")
+        plot_losses(out / "curves.png", losses, f"digits {self.name}: training loss")
 
 
 def plot_losses(path: Path, losses: list[float], title: str) -> None:
@@ -259,7 +294,7 @@ def plot_losses(path: Path, losses: list[float], title: str) -> None:
 # ---- the eval command --------------------------------------------------------------------------
 
 def add_eval_arguments(parser, default_checkpoint: str, what: str) -> None:
-    """The options of ``python -m diffaccel.adapters.<unet|dit>.digits eval``."""
+    """The options of ``diffaccel digits-accuracy`` and ``diffaccel dit-digits-accuracy``."""
     parser.add_argument("--checkpoint", default=default_checkpoint,
                         help=f"'{default_checkpoint}' (shipped) or a {what} folder")
     parser.add_argument("--per-class", type=int, default=20)

@@ -4,7 +4,7 @@ Checkpoints (``[model] checkpoint``):
 
 * ``dit-digits``: the shipped class-conditional digits DiT (``TextDiTPipeline`` around a
   ``PooledTextPixArtTransformer2DModel``, PixArt with the prompt also in its adaLN embedding, 32x32 grey, prompts ``"digit 7"`` or ``"7"``), trained by
-  ``python -m diffaccel.adapters.diffusers.dit.digits train``;
+  ``diffaccel train dit-digits``;
 * ``synthetic-dit-medium`` / ``synthetic-dit-tiny``: PixArt-like pipelines with seeded random
   weights, built offline (``synthetic.py``);
 * a local folder saved by ``save_pretrained`` (a ``TextDiTPipeline``, or any diffusers pipeline

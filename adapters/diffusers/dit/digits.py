@@ -16,13 +16,12 @@ accuracy of both is one measure:
   prompt (the guidance null condition), AdamW with cosine decay over a time budget, an EMA of
   the weights is saved (safetensors, ``TextDiTPipeline`` folder).
 
-``python -m diffaccel.adapters.diffusers.dit.digits train --out DIR`` trains;
-``python -m diffaccel.adapters.diffusers.dit.digits eval`` measures the conditioning accuracy.
+``diffaccel train dit-digits --out DIR`` trains;
+``diffaccel dit-digits-accuracy`` measures the conditioning accuracy.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -131,37 +130,30 @@ def train(cfg: TrainDiTConfig) -> Path:
     return train_loop(cfg, pipe, pipe.transformer, predict, snapshot, name="transformer", bar=False)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m diffaccel.adapters.diffusers.dit.digits train|eval ...``"""
-    p = argparse.ArgumentParser(prog="python -m diffaccel.adapters.diffusers.dit.digits")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    t = sub.add_parser("train", help="train the digits DiT (time-budgeted)")
-    t.add_argument("--out", default="runs/dit-digits")
-    t.add_argument("--max-minutes", type=float, default=29.0)
-    t.add_argument("--batch", type=int, default=24)
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--threads", type=int, default=1)
-    t.add_argument("--stock-pixart", action="store_true",
-                   help="stock PixArtTransformer2DModel (prompt through cross-attention only; ignores it)")
-    t.add_argument("--checkpoint-minutes", type=float, default=12.0)
-    t.add_argument("--lr", type=float, default=attrs.fields(TrainDiTConfig).lr.default)
-    t.add_argument("--no-adaln-zero", action="store_true", help="keep diffusers' initialisation")
-    t.add_argument("--text-from", default="digits",
-                   help="start the text encoder from this UNet digits checkpoint ('none': random weights)")
-    t.add_argument("--freeze-text", action="store_true", default=True, help="do not train the text encoder (default)")
-    t.add_argument("--train-text", dest="freeze_text", action="store_false", help="train the text encoder too")
-    e = sub.add_parser("eval", help="conditioning accuracy of a digits DiT, per class and overall")
-    add_eval_arguments(e, "dit-digits", "TextDiTPipeline")
-    args = p.parse_args(argv)
+def run_train(args) -> int:
+    """``diffaccel train dit-digits``: train the digits DiT (time-budgeted)."""
+    torch.set_num_threads(args.threads)  # set by command-line entry points only, never by library code
+    train(TrainDiTConfig(out=args.out, max_minutes=args.max_minutes, batch=args.batch, seed=args.seed,
+                         threads=args.threads, pooled_text=not args.stock_pixart,
+                         checkpoint_minutes=args.checkpoint_minutes, lr=args.lr,
+                         adaln_zero=not args.no_adaln_zero, text_from=None if args.text_from == "none" else args.text_from,
+                         freeze_text=args.freeze_text))
+    return 0
+
+
+def run_accuracy(args) -> int:
+    """``diffaccel dit-digits-accuracy``: the conditioning accuracy of a digits DiT, per class and overall."""
     torch.set_num_threads(args.threads)
-    if args.cmd == "train":
-        train(TrainDiTConfig(out=args.out, max_minutes=args.max_minutes, batch=args.batch, seed=args.seed,
-                             threads=args.threads, pooled_text=not args.stock_pixart,
-                             checkpoint_minutes=args.checkpoint_minutes, lr=args.lr,
-                             adaln_zero=not args.no_adaln_zero, text_from=None if args.text_from == "none" else args.text_from,
-                             freeze_text=args.freeze_text))
-        return 0
     return run_eval(args, load_checkpoint)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Deprecated until 0.3: ``python -m`` of this module's ``train`` and ``eval`` are
+    ``diffaccel train dit-digits`` and ``diffaccel dit-digits-accuracy``."""
+    from ..._python_m import deprecated_main
+
+    return deprecated_main({"train": ["train", "dit-digits"], "eval": ["dit-digits-accuracy"]}, argv,
+                           "diffaccel.adapters.diffusers.dit.digits")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ def _from_pretrained(name: str, **kwargs):
 
 
 SOURCE = PipelineSource(
-    assets=ASSETS, shipped=SHIPPED, retrain="'python -m diffaccel.adapters.diffusers.dit.digits train --out DIR' and copy DIR there",
+    assets=ASSETS, shipped=SHIPPED, retrain="'diffaccel train dit-digits --out DIR' and copy DIR there",
     synthetic=SYNTHETIC, build=build, own_class=TextDiTPipeline, fallback=_from_pretrained)
 """What ``load_checkpoint`` reads: the digits DiT, the synthetic DiTs, a ``TextDiTPipeline``
 folder, else any diffusers pipeline (``DiffusionPipeline``)."""

@@ -1,4 +1,5 @@
-"""The UNet adapter's commands (``diffaccel_register_commands``): ``diffaccel train digits``."""
+"""The UNet adapter's commands (``diffaccel_register_commands``): ``diffaccel train digits`` and
+``diffaccel digits-accuracy``."""
 
 from __future__ import annotations
 
@@ -11,9 +12,17 @@ EXAMPLES = """
     Trains the default image model (a 1.7M-parameter class-conditional UNet) on scikit-learn's digits."""
 
 
+ACCURACY_EXAMPLES = """
+    examples:
+      diffaccel digits-accuracy --checkpoint digits --per-class 50 --steps 50 --guidance 2.0 --threads 2
+    The classifier's accuracy on generated digits ("digit N", seeds SEED...), per class and overall."""
+
+
 def diffaccel_register_commands(commands) -> None:
     commands.add("digits", group="train", help="train the digits UNet (the unet adapter's default model)",
                  arguments=_arguments, run=_train, examples=EXAMPLES)
+    commands.add("digits-accuracy", help="conditioning accuracy of a digits model, per class and overall",
+                 arguments=_accuracy_arguments, run=_accuracy, examples=ACCURACY_EXAMPLES)
 
 
 def _arguments(t: argparse.ArgumentParser) -> None:
@@ -37,3 +46,16 @@ def _train(args: argparse.Namespace) -> int:
     torch.set_num_threads(cfg.threads)  # set by command-line entry points only, never by library code
     print(f"wrote {train_digits(cfg)}")
     return 0
+
+
+def _accuracy_arguments(e: argparse.ArgumentParser) -> None:
+    from ..digits import add_eval_arguments
+
+    add_eval_arguments(e, "digits", "DigitsPipeline")
+    e.add_argument("--classifier-check", action="store_true", help="also print the classifier's 5-fold accuracy on load_digits")
+
+
+def _accuracy(args: argparse.Namespace) -> int:
+    from .digits import run_accuracy
+
+    return run_accuracy(args)

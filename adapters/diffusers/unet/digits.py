@@ -10,12 +10,11 @@
   with the digits DiT (``diffaccel.adapters.diffusers.digits``; re-exported here).
 
 ``diffaccel train digits --out DIR`` trains (time-budgeted) and writes a ``DigitsPipeline``
-folder; ``python -m diffaccel.adapters.diffusers.unet.digits eval`` measures the conditioning accuracy.
+folder; ``diffaccel digits-accuracy`` measures the conditioning accuracy.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -92,15 +91,9 @@ def train_digits(cfg: TrainDigitsConfig) -> Path:
                       snapshot, name="unet", bar=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m diffaccel.adapters.diffusers.unet.digits eval [--checkpoint digits] [--per-class 20] ...``"""
-    p = argparse.ArgumentParser(prog="python -m diffaccel.adapters.diffusers.unet.digits")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    e = sub.add_parser("eval", help="conditioning accuracy of a digits model, per class and overall")
-    add_eval_arguments(e, "digits", "DigitsPipeline")
-    e.add_argument("--classifier-check", action="store_true", help="also print the classifier's 5-fold accuracy on load_digits")
-    args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
+def run_accuracy(args) -> int:
+    """``diffaccel digits-accuracy``: the conditioning accuracy of a digits model, per class and overall."""
+    torch.set_num_threads(args.threads)  # set by command-line entry points only, never by library code
     if args.classifier_check:
         from sklearn.model_selection import cross_val_score  # scikit-learn's import is slow: only for this check
         from sklearn.svm import SVC
@@ -109,6 +102,13 @@ def main(argv: list[str] | None = None) -> int:
         s = cross_val_score(SVC(gamma=0.001, C=10.0), to_8x8((x + 1) / 2), y, cv=5)
         print(f"classifier 5-fold accuracy on load_digits (8->32->8 round trip): {s.mean():.3f}")
     return run_eval(args, load_checkpoint)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Deprecated until 0.3: ``python -m`` of this module's ``eval`` is ``diffaccel digits-accuracy``."""
+    from ..._python_m import deprecated_main
+
+    return deprecated_main({"eval": ["digits-accuracy"]}, argv, "diffaccel.adapters.diffusers.unet.digits")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ WordNet 3.0 is under the Princeton WordNet licence (BSD-like, attribution kept).
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import hashlib
 import re
@@ -86,20 +85,22 @@ def source_lines(split: str) -> list[str]:
     raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m diffaccel.adapters.text.loading.corpus --split train --out FILE``: the lines, one per
-    line, for a strategy's condition encoder (bert-cond: ``python -m diffaccel_bert_cond.conditions
-    --lines-from FILE``), which reads text files and no adapter."""
-    ap = argparse.ArgumentParser(description="Write the text corpus's lines, one per line, for a condition encoder")
-    ap.add_argument("--split", choices=["train", "heldout"], default="train",
-                    help="heldout: the shipped held-out lines that neither training nor the bench's sources use")
-    ap.add_argument("--out", required=True, help="text file to write (keep it out of git)")
-    a = ap.parse_args(argv)
-    lines = source_lines(a.split)
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text("\n".join(lines) + "\n", encoding="utf-8")
-    print(f"wrote {a.out}: {len(lines)} {a.split} lines")
+def run(args) -> int:
+    """``diffaccel text-corpus --split train --out FILE``: the lines, one per line, for a strategy's
+    condition encoder (bert-cond: ``python -m diffaccel_bert_cond.conditions --lines-from FILE``),
+    which reads text files and no adapter."""
+    lines = source_lines(args.split)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print(f"wrote {args.out}: {len(lines)} {args.split} lines")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Deprecated until 0.3: ``python -m`` of this module is ``diffaccel text-corpus``."""
+    from ..._python_m import deprecated_main
+
+    return deprecated_main(["text-corpus"], argv, "diffaccel.adapters.text.loading.corpus")
 
 
 if __name__ == "__main__":

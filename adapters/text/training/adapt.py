@@ -1,7 +1,7 @@
 """Adapt SmolLM2-135M into a masked diffusion LM (the recipe of ``smollm2-dlm``).
 
-    python -m diffaccel.adapters.text.training.adapt train --out /work/runs-smollm2/run1 --threads 1
-    python -m diffaccel.adapters.text.training.adapt export /work/runs-smollm2/run1 adapters/text/assets/smollm2-dlm
+    diffaccel train smollm2-dlm --out /work/runs-smollm2/run1 --threads 1
+    diffaccel smollm2-dlm-export /work/runs-smollm2/run1 adapters/text/assets/smollm2-dlm
 
 What it trains (``smollm2_dlm.py`` describes the model): a LoRA delta (peft) on every attention
 and MLP projection of the 30 layers, plus the mask token's input embedding; the base weights
@@ -24,7 +24,6 @@ continued for as long as the machine allows. Every ``checkpoint_every`` steps it
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -302,29 +301,41 @@ def export(run: Path, dst: Path, base: str = "smollm2") -> Path:
     return dst
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m diffaccel.adapters.text.training.adapt", description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    t = sub.add_parser("train", help="train (or resume) a run")
-    fields = {f.name: f for f in attrs.fields(AdaptConfig)}
-    for name, f in fields.items():
+def add_train_arguments(t) -> None:
+    """The options of ``diffaccel train smollm2-dlm``: ``AdaptConfig``'s fields, and ``--threads``."""
+    for name, f in attrs.fields_dict(AdaptConfig).items():
         flag = "--" + name.replace("_", "-")
         if name == "out":
             t.add_argument(flag, required=True)
         else:
             t.add_argument(flag, type=type(f.default), default=f.default)
     t.add_argument("--threads", type=int, default=1, help="torch threads (1 leaves the other core free)")
-    e = sub.add_parser("export", help="write a run's state.pt as a delta folder (fp16 safetensors)")
-    e.add_argument("run", type=Path)
-    e.add_argument("dst", type=Path)
-    e.add_argument("--base", default="smollm2")
-    args = p.parse_args(argv)
-    if args.cmd == "train":
-        torch.set_num_threads(args.threads)
-        print(train(AdaptConfig(**{k: getattr(args, k) for k in fields})))
-    else:
-        print(export(args.run, args.dst, args.base))
+
+
+def run_train(args) -> int:
+    """``diffaccel train smollm2-dlm``: train (or resume) a run."""
+    torch.set_num_threads(args.threads)  # set by command-line entry points only, never by library code
+    print(train(AdaptConfig(**{k: getattr(args, k) for k in attrs.fields_dict(AdaptConfig)})))
     return 0
+
+
+def run_export(args) -> int:
+    """``diffaccel smollm2-dlm-export RUN DST``: a run's state.pt as a delta folder (fp16 safetensors)."""
+    if not (args.run / "state.pt" if args.run.is_dir() else args.run).is_file():
+        from diffaccel.contract.errors import ModelLoadError
+
+        raise ModelLoadError(f"{args.run}: not a smollm2-dlm run (a folder with state.pt, or a snapshot .pt file)")
+    print(export(args.run, args.dst, args.base))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Deprecated until 0.3: ``python -m`` of this module's ``train`` and ``export`` are
+    ``diffaccel train smollm2-dlm`` and ``diffaccel smollm2-dlm-export``."""
+    from ..._python_m import deprecated_main
+
+    return deprecated_main({"train": ["train", "smollm2-dlm"], "export": ["smollm2-dlm-export"]}, argv,
+                           "diffaccel.adapters.text.training.adapt")
 
 
 if __name__ == "__main__":

@@ -1,21 +1,19 @@
 """Does the condition vector steer a conditional model? A held-out loss check, no sampling.
 
 For each held-out line of a conditions file (``diffaccel.kit.conditions``' format, written by
-``python -m diffaccel_bert_cond.conditions --lines-from`` over the lines of ``python -m
-diffaccel.adapters.text.loading.corpus --split heldout``: lines neither training nor the bench's sources
+``python -m diffaccel_bert_cond.conditions --lines-from`` over the lines of ``diffaccel text-corpus --split heldout``: lines neither training nor the bench's sources
 use), a sequence of ``--length`` tokens starts at the line and goes on with the lines after it.
 The line's tokens are all masked (as at the start of a generation), every other position with a
 fixed chance ``--mask-rest``; the model's cross-entropy is read at the line's tokens, at its key terms' tokens and at the rest, with
 the line's vector and without (the unconditioned run). A condition that steers lowers the
 first two; the third shows what it does to the text around.
 
-    python -m diffaccel.adapters.text.training.cond_check --conditions runs/conditions/heldout.safetensors \\
+    diffaccel cond-check --conditions runs/conditions/heldout.safetensors \\
         wordnet-masked-cond runs/text-masked-cond
 """
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import torch
@@ -72,19 +70,9 @@ def resolve(name: str) -> Path:
     return shipped_path(name) if name in SHIPPED else Path(name)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("models", nargs="+", help="conditional checkpoints: folders or shipped names")
-    ap.add_argument("--conditions", required=True, help="held-out conditions (conditions --split heldout)")
-    ap.add_argument("--length", type=int, default=128)
-    ap.add_argument("--mask-rest", type=float, default=0.5)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--split", choices=["heldout", "train"], default="heldout",
-                    help="where the file's lines come from (train: a training conditions file, to see how much of "
-                         "what the model learnt carries over to held-out lines)")
-    ap.add_argument("--limit", type=int, default=0, help="the first N lines of the file only (0: all)")
-    a = ap.parse_args(argv)
-    torch.set_num_threads(a.threads)
+def run(a) -> int:
+    """``diffaccel cond-check MODEL... --conditions FILE``: the held-out loss check, one line per model."""
+    torch.set_num_threads(a.threads)  # set by command-line entry points only, never by library code
     lines, vectors, terms = load(a.conditions, with_terms=True)
     if a.limit:
         lines, vectors, terms = lines[:a.limit], vectors[:a.limit], terms[:a.limit]
@@ -99,6 +87,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name} | {r['line_uncond']:.3f} -> {r['line_cond']:.3f} | {r['terms_uncond']:.3f} -> {r['terms_cond']:.3f} | "
               f"{r['rest_uncond']:.3f} -> {r['rest_cond']:.3f}", flush=True)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Deprecated until 0.3: ``python -m`` of this module is ``diffaccel cond-check``."""
+    from ..._python_m import deprecated_main
+
+    return deprecated_main(["cond-check"], argv, "diffaccel.adapters.text.training.cond_check")
 
 
 if __name__ == "__main__":

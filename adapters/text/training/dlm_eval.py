@@ -1,7 +1,7 @@
 """Go/no-go evaluation of an adapted diffusion LM (issue 38): its samples against real held-out
 WordNet lines of the same token lengths, judged by SmolLM2-135M.
 
-    python -m diffaccel.adapters.text.training.dlm_eval CHECKPOINT --samples 64 --seed 1000
+    diffaccel dlm-eval CHECKPOINT --samples 64 --seed 1000
 
 ``CHECKPOINT``: a delta folder (``smollm2_dlm``) or a training run folder holding ``state.pt``
 (exported to a temporary delta first). Sample ``i`` imitates held-out line ``i`` (a fixed shuffle
@@ -20,7 +20,6 @@ weights, so absolute gen_ppl is optimistic for the samples; read the ratios.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import random
@@ -168,35 +167,28 @@ def load(checkpoint: Path):
     return load_pipeline(str(checkpoint))
 
 
-def main(argv: list[str] | None = None) -> int:
+def run(args) -> int:
+    """``diffaccel dlm-eval CHECKPOINT``: the go/no-go figures of an adapted diffusion LM."""
     import torch
 
-    from diffaccel.contract.errors import ModelLoadError
-
-    p = argparse.ArgumentParser(prog="python -m diffaccel.adapters.text.training.dlm_eval", description=__doc__.split("\n\n")[0])
-    p.add_argument("checkpoint", type=Path, help="a smollm2-dlm delta folder, a training run folder (state.pt) or a snapshot .pt")
-    p.add_argument("--samples", type=int, default=64)
-    p.add_argument("--seed", type=int, default=1000, help="first sampling seed (held-out: training never samples)")
-    p.add_argument("--offset", type=int, default=0, help="first held-out line of the fixed shuffle")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--judge", default="smollm2")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--json", type=Path, help="also write the figures and samples here")
-    args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)  # set by command-line entry points only, never by library code
     from ..evaluation.judge import load_judge
 
-    try:
-        pipe = load(args.checkpoint)
-        judge = load_judge(args.judge)
-    except ModelLoadError as exc:
-        p.exit(2, f"error: {exc}\n")
+    pipe = load(args.checkpoint)
+    judge = load_judge(args.judge)
     res = evaluate(pipe, judge, args.samples, args.seed, args.offset, args.temperature)
     res["checkpoint"] = str(args.checkpoint)
     print(report(res))
     if args.json:
         args.json.write_text(json.dumps(res, indent=2))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Deprecated until 0.3: ``python -m`` of this module is ``diffaccel dlm-eval``."""
+    from ..._python_m import deprecated_main
+
+    return deprecated_main(["dlm-eval"], argv, "diffaccel.adapters.text.training.dlm_eval")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from ..loading.corpus import read_wordnet, write_lines
 from ..sampling.model import TextDiffusionConfig, TextDiffusionLM, mask_rate
 from ..loading.reference import shipped_path
 from ..sampling.tokenizer import TextTokenizer, train_tokenizer
+from .curves import plot_curves
 
 
 @attrs.frozen(kw_only=True)
@@ -172,28 +173,6 @@ def entropy_by_noise(model, batches, weights, gen, bins: int = 10) -> list[float
     return (sums / np.maximum(counts, 1)).tolist()
 
 
-def plot_curves(path: Path, losses: list[float], entropy_history: list[tuple[int, list[float]]], kind: str) -> None:
-    import matplotlib  # slow to import: only the training curves need it
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    k = max(1, len(losses) // 100)
-    smooth = np.convolve(losses, np.ones(k) / k, mode="valid")
-    a.plot(losses, alpha=0.3, label="loss")
-    a.plot(np.arange(len(smooth)) + k - 1, smooth, label=f"mean of {k}")
-    a.set(xlabel="step", ylabel="cross-entropy", title=f"{kind} model: training loss")
-    a.legend()
-    for step, ent in entropy_history:
-        b.plot((np.arange(len(ent)) + 0.5) / len(ent), ent, marker="o", label=f"step {step}")
-    b.set(xlabel="noise level (mask rate time / t/T)", ylabel="mean entropy (nats)", title="token-confidence entropy per noise level")
-    b.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-
-
 def train(cfg: TrainConfig, lines: list[str] | None = None) -> Path:
     """Train a reference model (the command line sets ``cfg.threads`` torch threads first)."""
     torch.manual_seed(cfg.seed)
@@ -206,11 +185,7 @@ def train(cfg: TrainConfig, lines: list[str] | None = None) -> Path:
     base = None
     if cfg.init_from:
         base = Path(cfg.init_from) if Path(cfg.init_from).is_dir() else shipped_path(cfg.init_from)
-        tok = TextTokenizer.from_file(base / "tokenizer.json")
-    elif cfg.tokenizer:
-        tok = TextTokenizer.from_file(cfg.tokenizer)
-    else:
-        tok = TextTokenizer(train_tokenizer(lines, cfg.vocab))
+    tok = _tokenizer(cfg, lines, base)
     tok.save(out / "tokenizer.json")
     stream, starts = pack(tok.encode_lines(lines), tok.sep_id)
     weights = token_weights(stream, tok.vocab_size, cfg.freq_weight) if cfg.freq_weight > 0 else None
@@ -234,26 +209,7 @@ def train(cfg: TrainConfig, lines: list[str] | None = None) -> Path:
             raise ValueError("init_embeddings applies to masked models")
         table = bert_embedding_table(tok, cfg.init_embeddings)
         mcfg = attrs.evolve(mcfg, frozen_embed_dim=table.shape[1])
-    model = TextDiffusionLM(mcfg)
-    if base is not None:
-        missing, unexpected = model.load_state_dict({k: v.float() for k, v in load_file(str(base / "model.safetensors")).items()}, strict=False)
-        if unexpected or any(not k.startswith("cond_proj.") for k in missing):
-            raise ValueError(f"{base}: weights do not fit (missing {missing}, unexpected {unexpected})")
-        if missing:
-            # the condition path is dead in an unconditioned model: every block's gating weight
-            # and the learned bias sit at their zero init (each one's gradient needs the other).
-            # A random projection (zero bias) revives it, and step 0 is still the base model:
-            # those weights are zero. A zero projection would stay zero.
-            with torch.no_grad():
-                model.cond_proj.bias.zero_()
-    if table is not None:
-        with torch.no_grad():
-            model.tok_emb[0].weight.copy_(table)
-    if cfg.cond_only:
-        if base is None or cond_vectors is None:
-            raise ValueError("cond_only needs init_from and conditions")
-        for name, prm in model.named_parameters():
-            prm.requires_grad_(name.startswith("cond_proj.") or name.endswith(".mod.weight"))
+    model = _initial_model(cfg, mcfg, base, table, cond_vectors)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.98))
     warmup = max(1, cfg.steps // 20)
     started = time.time()
@@ -277,14 +233,7 @@ def train(cfg: TrainConfig, lines: list[str] | None = None) -> Path:
         if cond_vectors is None:
             loss, *_ = diffusion_loss(model, sample_batch(stream, starts, cfg.batch, cfg.seq_len, rng), weights, gen)
         else:
-            pick = rng.integers(0, len(starts_c), size=cfg.batch)
-            x0 = torch.from_numpy(np.stack([stream[starts_c[i]: starts_c[i] + cfg.seq_len] for i in pick]))
-            dropout = 0.0 if cfg.cond_only else cfg.cond_dropout
-            keep = torch.from_numpy(rng.random(cfg.batch) >= dropout)
-            rows = torch.from_numpy(pick)
-            also = (term_at[rows] & (torch.rand(term_at[rows].shape, generator=gen) < cfg.cond_term_mask)
-                    if cfg.cond_term_mask > 0 else None)
-            loss, *_ = diffusion_loss(model, x0, weights, gen, cond_vectors[rows], keep, line_w[rows], also)
+            loss = _conditioned_loss(cfg, model, stream, starts_c, rng, gen, weights, cond_vectors, line_w, term_at)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -300,12 +249,66 @@ def train(cfg: TrainConfig, lines: list[str] | None = None) -> Path:
             plot_curves(out / "curves.png", losses, entropy_history, cfg.kind)
         if last:
             break
-    (out / "train.json").write_text(
+    _write_summary(out / "train.json", cfg, losses, started, cond_lines)
+    return out
+
+
+def _write_summary(path: Path, cfg: TrainConfig, losses: list[float], started: float, cond_lines) -> None:
+    """train.json: the config, the steps done, the minutes, the last 50 steps' mean loss."""
+    path.write_text(
         json.dumps({"config": attrs.asdict(cfg), "steps_done": len(losses), "minutes": (time.time() - started) / 60,
                     "final_loss_mean_50": float(np.mean(losses[-50:])),
                     **({"conditioned_lines": cond_lines} if cond_lines else {})}, indent=2)
     )
-    return out
+
+
+def _tokenizer(cfg: TrainConfig, lines: list[str], base: Path | None) -> TextTokenizer:
+    """``init_from``'s tokenizer, the ``tokenizer`` file, or one trained on ``lines``."""
+    if base is not None:
+        return TextTokenizer.from_file(base / "tokenizer.json")
+    if cfg.tokenizer:
+        return TextTokenizer.from_file(cfg.tokenizer)
+    return TextTokenizer(train_tokenizer(lines, cfg.vocab))
+
+
+def _initial_model(cfg: TrainConfig, mcfg: TextDiffusionConfig, base: Path | None, table, cond_vectors) -> TextDiffusionLM:
+    """A new model, or ``init_from``'s weights; BERT's embedding ``table`` copied in; only the
+    condition path trainable with ``cond_only``."""
+    model = TextDiffusionLM(mcfg)
+    if base is not None:
+        missing, unexpected = model.load_state_dict({k: v.float() for k, v in load_file(str(base / "model.safetensors")).items()}, strict=False)
+        if unexpected or any(not k.startswith("cond_proj.") for k in missing):
+            raise ValueError(f"{base}: weights do not fit (missing {missing}, unexpected {unexpected})")
+        if missing:
+            # the condition path is dead in an unconditioned model: every block's gating weight
+            # and the learned bias sit at their zero init (each one's gradient needs the other).
+            # A random projection (zero bias) revives it, and step 0 is still the base model:
+            # those weights are zero. A zero projection would stay zero.
+            with torch.no_grad():
+                model.cond_proj.bias.zero_()
+    if table is not None:
+        with torch.no_grad():
+            model.tok_emb[0].weight.copy_(table)
+    if cfg.cond_only:
+        if base is None or cond_vectors is None:
+            raise ValueError("cond_only needs init_from and conditions")
+        for name, prm in model.named_parameters():
+            prm.requires_grad_(name.startswith("cond_proj.") or name.endswith(".mod.weight"))
+    return model
+
+
+def _conditioned_loss(cfg: TrainConfig, model, stream, starts_c, rng, gen, weights, cond_vectors, line_w, term_at):
+    """One conditioned batch's loss: sequences starting at conditioned lines, their vectors
+    dropped with ``cond_dropout`` (not with ``cond_only``), key terms masked with ``cond_term_mask``."""
+    pick = rng.integers(0, len(starts_c), size=cfg.batch)
+    x0 = torch.from_numpy(np.stack([stream[starts_c[i]: starts_c[i] + cfg.seq_len] for i in pick]))
+    dropout = 0.0 if cfg.cond_only else cfg.cond_dropout
+    keep = torch.from_numpy(rng.random(cfg.batch) >= dropout)
+    rows = torch.from_numpy(pick)
+    also = (term_at[rows] & (torch.rand(term_at[rows].shape, generator=gen) < cfg.cond_term_mask)
+            if cfg.cond_term_mask > 0 else None)
+    loss, *_ = diffusion_loss(model, x0, weights, gen, cond_vectors[rows], keep, line_w[rows], also)
+    return loss
 
 
 def _conditioned(path: str, lines: list[str], starts: np.ndarray, last_start: int):

@@ -7,13 +7,12 @@ weights, the shipped WordNet BPE tokenizer (4096 tokens) as its tokenizer, and a
 exercise loading and the sampler (``tiny``) and to time it at a shape where the decoder, not
 Python, is the cost (``mid``). Quality figures measured on them mean nothing.
 
-    python -m diffaccel.adapters.text.families.diffusion_gemma.build --size tiny --out runs/diffusion-gemma-tiny
-    python -m diffaccel.adapters.text.families.diffusion_gemma.build --size mid --out runs/diffusion-gemma-mid
+    diffaccel diffusion-gemma-build --size tiny --out runs/diffusion-gemma-tiny
+    diffaccel diffusion-gemma-build --size mid --out runs/diffusion-gemma-mid
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -68,17 +67,19 @@ def build(out: str | Path, size: str = "tiny", seed: int = 0, **over) -> Path:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m diffaccel.adapters.text.families.diffusion_gemma.build",
-                                description="write a random-weights DiffusionGemma checkpoint (offline stand-in; its text is noise)")
-    p.add_argument("--size", choices=sorted(SIZES), default="tiny")
-    p.add_argument("--out", required=True, help="folder to write (config.json, model.safetensors, tokenizer)")
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
+def run(args) -> int:
+    """``diffaccel diffusion-gemma-build --size S --out DIR``: a random-weights checkpoint."""
     path = build(args.out, args.size, args.seed)
     n = sum(t.numel() for t in load_file(str(path / "model.safetensors")).values())
     print(f"{path}: random DiffusionGemma '{args.size}', {n / 1e6:.1f}M stored parameters, seed {args.seed}", file=sys.stderr)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Deprecated until 0.3: ``python -m`` of this module is ``diffaccel diffusion-gemma-build``."""
+    from ...._python_m import deprecated_main
+
+    return deprecated_main(["diffusion-gemma-build"], argv, "diffaccel.adapters.text.families.diffusion_gemma.build")
 
 
 if __name__ == "__main__":

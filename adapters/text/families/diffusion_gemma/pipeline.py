@@ -28,38 +28,19 @@ block's denoising (the model's own early exit), not the generation.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
-from diffaccel.contract.adapter import Committed
-from diffaccel.contract.capabilities import TOKEN_LOGITS, TOKEN_POSITIONS
-from diffaccel.runtime.sequence import RunSequence, StepModel
+from diffaccel.runtime.sequence import RunSequence
 from diffaccel.kit.hygiene import deliberate
-from diffaccel.contract.state import RunState
 
-from ...sampling.logits import TopKLogits, most_probable
-from .layers import GemmaLayer, _Block, _GemmaContext, decoder_layer, softcap
-from ...sampling.outputs import CommitProposal, TextFinal, TextOutput, TextStepOutput
+from ...sampling.outputs import TextOutput, TextStepOutput
 from ...sampling.positions import Positions
+from .layers import GemmaLayer, _Block, _GemmaContext, decoder_layer, softcap  # noqa: F401 - _Block: importable here
+from .loop import BLOCK, BLOCK_CAPABILITIES, hooked_generate
 
-#: how ``[model] sampler`` names this model family's sampler
 __all__ = ["BLOCK", "BLOCK_CAPABILITIES", "DiffusionGemmaPipeline", "GemmaLayer", "decoder_layer", "softcap"]
-
-BLOCK = "block"
-#: what its runs offer strategies: no mask token (uniform noise), no pinned tokens
-BLOCK_CAPABILITIES = frozenset({TOKEN_POSITIONS, TOKEN_LOGITS})
-
-
-class _StepResult:
-    """What ``_denoising_step`` reads from its ``decoder_forward``."""
-
-    __slots__ = ("logits",)
-
-    def __init__(self, logits):
-        self.logits = logits
 
 
 class DiffusionGemmaPipeline:
@@ -172,109 +153,8 @@ class DiffusionGemmaPipeline:
     # -- the hooked loop -------------------------------------------------------------------------
     def _hooked(self, input_ids: torch.Tensor, kw: dict[str, Any], seed: int, accel, logit_noise: float, progress: bool,
                 temperature: float = 1.0):
-        """``DiffusionGemmaGenerationMixin.generate`` (transformers 5.x), step for step, with the
-        decoder replaced by the hooked one and the hooks called around each denoising step."""
-        model = self.model
-        gc, model_kwargs = model._prepare_generation_config(None, **kw)
-        B, cur_len = input_ids.shape
-        prompt_len = cur_len
-        _, max_new = model._prepare_generated_length(gc, cur_len)
-        C = model.config.canvas_length
-        n_blocks = math.ceil(max_new / C)
-        steps = gc.max_denoising_steps
-        device = input_ids.device
-        cache = model._prepare_cache_for_generation(generation_config=gc, batch_size=B, max_length=cur_len + max_new)
-        eos = torch.tensor(gc.eos_token_id, device=device) if gc.eos_token_id is not None else None
-        finished = torch.zeros(B, dtype=torch.bool, device=device)
-        enc_pos = torch.arange(0, cur_len, dtype=torch.int32, device=device).unsqueeze(0)
-        dec_pos = torch.arange(cur_len, cur_len + C, dtype=torch.int32, device=device).unsqueeze(0)
-        attention_mask = torch.ones((B, cur_len), dtype=torch.bool, device=device)
-        dec_mask = torch.nn.functional.pad(attention_mask, (0, C), value=True)
-        sampler = model._prepare_sampler(gc)
-        processors = model._prepare_logits_processor(gc, None)
-        stopping = model._prepare_ar_stopping_criteria(gc, None)
-        adaptive = model._prepare_diffusion_stopping_criteria(gc)
-
-        run = RunState(adapter=getattr(self, "adapter", None) or "text", num_steps=n_blocks * steps, batch_size=B, capabilities=BLOCK_CAPABILITIES)
-        run.info.set(checkpoint=self.name, seeds=[seed] * B, temperature=temperature, length=C, vocab_size=self.vocab_size, kind=BLOCK,
-                        sampler=BLOCK, time_conditioned=False, n_layers=self.n_layers, tokenizer=self.tokenizer,
-                        prompt_lengths=[0] * B, cond_dim=0, canvas_length=C, blocks=n_blocks, pins=False,
-                        layers=[f"decoder.{i}" for i in range(self.n_layers)], truncated_logits=TopKLogits)
-        run.positions_per_layer = B * C
-        noise_gen = torch.Generator().manual_seed(10_000_019 + seed)
-        seq = RunSequence(accel, run)
-        seq.start()
-        ctx = step_model = None
-        try:
-            bar = tqdm(total=n_blocks * steps, desc=f"{self.name} (block)", unit="step", disable=not progress, leave=False)
-            is_prefill, step, blocks_run = True, 0, 0
-            for _ in range(n_blocks):
-                ids_in, enc_masks = model._prepare_encoder_inputs(
-                    input_ids=input_ids, attention_mask=attention_mask, encoder_position_ids=enc_pos, cache=cache,
-                    is_prefill=is_prefill, canvas_length=C, batch_size=B, **model_kwargs)
-                cache = model.model.encoder(input_ids=ids_in, attention_mask=enc_masks, cache=cache,
-                                            position_ids=enc_pos, **model_kwargs).cache
-                is_prefill = False
-                canvas, sc_logits, mask_mapping, done = model._prepare_denoiser_inputs(
-                    decoder_attention_mask=dec_mask, cache=cache, sampler=sampler, diffusion_stopping_criteria=adaptive,
-                    batch_size=B, device=device, model_kwargs=model_kwargs)
-                argmax = canvas
-                if ctx is None:
-                    ctx = _GemmaContext(model, run, mask_mapping)
-                    step_model = _GemmaStep(self, ctx, seq.accel, logit_noise, noise_gen)
-                ctx.mask_mapping = mask_mapping
-                ctx.new_block(_Block(model, cache, B, C, dec_pos))
-                held = held_tokens = None  # positions strategies committed in this block, and their tokens
-
-                def decoder_forward(decoder_input_ids, self_conditioning_logits, **_):
-                    step_model.canvas, step_model.sc_logits = decoder_input_ids, self_conditioning_logits
-                    out = seq.denoise(step_model)
-                    return _StepResult(out.dense() if isinstance(out, TopKLogits) else out)
-
-                for cur_step in reversed(range(1, steps + 1)):
-                    run.step, run.timestep = step, cur_step / steps
-                    canvas, argmax, sc_logits, done = model._denoising_step(
-                        decoder_forward=decoder_forward, current_canvas=canvas, argmax_canvas=argmax,
-                        input_ids=input_ids, decoder_position_ids=dec_pos, self_conditioning_logits=sc_logits,
-                        mask_mapping=mask_mapping, cache=cache, finished_denoising=done, cur_step=cur_step,
-                        sampler=sampler, logits_processor=processors, diffusion_stopping_criteria=adaptive, **model_kwargs)
-                    ctx.fresh = False
-                    proposed: list[CommitProposal] = []  # built only if a strategy commits
-                    extra = seq.commit(lambda: proposed.append(_proposal(ctx, argmax, sc_logits, done, held, temperature,
-                                                                         cur_step)) or proposed[0])
-                    if extra is not None:  # committed positions keep their token for the rest of the block
-                        extra = extra.to(device) & proposed[0].candidates
-                        held = extra if held is None else held | extra
-                        held_tokens = argmax.clone() if held_tokens is None else torch.where(extra, argmax, held_tokens)
-                    if held is not None:
-                        canvas, argmax = torch.where(held, held_tokens, canvas), torch.where(held, held_tokens, argmax)
-                    self._post(ctx, seq, argmax, sc_logits, held)
-                    step += 1
-                    bar.update(1)
-                    if bool(done.all()) or seq.stopped:  # the model's early exit, or a strategy's
-                        run.stop = False
-                        break
-                blocks_run += 1
-                input_ids = torch.cat([input_ids, argmax], dim=-1)
-                input_ids, finished = model._finalize_canvas(input_ids=input_ids, finished_sequences=finished,
-                                                             generation_config=gc, stopping_criteria=stopping,
-                                                             canvas_length=C, eos_tensor=eos)
-                run.info.set(committed=_committed(self.tokenizer, input_ids, prompt_len))  # serve streams it
-                if bool(finished.all()):
-                    break
-                cur_len, dec_mask, attention_mask, enc_pos, dec_pos = model._prepare_kwargs_for_next_canvas(
-                    attention_mask=attention_mask, decoder_attention_mask=dec_mask, decoder_position_ids=dec_pos,
-                    canvas_length=C, cur_len=cur_len)
-            bar.close()
-            run.step = step - 1
-            final = TextFinal(logits=ctx.logits, draft=argmax, fixed=torch.zeros_like(argmax, dtype=torch.bool),
-                              mask_id=-1, tokens=argmax, base=None)
-            seq.finalize(final)  # the tokens are the model's: strategies add metrics only
-        finally:
-            seq.end()
-        report = run.report()
-        report["blocks_run"] = blocks_run
-        return input_ids, report
+        """``model.generate`` step for step with the hooks (``loop.hooked_generate``)."""
+        return hooked_generate(self, input_ids, kw, seed, accel, logit_noise, progress, temperature)
 
     def _step_logits(self, ctx: _GemmaContext, accel, canvas: torch.Tensor, sc_logits: torch.Tensor | None) -> torch.Tensor:
         """One hooked decoder evaluation of the canvas (B, C) -> logits (B, C, V), computing the
@@ -325,51 +205,6 @@ class DiffusionGemmaPipeline:
                                   logits=logits, computed=computed, masked=None, fixed=held)
 
         seq.post_step(output)
-
-
-class _GemmaStep(StepModel):
-    """One decoder evaluation of the active canvas, for ``RunSequence.denoise``."""
-
-    def __init__(self, pipe: DiffusionGemmaPipeline, ctx: _GemmaContext, accel, logit_noise: float, noise_gen):
-        self.pipe, self.ctx, self.accel = pipe, ctx, accel
-        self.logit_noise, self.noise_gen = logit_noise, noise_gen
-        self.canvas: torch.Tensor | None = None
-        self.sc_logits: torch.Tensor | None = None
-
-    def compute(self) -> torch.Tensor:
-        return self.pipe._step_logits(self.ctx, self.accel, self.canvas, self.sc_logits)
-
-    def reuse(self) -> torch.Tensor | None:
-        ctx = self.ctx
-        if ctx.logits is None or ctx.fresh:  # a block's first step computes everything
-            return None
-        ctx.step_sel = Positions(torch.zeros(self.canvas.shape, dtype=torch.bool, device=self.canvas.device))
-        return ctx.logits
-
-    def output(self, raw: torch.Tensor) -> torch.Tensor:
-        if self.logit_noise:
-            return raw + self.logit_noise * torch.randn(raw.shape, generator=self.noise_gen).to(raw)
-        return raw
-
-
-def _proposal(ctx: _GemmaContext, argmax: torch.Tensor, logits: torch.Tensor, done: torch.Tensor,
-              held: torch.Tensor | None, temperature: float, steps_left: int) -> CommitProposal:
-    """The block sampler's step as a ``CommitProposal``: every canvas position of a row still
-    denoising and not yet committed is a candidate with its argmax token; the model's sampler
-    commits nothing for good on its own (it re-noises what it did not accept): ``scheduled`` is empty."""
-    prob, _ = most_probable(logits.float())
-    candidates = (~done)[:, None].expand_as(argmax).clone()
-    if held is not None:
-        candidates &= ~held
-    computed = None if ctx.step_sel is None else ctx.step_sel.mask()
-    return CommitProposal(candidates=candidates, tokens=argmax, confidence=prob, scheduled=torch.zeros_like(candidates),
-                          logits=logits, computed=computed, temperature=temperature, steps_left=[steps_left] * argmax.shape[0])
-
-
-def _committed(tokenizer, input_ids: torch.Tensor, prompt_len: int) -> Committed:
-    """Every block so far is final (``StreamsBlocks``): the generated text, decoded as the output's."""
-    return Committed([input_ids.shape[1] - prompt_len] * input_ids.shape[0],
-                     lambda r: tokenizer.decode(input_ids[r, prompt_len:].cpu().tolist()))
 
 
 def _multiples(length: int, C: int) -> str:

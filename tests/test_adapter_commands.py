@@ -1,0 +1,84 @@
+"""The adapters' tools as registered commands (issue 45 item 3): each is declared in the package's
+metadata, answers --help, and refuses a bad input with one line and exit 2; ``python -m`` of its
+old module still runs it, with a DeprecationWarning naming the command."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import subprocess
+import sys
+
+import pytest
+
+from diffaccel.cli.entry import main
+
+COMMANDS = [["train", "smollm2-dlm"], ["smollm2-dlm-export"], ["dlm-eval"], ["cond-check"], ["gguf-convert"],
+            ["diffusion-gemma-build"], ["text-corpus"], ["train", "dit-digits"], ["dit-digits-accuracy"],
+            ["digits-accuracy"]]
+
+
+def test_every_command_is_declared_in_the_metadata():
+    declared = {ep.name for ep in md.entry_points(group="diffaccel.commands")}
+    assert {".".join(c) for c in COMMANDS} <= declared
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
+def test_help(command, capsys):
+    with pytest.raises(SystemExit) as done:
+        main([*command, "--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and f"usage: diffaccel {' '.join(command)}" in out and "examples:" in out
+
+
+BAD = {
+    "gguf-convert": (["gguf-convert", "--gguf", "{tmp}/missing.gguf", "{tmp}/out", "--mask-token-id", "0"],
+                     "missing.gguf: no such GGUF file"),
+    "smollm2-dlm-export": (["smollm2-dlm-export", "{tmp}/no-run", "{tmp}/delta"], "not a smollm2-dlm run"),
+    "dlm-eval": (["dlm-eval", "{tmp}/no-delta"], "no-delta"),
+    "digits-accuracy": (["digits-accuracy", "--checkpoint", "{tmp}/no-model"], "no-model"),
+    "dit-digits-accuracy": (["dit-digits-accuracy", "--checkpoint", "{tmp}/no-model"], "no-model"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_a_bad_input_is_one_line_and_exit_2(name, tmp_path, capsys):
+    argv, expected = BAD[name]
+    code = main([a.format(tmp=tmp_path) for a in argv])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("diffaccel: error: ") and err.count("\n") == 1 and expected in err, err
+
+
+def test_diffusion_gemma_build_offers_every_size():
+    from diffaccel.adapters.text.families.diffusion_gemma import commands
+    from diffaccel.adapters.text.families.diffusion_gemma.build import SIZES
+
+    import argparse
+
+    p = argparse.ArgumentParser()
+    commands._arguments(p)
+    assert sorted(next(a for a in p._actions if a.dest == "size").choices) == sorted(SIZES)
+
+
+def test_dit_digits_training_defaults_are_the_configs():
+    import argparse
+
+    import attrs
+
+    from diffaccel.adapters.diffusers.dit import commands
+    from diffaccel.adapters.diffusers.dit.digits import TrainDiTConfig
+
+    p = argparse.ArgumentParser()
+    commands._train_arguments(p)
+    args = p.parse_args([])
+    fields = attrs.fields_dict(TrainDiTConfig)
+    assert args.lr == fields["lr"].default and args.batch == fields["batch"].default
+
+
+def test_python_m_of_a_tool_runs_its_command_with_a_deprecation_warning(tmp_path):
+    out = tmp_path / "lines.txt"
+    done = subprocess.run([sys.executable, "-m", "diffaccel.adapters.text.loading.corpus", "--split", "heldout",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "deprecated" in done.stderr and "'diffaccel text-corpus'" in done.stderr
+    assert out.read_text().count("\n") > 10 and f"wrote {out}" in done.stdout
