@@ -71,7 +71,7 @@ TUNES: dict[str, list[str]] = {
                         "--out", "configs/dit-digits-tuned.toml", "--trials", "24", "--tune-seeds", "4", "--heldout", "64"],
     # the sudoku task model (docs/task-benchmarks.md benches it beside the steps-N line)
     "tune-sudoku": ["configs/sudoku-tune.toml", "--budget", "acc>=-0.01", "--model-space", "steps=41,31,27,20,14,10",
-                    "--out", "configs/sudoku-fast.toml", "--trials", "40", "--heldout", "256"],
+                    "--out", "configs/sudoku-fast.toml", "--trials", "27", "--heldout", "256"],
     "tune-text": ["configs/text-tune.toml", "--budget", "gen_ppl<=+5%", "--budget", "distinct2>=-5%",
                   "--out", "configs/text-tuned.toml", "--trials", "12", "--tune-seeds", "4", "--heldout", "128", "--candidates", "2"],
 }

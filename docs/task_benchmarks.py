@@ -279,6 +279,34 @@ def _machine(name: str, out: Path) -> str:
         (f"; note: {m['note']}" if m.get("note") else "")
 
 
+def tune_commands() -> dict[str, list[str]]:
+    """``docs/benchmarks.py``'s ``TUNES`` (where ``make benchmarks --tune`` runs the tunes)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_benchmarks", ROOT / "docs" / "benchmarks.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module.TUNES
+
+
+def tune_lines(task: Task, out: Path) -> list[str]:
+    """Where ``TASK-fast`` comes from: its tune (docs/benchmarks/tune-TASK/tune.json)."""
+    path = out / f"tune-{task.name}" / "tune.json"
+    if not path.is_file():
+        return []
+    t = json.loads(path.read_text())
+    reproduce = "`" + shlex.join(["diffaccel", "tune", *tune_commands().get(f"tune-{task.name}", ["?"])]) + "`"
+    chosen = t.get("chosen")
+    fig = (t.get("figures") or {}).get(chosen) if chosen else None
+    speed = ", ".join(f"{float(v):.2f}x at batch {b}" for b, v in fig["speedup"].items()) if fig else ""
+    return [f"`{task.fast}`: " + (f"{reproduce}; {t['trials']} trials on tuning seeds {t['tune_seeds'][0]} to "
+                                  f"{t['tune_seeds'][-1] + t['batch'] - 1}, validated on {t['heldout']} held-out problems from "
+                                  f"seed {t['heldout_seed']} ({speed} there; report: docs/benchmarks/tune-{task.name}/index.md)."
+                                  if chosen else f"the tune found no setting within {', '.join(t['budgets'])} "
+                                  f"(docs/benchmarks/tune-{task.name}/index.md)."), ""]
+
+
 def task_section(task: Task, out: Path = ROOT / OUT) -> list[str]:
     r1, r8, rt = (load(f"{task.name}-{k}", out) for k in ("b1", "b8", "threshold"))
     lines = [f"## {task.name}", "", f"{task.what}. Baseline `{task.base}`; every entry on held-out problems (bench seed s is "
@@ -294,6 +322,7 @@ def task_section(task: Task, out: Path = ROOT / OUT) -> list[str]:
         lines += [f"`{name}`: {len(seeds)} seeds x batch {res['model']['batch']} = {rows} problems (seeds {seeds[0]} to "
                   f"{seeds[-1] + res['model']['batch'] - 1}), {res['wall_s'] / 60:.1f} min; {_machine(name, out)}", "",
                   f"    {cmd}", ""]
+    lines += tune_lines(task, out)
     e1, e8 = entries(r1), entries(r8)
     names = list(e1) or list(e8)
     q = entries(r1 or r8)
