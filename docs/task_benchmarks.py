@@ -312,7 +312,7 @@ def task_section(task: Task, out: Path = ROOT / OUT) -> list[str]:
     lines = [f"## {task.name}", "", f"{task.what}. Baseline `{task.base}`; every entry on held-out problems (bench seed s is "
              "held-out problem s), timed and interleaved with the baseline on the same seeds.", ""]
     if r1 is None and r8 is None:
-        return lines + ["Not measured yet: `make benchmarks-tasks`.", ""]
+        lines += [f"`{task.name}-b1`, `{task.name}-b8`: not measured yet (`make benchmarks-tasks TASK={task.name}`).", ""]
     for name, res in ((f"{task.name}-b1", r1), (f"{task.name}-b8", r8)):
         if res is None:
             continue
@@ -326,7 +326,7 @@ def task_section(task: Task, out: Path = ROOT / OUT) -> list[str]:
     e1, e8 = entries(r1), entries(r8)
     names = list(e1) or list(e8)
     q = entries(r1 or r8)
-    lines += [f"| entry | steps run (mean) | speedup, batch 1 | speedup, batch 8 | acc | {task.second} | commits per step |",
+    lines += [] if not names else [f"| entry | steps run (mean) | speedup, batch 1 | speedup, batch 8 | acc | {task.second} | commits per step |",
               "| --- | --- | --- | --- | --- | --- | --- |"]
     for n in names:
         e = q[n]
@@ -336,7 +336,7 @@ def task_section(task: Task, out: Path = ROOT / OUT) -> list[str]:
         lines.append(f"| {n} | {s.get('steps_run', float('nan')):.1f} | {_speed(e1.get(n))} | {_speed(e8.get(n))} | "
                      f"{acc}{_ci(qc.get('acc'))} | {e['quality'][task.second]:.3f}{_ci(qc.get(task.second))} | "
                      f"{s.get('commits_per_step') or float('nan'):.2f} |")
-    lines += ["", f"acc and {task.second} are those of the {'batch 1' if r1 else 'batch 8'} bench (rows are independent, so the "
+    lines += [] if not names else ["", f"acc and {task.second} are those of the {'batch 1' if r1 else 'batch 8'} bench (rows are independent, so the "
               "batch changes no output); [lo-hi]: 95% paired bootstrap intervals over the problems.", ""]
     for b, res in ((1, r1), (8, r8)):
         best = fastest_within(res)
@@ -355,11 +355,16 @@ def task_section(task: Task, out: Path = ROOT / OUT) -> list[str]:
                   "| tau | " + " | ".join(f"{t:g}" for t, _, _ in pts) + " |", "| --- |" + " --- |" * len(pts),
                   f"| acc (baseline {base:.3f}) | " + " | ".join(f"{a:.3f}" for _, a, _ in pts) + " |",
                   "| commits per step | " + " | ".join(f"{c:.2f}" if c else "-" for _, _, c in pts) + " |", ""]
+        line = [(n, e) for n, e in entries(rt).items() if n.startswith("steps-")]
+        lines += ["The steps-N line on the same problems: " + "; ".join(
+            f"{n} acc {e['quality']['acc']:.3f} at {(e.get('run_summary') or {}).get('commits_per_step') or float('nan'):.2f} commits per step"
+            for n, e in line) + ".", ""] if line else []
         keep = [t for t, a, _ in pts if a >= base - BUDGET - 1e-12]
         lines += [f"Lowest threshold within one point of the baseline: {min(keep):g}." if keep else
                   "No threshold keeps the baseline's accuracy within one point.", ""]
-    lines += [f"![{task.name}: accuracy against speedup](benchmarks/task-{task.name}-speedup.png)", ""]
-    if task.name == "sudoku":
+    if (out / f"task-{task.name}-speedup.png").is_file():
+        lines += [f"![{task.name}: accuracy against speedup](benchmarks/task-{task.name}-speedup.png)", ""]
+    if task.name == "sudoku" and (out / "task-sudoku-commits.png").is_file():
         lines += ["![sudoku: accuracy against commits per step](benchmarks/task-sudoku-commits.png)", ""]
     sp = out / f"{task.name}-samples.json"
     if sp.is_file():
