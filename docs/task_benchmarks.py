@@ -299,7 +299,11 @@ def tune_lines(task: Task, out: Path) -> list[str]:
     reproduce = "`" + shlex.join(["diffaccel", "tune", *tune_commands().get(f"tune-{task.name}", ["?"])]) + "`"
     chosen = t.get("chosen")
     fig = (t.get("figures") or {}).get(chosen) if chosen else None
-    speed = ", ".join(f"{float(v):.2f}x at batch {b}" for b, v in fig["speedup"].items()) if fig else ""
+    speed = ", ".join(f"{float(v):.2f}x" + (f" [{ci[0]:.2f}-{ci[1]:.2f}]" if (ci := (fig.get("speedup_ci") or {}).get(b)) else "")
+                      + f" at batch {b}" for b, v in fig["speedup"].items()) if fig else ""
+    if fig:
+        speed += "; " + ", ".join(f"{m} {q['value']:.3f}{_ci(q.get('interval'))} (baseline {q['baseline']:.3f})"
+                                  for m, q in fig["quality"].items())
     return [f"`{task.fast}`: " + (f"{reproduce}; {t['trials']} trials on tuning seeds {t['tune_seeds'][0]} to "
                                   f"{t['tune_seeds'][-1] + t['batch'] - 1}, validated on {t['heldout']} held-out problems from "
                                   f"seed {t['heldout_seed']} ({speed} there; report: docs/benchmarks/tune-{task.name}/index.md)."
