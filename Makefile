@@ -7,13 +7,15 @@
 # make gpu-check : on a CUDA machine, every adapter x strategy in bfloat16 on the GPU and the sd-medium and text speed benches (scripts/gpu-check.sh)
 # make docs   : regenerate docs/writing-a-plugin.md and docs/writing-an-adapter.md (tests check they are up to date)
 # make benchmarks [NOTE="..."] : rerun the headline benches, regenerate docs/benchmarks.md (a few minutes, one thread)
+# make benchmarks-tasks [TASK=arith] [NOTE="..."] : rerun the task models' benches (256 held-out problems per entry,
+#               batch 1 and 8, parallel's threshold sweep), regenerate docs/task-benchmarks.md and its plots (about an hour)
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 PLUGIN_DIRS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml))
 export HF_HUB_OFFLINE := 1
 
-.PHONY: gpu-check setup demo test test-core layers test-plugin soak docs benchmarks bench-overhead bench-partial fluency train-text train-text-cond clean
+.PHONY: gpu-check setup demo test test-core layers test-plugin soak docs benchmarks benchmarks-tasks bench-overhead bench-partial fluency train-text train-text-cond clean
 
 $(VENV)/.installed: pyproject.toml $(addsuffix /pyproject.toml,$(PLUGIN_DIRS))
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -65,6 +67,11 @@ docs: setup
 # lock, one thread; NOTE is recorded in each report's machine facts (e.g. that the machine was shared)
 benchmarks: setup
 	flock /tmp/diffaccel-bench.lock env OMP_NUM_THREADS=1 DIFFACCEL_MACHINE_NOTE="$(NOTE)" $(BIN)/python docs/benchmarks.py
+
+# docs/task-benchmarks.md and docs/benchmarks/{sudoku,arith}-*: the task models (docs/task_benchmarks.py);
+# TASK=arith reruns one task (new weights) and recombines the page with the other's folders
+benchmarks-tasks: setup
+	flock /tmp/diffaccel-bench.lock env OMP_NUM_THREADS=1 DIFFACCEL_MACHINE_NOTE="$(NOTE)" $(BIN)/python docs/task_benchmarks.py $(if $(TASK),--task $(TASK))
 
 bench-overhead: setup
 	$(BIN)/diffaccel overhead configs/text-default.toml

@@ -69,6 +69,9 @@ TUNES: dict[str, list[str]] = {
                     "--out", "configs/digits-tuned.toml", "--trials", "24", "--tune-seeds", "2", "--heldout", "40"],
     "tune-dit-digits": ["configs/dit-digits-tune.toml", "--budget", "psnr>=30", "--budget", "acc>=-0.02",
                         "--out", "configs/dit-digits-tuned.toml", "--trials", "24", "--tune-seeds", "4", "--heldout", "64"],
+    # the sudoku task model (docs/task-benchmarks.md benches it beside the steps-N line)
+    "tune-sudoku": ["configs/sudoku-tune.toml", "--budget", "acc>=-0.01", "--model-space", "steps=41,31,27,20,14,10",
+                    "--out", "configs/sudoku-fast.toml", "--trials", "27", "--heldout", "256"],
     "tune-text": ["configs/text-tune.toml", "--budget", "gen_ppl<=+5%", "--budget", "distinct2>=-5%",
                   "--out", "configs/text-tuned.toml", "--trials", "12", "--tune-seeds", "4", "--heldout", "128", "--candidates", "2"],
 }
@@ -112,16 +115,19 @@ class Figure:
 
 HEADLINE: list[tuple[str, str, list[Figure]]] = [
     ("[`swd`](plugins/swd)", "stable window decoding: computes only the positions whose top-1 still moves (text)",
-     [Figure("masked", "text-swd", "text-masked-b1", "text-masked-b8"),
+     [Figure("sudoku", "sudoku-swd", "sudoku-b1", "sudoku-b8"), Figure("WordNet masked", "text-swd", "text-masked-b1", "text-masked-b8"),
       Figure("continuous", "text-continuous-swd", "text-continuous-b1", "text-continuous-b8")]),
     ("[`time-anchor`](plugins/time_anchor)", "reuses (layer, position) states that stopped changing (text and images)",
-     [Figure("text", "text-time-anchor", "text-masked-b1", "text-masked-b8"),
+     [Figure("sudoku", "sudoku-time-anchor", "sudoku-b1", "sudoku-b8"), Figure("WordNet", "text-time-anchor", "text-masked-b1", "text-masked-b8"),
       Figure("digits", "digits-time-anchor", "digits-time-anchor", solvers=("digits-solvers-b1", "digits-solvers-b10")),
       Figure("digits DiT", "dit-digits-time-anchor", "dit-digits-b1", "dit-digits-b8", solvers=("dit-digits-solvers-b1", "dit-digits-solvers-b10"))]),
     ("`swd` + `time-anchor`", "both in one config (`configs/text-swd-time-anchor.toml`)",
-     [Figure("masked", "text-swd-time-anchor", "text-masked-b1", "text-masked-b8")]),
+     [Figure("sudoku", "sudoku-swd-time-anchor", "sudoku-b1", "sudoku-b8"),
+      Figure("WordNet masked", "text-swd-time-anchor", "text-masked-b1", "text-masked-b8")]),
     ("[`parallel`](plugins/parallel)", "commits every masked position a rule finds confident: fewer steps, not cheaper ones (text)",
-     [Figure("masked", "text-parallel", "text-parallel-b1", "text-parallel-b8"),
+     [Figure("sudoku (threshold 0.9)", "sudoku-parallel", "sudoku-b1", "sudoku-b8"),
+      Figure("+ swd + time-anchor", "sudoku-parallel-swd-time-anchor", "sudoku-b1", "sudoku-b8"),
+      Figure("WordNet masked", "text-parallel", "text-parallel-b1", "text-parallel-b8"),
       Figure("+ swd + time-anchor", "text-parallel-swd-time-anchor", "text-parallel-b1", "text-parallel-b8")]),
     ("[`dct-anchor`](plugins/dct_anchor)", "reuses deep UNet or DiT blocks while the low DCT band of the estimate is settled (images)",
      [Figure("digits", "digits-dct", "digits-dct", solvers=("digits-solvers-b1", "digits-solvers-b10")),
@@ -221,6 +227,8 @@ def _quality(entry: dict, base: dict) -> str:
     for key, name in (("gen_ppl", "gen_ppl"), ("perplexity", "trigram perplexity")):
         if key in q and key in b:
             return f"{name} {100 * (q[key] / b[key] - 1):+.0f}%"
+    if "acc" in q and "acc" in b and "cond_acc" not in q:  # a task model's exact accuracy (docs/task-benchmarks.md)
+        return f"acc {q['acc']:.3f} vs {b['acc']:.3f}"
     if "psnr" in q:
         acc = f", accuracy {q['cond_acc']:.2f} vs {b['cond_acc']:.2f}" if "cond_acc" in q and "cond_acc" in b else ""
         return f"PSNR {q['psnr']:.1f} dB{acc}"

@@ -97,3 +97,54 @@ def test_the_guides_are_linked_from_readme_and_architecture():
     root = Path(__file__).resolve().parents[1]
     for doc in ("README.md", "docs/architecture.md"):
         assert "writing-an-adapter.md" in (root / doc).read_text(), doc
+
+
+# ---- the task benchmarks page (docs/task_benchmarks.py) ------------------------------------------
+
+def _task_benchmarks():
+    import importlib.util
+
+    import sys
+
+    spec = importlib.util.spec_from_file_location("docs_task_benchmarks", GUIDE.parent / "task_benchmarks.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_task_benchmarks_page_is_the_one_generated_from_the_benches():
+    tb = _task_benchmarks()
+    assert tb.PAGE.read_text() == tb.page(), "run `python docs/task_benchmarks.py --combine-only`"
+
+
+def test_task_benches_measure_256_held_out_problems_per_entry_with_the_steps_line():
+    tb = _task_benchmarks()
+    for task in tb.TASKS.values():
+        b = tb.benches(task)
+        for name, batch in ((f"{task.name}-b1", 1), (f"{task.name}-b8", 8)):
+            args = b[name]
+            assert int(args[args.index("--seeds") + 1]) * batch >= 256 and int(args[args.index("--batch") + 1]) == batch
+            assert task.base == args[0] and task.steps in args and all(s in args for s in task.strategies)
+        assert "0.999" in b[f"{task.name}-threshold"][b[f"{task.name}-threshold"].index("--grid") + 1]
+
+
+def test_task_figures_follow_the_bench_json(tmp_path):
+    import json
+
+    tb = _task_benchmarks()
+    rep = lambda steps: {"steps_run": steps}  # noqa: E731
+    entries = [{"name": "baseline", "speedup": 1.0, "quality": {"acc": 0.97, "cells_acc": 0.94}, "reports": [rep(41), rep(41)]},
+               {"name": "sudoku-parallel[tau=0.99]", "speedup": 5.0, "quality": {"acc": 0.965, "cells_acc": 0.94}, "reports": [rep(8), rep(12)]},
+               {"name": "sudoku-parallel[tau=0.9]", "speedup": 12.0, "quality": {"acc": 0.87, "cells_acc": 0.93}, "reports": [rep(3), rep(3)]},
+               {"name": "steps-20", "speedup": 2.0, "quality": {"acc": 0.90, "cells_acc": 0.94}, "reports": [rep(20), rep(20)]}]
+    path = tmp_path / "sudoku-threshold" / "bench.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({"model": {"batch": 8}, "seeds": [0, 8], "entries": entries}))
+    tb.summarise_runs(path, "diffaccel bench ...")
+    res = tb.load("sudoku-threshold", tmp_path)
+    assert res["command"] == "diffaccel bench ..." and "reports" not in res["entries"][0]
+    assert tb.threshold_points(res) == [(0.9, 0.87, 41 / 3), (0.99, 0.965, 41 / 10)]
+    assert tb.steps_points(res) == [(1.0, 0.97), (41 / 20, 0.90)]
+    name, e = tb.fastest_within(res)  # within one point: tau 0.99 (5x), not 0.9 (12x at -0.10)
+    assert name == "sudoku-parallel[tau=0.99]"

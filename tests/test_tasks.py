@@ -4,6 +4,7 @@ scoring, prompts checked before any model loads, the training recipe, and the ad
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -252,3 +253,49 @@ def test_shipped_sudoku_model_solves_held_out_puzzles():
     pipe = load_pipeline("sudoku")
     scores = solve(spec, pipe.denoiser.model, pipe.tokenizer, [spec.heldout(i) for i in range(4000, 4024)])
     assert sum(s[0] for s in scores) >= 20  # 0.96 on 500 held-out puzzles; a random model solves none
+
+
+# ---- other step counts (the text adapter's variant_peer): bench side by side, tune --model-space ----
+
+def _sudoku_variant(tmp_path, steps, strategy=True):
+    text = Path("configs/sudoku.toml").read_text().replace("steps = 41", f"steps = {steps}")
+    path = tmp_path / f"sudoku-{steps}.toml"
+    path.write_text(text + ('\n[[strategy]]\nuse = "parallel"\nrule = "threshold"\nscale = "prob"\ntau = 0.999\n' if strategy else ""))
+    return path
+
+
+def test_bench_runs_a_task_config_at_other_steps_beside_the_baseline(tmp_path):
+    from diffaccel.bench.runner import run_bench
+
+    res = run_bench(["configs/sudoku.toml", str(_sudoku_variant(tmp_path, 20))], seeds=2, timed=False, noise_floor=False,
+                    progress=False)
+    by = {e["name"]: e for e in res["entries"]}
+    assert set(by) == {"baseline", "sudoku-20", "steps-20"}  # the variant's model alone joins as its steps peer
+    assert all(r["steps"] == 20 for r in by["sudoku-20"]["reports"]) and all(r["steps"] == 41 for r in by["baseline"]["reports"])
+    assert by["sudoku-20"]["vs_model"]["entry"] == "steps-20"
+
+
+def test_tune_searches_the_step_count_of_a_task_model(tmp_path):
+    from diffaccel.tuning.tuner import tune
+
+    result = tune("configs/sudoku-tune.toml", "acc>=-0.5", tmp_path / "fast.toml", trials=2, tune_seeds=1, heldout=2,
+                  candidates=1, progress=False, model_space={"steps": (20, 14)})
+    import optuna
+
+    study = optuna.load_study(study_name="tune", storage=f"sqlite:///{result.study}")
+    assert {t.params["[model].steps"] for t in study.trials} <= {20, 14}
+    if result.path is not None:  # a point's steps land in the written [model]
+        import tomllib
+
+        assert tomllib.loads(result.path.read_text())["model"]["steps"] in (20, 14, 41)
+
+
+def test_the_sudoku_tune_searches_parallels_threshold_up_to_0_999_and_its_rules():
+    from diffaccel.runtime.config import load_config
+    from diffaccel.runtime.registry import Registry
+    from diffaccel.tuning.tuner import tunable_space
+
+    registry = Registry()
+    space = tunable_space(load_config("configs/sudoku-tune.toml", registry), registry)
+    assert set(space) == {"swd", "time-anchor", "parallel"}
+    assert max(space["parallel"]["tau"].choices) == 0.999 and set(space["parallel"]["rule"].choices) == {"threshold", "factor", "entropy"}

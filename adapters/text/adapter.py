@@ -281,6 +281,13 @@ class TextAdapter:
         return attrs.evolve(config, model=attrs.evolve(config.model, steps=peer.steps))
 
     @staticmethod
+    def variant_peer(base, config) -> StepsPeer:
+        """The steps peer that runs ``config``'s model (its ``[model]`` differs from ``base``'s in
+        ``steps`` only) on ``base``'s pipeline: ``bench`` runs configs at other step counts side by
+        side and ``tune --model-space steps=...`` searches the step count with the strategies."""
+        return StepsPeer(steps=config.model.steps or config.options.length)
+
+    @staticmethod
     @contextmanager
     def peer_context(pipe, peer):
         """A ``steps`` peer runs the bare pipeline; only its config differs (``peer_run_config``)."""

@@ -26,16 +26,25 @@ def diffaccel_register(register):
                       description=_DESCRIPTION))
 
 
+TAU_CHOICES = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.97, 0.98, 0.99, 0.995, 0.998, 0.999)
+"""The thresholds ``tune`` tries: the ratio scale's range (0.3 to 0.99) and, denser at the top,
+the probability scale's, up to 0.999 (a confident task model keeps its accuracy only above 0.99:
+the sudoku model loses 10 points at Fast-dLLM's 0.9; docs/task-models.md)."""
+
+
 @hookimpl
 def diffaccel_tunables(strategy):
-    """What ``diffaccel tune`` may set: the factor rule's f (the confidence each extra commit needs)
-    and the spacing between a step's commits; the rule itself stays as the config writes it."""
+    """What ``diffaccel tune`` may set: the rule (threshold, factor, entropy) and each rule's
+    knob: the threshold tau (``TAU_CHOICES``, up to 0.999), the factor rule's f (the confidence
+    each extra commit needs; 0.01 is a near-certain model's, 12 a flat one's), the entropy rule's
+    gamma, and the spacing between a step's commits. The scale stays as the config writes it."""
     if strategy != "parallel":
         return None
-    return [Tunable(key="factor", low=0.5, high=12.0, log=True), Tunable(key="tau", low=0.3, high=0.99),
+    return [Tunable(key="rule", choices=RULES), Tunable(key="tau", choices=TAU_CHOICES),
+            Tunable(key="factor", low=0.01, high=12.0, log=True), Tunable(key="gamma", low=0.001, high=4.0, log=True),
             Tunable(key="spacing", low=0, high=10, integer=True)]
 
-__all__ = ["RULES", "SCALES", "Parallel", "ParallelConfig", "__version__", "choose", "diffaccel_register", "diffaccel_tunables", "entropies",
+__all__ = ["RULES", "SCALES", "TAU_CHOICES", "Parallel", "ParallelConfig", "__version__", "choose", "diffaccel_register", "diffaccel_tunables", "entropies",
            "scaled_confidence", "spaced"]
 
 

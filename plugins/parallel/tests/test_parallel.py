@@ -411,3 +411,30 @@ def test_the_steps_top1_is_computed_only_when_a_strategy_reads_it(pipe, monkeypa
     read = run_with(pipe, [par(rule="factor", factor=3.0), Top1Watch(seen_top1)], length=N, steps=N, seed=5)
     assert len(calls) == len(seen_top1) == read.report["steps_run"]
     assert torch.equal(alone.tokens, watched.tokens) and torch.equal(alone.tokens, read.tokens)
+
+
+# ---- the threshold's range: a confident task model needs it above 0.99 --------------------------
+
+def test_tune_may_set_the_threshold_up_to_0_999_and_every_rule():
+    from diffaccel_parallel import RULES, TAU_CHOICES, diffaccel_tunables
+
+    tunables = {t.key: t for t in diffaccel_tunables(strategy="parallel")}
+    assert max(tunables["tau"].choices) == 0.999 and sum(v > 0.99 for v in tunables["tau"].choices) >= 3
+    assert tunables["tau"].choices == TAU_CHOICES and tunables["rule"].choices == RULES
+    assert tunables["factor"].low <= 0.01  # a near-certain model's factor: 1 - 0.01 / 2 = 0.995 for the second commit
+    for tau in TAU_CHOICES:
+        assert ParallelConfig(rule="threshold", scale="prob", tau=tau).tau == tau  # each value the config accepts
+
+
+def test_threshold_0_999_on_probabilities_commits_only_the_near_certain():
+    c, cand = conf_row([0.9995, 0.999, 0.9989, 0.99, None, 1.0])
+    got = choose(scaled_confidence(c, cand, "prob"), ParallelConfig(rule="threshold", scale="prob", tau=0.999))
+    assert got[0].nonzero().squeeze(1).tolist() == [0, 1, 5]
+
+
+def test_a_tune_config_at_0_999_loads(tmp_path):
+    import tomllib
+
+    cfg = parse_config(tomllib.loads(MODEL + '[[strategy]]\nuse = "parallel"\nrule = "threshold"\nscale = "prob"\ntau = 0.999\n'),
+                       source="p.toml")
+    assert cfg.strategies[0].config.tau == 0.999
