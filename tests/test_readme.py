@@ -165,7 +165,7 @@ def test_strategies_table_follows_the_bench_json(tmp_path):
     path.write_text(json.dumps(result))
     after = bench.headline_table(tmp_path)
     assert "masked 9.87x / -" in after and "9.87x" not in before
-    assert "not measured yet (bench `digits-dct`)" in after  # a missing bench is said, not invented
+    assert "not measured yet (bench `digits-solvers-b1`)" in after  # a missing bench is said, not invented
 
 
 def test_readme_without_the_table_markers_is_refused():
