@@ -119,8 +119,8 @@ HEADLINE: list[tuple[str, str, list[Figure]]] = [
       Figure("continuous", "text-continuous-swd", "text-continuous-b1", "text-continuous-b8")]),
     ("[`time-anchor`](plugins/time_anchor)", "reuses (layer, position) states that stopped changing (text and images)",
      [Figure("sudoku", "sudoku-time-anchor", "sudoku-b1", "sudoku-b8"), Figure("WordNet", "text-time-anchor", "text-masked-b1", "text-masked-b8"),
-      Figure("digits", "digits-time-anchor", "digits-time-anchor", solvers=("digits-solvers-b1", "digits-solvers-b10")),
-      Figure("digits DiT", "dit-digits-time-anchor", "dit-digits-b1", "dit-digits-b8", solvers=("dit-digits-solvers-b1", "dit-digits-solvers-b10"))]),
+      Figure("digits", "digits-time-anchor", "digits-solvers-b1", "digits-solvers-b10", solvers=("digits-solvers-b1", "digits-solvers-b10")),
+      Figure("digits DiT", "dit-digits-time-anchor", "dit-digits-solvers-b1", "dit-digits-solvers-b10", solvers=("dit-digits-solvers-b1", "dit-digits-solvers-b10"))]),
     ("`swd` + `time-anchor`", "both in one config (`configs/text-swd-time-anchor.toml`)",
      [Figure("sudoku", "sudoku-swd-time-anchor", "sudoku-b1", "sudoku-b8"),
       Figure("WordNet masked", "text-swd-time-anchor", "text-masked-b1", "text-masked-b8")]),
@@ -130,9 +130,9 @@ HEADLINE: list[tuple[str, str, list[Figure]]] = [
       Figure("WordNet masked", "text-parallel", "text-parallel-b1", "text-parallel-b8"),
       Figure("+ swd + time-anchor", "text-parallel-swd-time-anchor", "text-parallel-b1", "text-parallel-b8")]),
     ("[`dct-anchor`](plugins/dct_anchor)", "reuses deep UNet or DiT blocks while the low DCT band of the estimate is settled (images)",
-     [Figure("digits", "digits-dct", "digits-dct", solvers=("digits-solvers-b1", "digits-solvers-b10")),
+     [Figure("digits", "digits-dct", "digits-solvers-b1", "digits-solvers-b10", solvers=("digits-solvers-b1", "digits-solvers-b10")),
       Figure("synthetic SD", "sd-medium-dct-fast", "sd-medium-dct-fast"),
-      Figure("digits DiT", "dit-digits-dct", "dit-digits-b1", "dit-digits-b8", solvers=("dit-digits-solvers-b1", "dit-digits-solvers-b10"))]),
+      Figure("digits DiT", "dit-digits-dct", "dit-digits-solvers-b1", "dit-digits-solvers-b10", solvers=("dit-digits-solvers-b1", "dit-digits-solvers-b10"))]),
     ("cache on a solver", "a strategy on DPM-Solver++ at few steps (`configs/digits-fast.toml`, `configs/dit-digits-fast.toml`): "
      "against DDIM-50, and against the solver alone",
      [Figure("digits", "digits-fast", "digits-solvers-b1", "digits-solvers-b10", solvers=("digits-solvers-b1", "digits-solvers-b10")),
@@ -243,12 +243,14 @@ def _figure(out: Path, f: Figure) -> str:
         return f"{f.label}: not measured yet (bench `{f.bench}`)" + line
     speed = " / ".join(f"{e[0]['speedup']:.2f}x" if e else "-" for e in ([one, eight] if f.bench8 else [one]))
     quality = _quality(*(eight or one))
-    where = f" at batch {json.loads((out / f.bench8 / 'bench.json').read_text())['model']['batch']}" if eight and f.bench8 else ""
+    batch = json.loads((out / f.bench8 / "bench.json").read_text()).get("model", {}).get("batch") if eight and f.bench8 else None
+    where = f" at batch {batch}" if batch else ""
     v = (eight or one)[0].get("vs_model")
+    label = f"{f.label} on {v['entry']}" if v else f.label  # the model it runs on, where it is not the baseline's
     if v:  # a strategy on another model than the baseline's (a solver): against that model alone too
         line = (f"; against {v['entry']} alone{where}: {v['speedup']:.2f}x, PSNR {v['quality']['psnr']:.1f} dB" if v.get("speedup")
                 else "") + line
-    return (f"{f.label} {speed} ({quality}{where})" if quality else f"{f.label} {speed}") + line
+    return (f"{label} {speed} ({quality}{where})" if quality else f"{label} {speed}") + line
 
 
 def _line_at(points: list[tuple[float, float]], x: float) -> float | None:
@@ -279,6 +281,10 @@ def _solver_margin(out: Path, bench: str, name: str) -> str:
             # faster than every point of the line: against its fastest point (above that, above the line)
             beyond = max((p for pts in lines for p in pts), key=lambda p: p[0])
             ys = [beyond[1]]
+        elif not ys and lines and x < min(p[0] for pts in lines for p in pts):
+            # slower than every point: against its slowest point, said as such (no verdict either way)
+            beyond = min((p for pts in lines for p in pts), key=lambda p: p[0])
+            ys = [beyond[1]]
         if ys and key in e["quality"]:
             margins.append((key, round(e["quality"][key] - max(ys), digits) + 0.0, unit, digits))  # + 0.0: no "-0.00"
     if not margins:
@@ -286,9 +292,11 @@ def _solver_margin(out: Path, bench: str, name: str) -> str:
     text = ", ".join(f"{'PSNR' if k == 'psnr' else 'accuracy'} {m:+.{d}f}{u}" for k, m, u, d in margins)
     below = [("PSNR" if k == "psnr" else "accuracy") for k, m, _, _ in margins if m < 0]  # as rounded: -0.00 is on it
     verdict = f"**below it by {' and '.join(below)}**" if below else "above it"
-    if beyond:  # no point of the line is as fast: its fastest point is slower, so "below" would say too much
-        verdict = "no solver setting measured as fast"
-    at = f"faster than its fastest point ({beyond[0]:.2f}x)" if beyond else f"at {x:.2f}x"
+    faster = beyond is not None and x > beyond[0]
+    if beyond:  # no point of the line is as fast (or as slow): a verdict against its end point would say too much
+        verdict = f"no solver setting measured as {'fast' if faster else 'slow'}"
+    end = f"{'faster' if faster else 'slower'} than its {'fastest' if faster else 'slowest'} point ({beyond[0]:.2f}x)" if beyond else ""
+    at = end or f"at {x:.2f}x"
     return f"; vs the best solver line {at} (`{bench}`): {text}, {verdict}"
 
 

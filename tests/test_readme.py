@@ -165,7 +165,7 @@ def test_strategies_table_follows_the_bench_json(tmp_path):
     path.write_text(json.dumps(result))
     after = bench.headline_table(tmp_path)
     assert "masked 9.87x / -" in after and "9.87x" not in before
-    assert "not measured yet (bench `digits-dct`)" in after  # a missing bench is said, not invented
+    assert "not measured yet (bench `digits-solvers-b1`)" in after  # a missing bench is said, not invented
 
 
 def test_readme_without_the_table_markers_is_refused():
@@ -208,3 +208,23 @@ def test_an_image_strategy_below_the_solver_line_is_said_in_the_table(tmp_path):
     assert "vs the best solver line at 3.00x (`digits-solvers-b10`): PSNR -1.0 dB, accuracy +0.00, **below it by PSNR**" in table
     assert "vs the best solver line at 3.00x (`digits-solvers-b10`): PSNR +1.0 dB, accuracy +0.00, above it" in table
     assert "solver line: not measured yet (bench `digits-solvers-b1`)" in table
+
+
+def test_an_image_strategy_off_either_end_of_the_solver_line_is_said_in_the_table(tmp_path):
+    import json
+
+    bench = _benchmarks_script()
+    (tmp_path / "dit-digits-solvers-b1").mkdir()
+    steps = [{"name": n, "speedup": x, "quality": {"psnr": y, "cond_acc": 0.2},
+              "peer": {"use": "steps", "steps": 0, "scheduler": None, "name": None}}
+             for n, x, y in (("steps-25", 2.0, 37.0), ("steps-10", 5.0, 25.0))]
+    entries = [{"name": "baseline", "speedup": 1.0, "quality": {"psnr": float("inf"), "cond_acc": 0.2}}, *steps,
+               {"name": "dit-digits-time-anchor", "speedup": 1.5, "quality": {"psnr": 40.0, "cond_acc": 0.2}},
+               {"name": "dit-digits-dct", "speedup": 6.0, "quality": {"psnr": 20.0, "cond_acc": 0.2}}]
+    (tmp_path / "dit-digits-solvers-b1" / "bench.json").write_text(json.dumps({"entries": entries}))
+    table = bench.headline_table(tmp_path)
+    # slower than every solver setting: compared with the slowest, and no verdict (the line would rise above it)
+    assert ("vs the best solver line slower than its slowest point (2.00x) (`dit-digits-solvers-b1`): PSNR +3.0 dB, "
+            "accuracy +0.00, no solver setting measured as slow") in table
+    assert ("vs the best solver line faster than its fastest point (5.00x) (`dit-digits-solvers-b1`): PSNR -5.0 dB, "
+            "accuracy +0.00, no solver setting measured as fast") in table
