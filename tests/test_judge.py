@@ -295,12 +295,13 @@ def test_a_judge_that_does_not_load_is_one_line_and_exit_2_before_sampling(case,
 
 
 def test_no_judge_and_none_leave_the_quality_keys_as_they_were(tmp_path):
+    from diffaccel.bench.options import BenchOptions
     from diffaccel.bench.runner import run_bench
 
     paths = _bench_configs(tmp_path)
     for judge in (None, "none"):
-        result = run_bench(paths, seeds=1, progress=False, noise_floor=False, judge=judge)
-        assert "judge" not in result and all("gen_ppl" not in e["quality"] for e in result["entries"])
+        result = run_bench(paths, BenchOptions(seeds=1, progress=False, noise_floor=False, judge=judge))
+        assert not result.has("judge") and all("gen_ppl" not in e.quality for e in result.entries)
 
 
 def test_import_diffaccel_and_the_judge_module_stay_light():

@@ -358,6 +358,43 @@ def test_monkeypatching_through_an_old_path_acts_on_the_new_module(monkeypatch):
     assert placement.check_placement() == "patched"
 
 
+BENCH_MODEL = '[model]\nadapter = "text"\ncheckpoint = "wordnet-masked"\nlength = 8\nsteps = 2\n'
+
+
+def test_the_old_bench_keywords_give_the_same_bench_with_one_warning_naming_bench_options(tmp_path):
+    from diffaccel.bench.options import BenchOptions
+    from diffaccel.bench.runner import run_bench
+
+    (tmp_path / "base.toml").write_text(BENCH_MODEL)
+    (tmp_path / "swd.toml").write_text(BENCH_MODEL + '[[strategy]]\nuse = "swd"\n')
+    paths = [str(tmp_path / "base.toml"), str(tmp_path / "swd.toml")]
+    kw = {"seeds": 2, "timed": False, "noise_floor": False, "judge": None, "progress": False}
+    old, warned = _deprecations(lambda: run_bench(paths, **kw))
+    assert len(warned) == 1 and "diffaccel.bench.options.BenchOptions(seeds=..." in warned[0]
+    new, warned = _deprecations(lambda: run_bench(paths, BenchOptions(**kw)))
+    assert warned == []
+    strip = lambda r: [{k: v for k, v in e.to_dict().items() if k != "reports"} for e in r.entries]  # noqa: E731
+    assert strip(old) == strip(new)
+    # the result read as the dict it was: the same values, one warning per form
+    entries, warned = _deprecations(lambda: [e["name"] for e in old["entries"]])
+    assert entries == ["baseline", "swd"] and warned and all("use the attribute" in w for w in warned)
+
+
+def test_the_old_tune_keywords_still_work_with_one_warning_naming_tune_options(tmp_path):
+    from diffaccel import ConfigError
+    from diffaccel.tuning.tuner import tune
+
+    def old():
+        try:
+            tune(str(tmp_path / "c.toml"), "psnr>=5", tmp_path / "tuned.txt", trials=3, judge="none")
+        except ConfigError as exc:  # the options reached tune's checks: --out must be a .toml
+            return str(exc)
+
+    message, warned = _deprecations(old)
+    assert "write the tuned config to a .toml file" in message
+    assert len(warned) == 1 and "diffaccel.tuning.options.TuneOptions(trials=..., judge=...)" in warned[0]
+
+
 def test_an_old_adapter_module_path_is_the_new_module_with_one_warning_naming_it():
     import diffaccel.adapters as adapters  # registers the adapters' table with the core's finder
     import diffaccel.adapters.text  # noqa: F401 - the parent of an old text path

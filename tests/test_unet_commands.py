@@ -213,16 +213,17 @@ def test_deepcache_peer_changes_images_and_leaves_no_trace():
 def test_bench_runs_the_peer_interleaved(tmp_path):
     import json
 
+    from diffaccel.bench.options import BenchOptions
     from diffaccel.bench.runner import format_table, run_bench
 
     cfg = tmp_path / "tiny.toml"
     cfg.write_text(UNET + 'steps = 6\nprompts = ["a red cube"]\n[[peer]]\nuse = "deepcache"\ncache_interval = 2\n')
-    result = run_bench([str(cfg)], seeds=2, progress=False, json_path=str(tmp_path / "b.json"))
-    names = [e["name"] for e in result["entries"]]
+    result = run_bench([str(cfg)], BenchOptions(seeds=2, progress=False, json_path=str(tmp_path / "b.json")))
+    names = [e.name for e in result.entries]
     assert names == ["baseline", "deepcache-i2"]
-    peer = result["entries"][1]
-    assert peer["fraction_computed"] is None and peer["peer"] == {"use": "deepcache", "cache_interval": 2, "cache_branch_id": 0, "name": None}
-    assert peer["quality"]["psnr"] < float("inf") and result["entries"][0]["quality"]["psnr"] == float("inf")
+    peer = result.entries[1]
+    assert peer.fraction_computed is None and peer.peer == {"use": "deepcache", "cache_interval": 2, "cache_branch_id": 0, "name": None}
+    assert peer.quality["psnr"] < float("inf") and result.entries[0].quality["psnr"] == float("inf")
     table = format_table(result)
     assert "deepcache-i2" in table and "psnr" in table
     assert json.loads((tmp_path / "b.json").read_text())["entries"][1]["name"] == "deepcache-i2"

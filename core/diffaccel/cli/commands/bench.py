@@ -80,16 +80,17 @@ def run(args) -> int:
                 raise ConfigError(f"{option}: not available with --prompts (the sharded bench writes --json only)")
         return main_bench(args)
     from ...bench.grid import parse_grid
+    from ...bench.options import BenchOptions
     from ...bench.runner import format_table, run_bench
 
     if args.quality_only and args.report_dir:
         raise ConfigError("--report: not available with --quality-only (a report plots speedup against quality)")
     kept: dict | None = {} if args.report_dir else None
     plot_dir = args.plot_dir or (f"{args.report_dir}/plots" if args.report_dir else None)
-    result = run_bench(args.configs, seeds=args.seeds, repeats=args.repeats, json_path=args.json_path,
-                       noise_floor=not args.no_noise_floor, progress=not args.no_progress, plot_dir=plot_dir,
-                       batch=args.batch, seed=args.seed, judge=args.judge, keep_outputs=kept,
-                       timed=not args.quality_only, grid=parse_grid(args.grid), solver_line=args.solver_line)
+    result = run_bench(args.configs, BenchOptions(
+        seeds=args.seeds, repeats=args.repeats, json_path=args.json_path, noise_floor=not args.no_noise_floor,
+        progress=not args.no_progress, plot_dir=plot_dir, batch=args.batch, seed=args.seed, judge=args.judge,
+        timed=not args.quality_only, grid=parse_grid(args.grid), solver_line=args.solver_line), keep_outputs=kept)
     print(format_table(result))
     if args.json_path:
         print(f"wrote {args.json_path}")

@@ -44,13 +44,15 @@ def arguments(tu) -> None:
 
 def run(args) -> int:
     from ...tuning.model_space import parse_model_space
+    from ...tuning.options import TuneOptions
     from ...tuning.tuner import tune
 
     model_space = parse_model_space(args.model_space)  # before anything loads
     try:
-        result = tune(args.config, args.budget, args.out, trials=args.trials, tune_seeds=args.tune_seeds, heldout=args.heldout,
-                      heldout_seed=args.heldout_seed, batch=args.batch, judge=args.judge, candidates=args.candidates,
-                      report=args.report, progress=not args.no_progress, model_space=model_space)
+        result = tune(args.config, args.budget, args.out, TuneOptions(
+            trials=args.trials, tune_seeds=args.tune_seeds, heldout=args.heldout, heldout_seed=args.heldout_seed,
+            batch=args.batch, judge=args.judge, candidates=args.candidates, report=args.report,
+            progress=not args.no_progress, model_space=model_space))
     except KeyboardInterrupt:
         say("diffaccel: tune interrupted; the finished trials are kept: run the same command again to resume")
         return 130
