@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -312,9 +313,53 @@ def _needs(requires) -> str:
     return ", ".join(r if isinstance(r, str) else " or ".join(r) for r in requires) or "nothing"
 
 
+def _first_sentence(doc: str) -> str:
+    text = _oneline(doc.split("\n\n")[0])
+    return re.split(r"(?<=\.)\s+(?=[A-Z`(])", text)[0].rstrip(".")
+
+
+def _cell(text: str) -> str:
+    """A docstring's text as a markdown table cell (rst's double backticks single)."""
+    return text.replace("``", "`").replace("|", "\\|")
+
+
+def lifecycle_table() -> str:
+    """The hooks a generation calls, in the order of ``hookspecs.RULES`` (the order a run calls
+    them), each with the ``RunSequence`` method that calls it (read from its source, as
+    ``adapter_hooks``) and how its results merge (``Rule.describe``)."""
+    from diffaccel.contract.hookspecs import RULES
+
+    driven = dict(adapter_hooks())
+    rows = ["| # | hook | called by | per | results |", "| --- | --- | --- | --- | --- |"]
+    run_hooks = [h for h in RULES if h in driven and (driven[h] or RULES[h].hot)]  # not hooked_modules (at attach)
+    for i, hook in enumerate(run_hooks, 1):
+        rule, callers = RULES[hook], driven[hook]
+        by = ", ".join(f"`RunSequence.{c}`" for c in callers) or "the adapter's layer code (`accelerator.layer_output`)"
+        per = "layer" if rule.hot else ("step" if set(callers) & {"denoise", "plan", "commit", "post_step"} else "generation")
+        rows.append(f"| {i} | `{hook}` | {by} | {per} | {rule.describe()} |")
+    return "\n".join(rows) + "\n"
+
+
+def dispatch_table() -> str:
+    """Every hook of ``hookspecs.RULES``, in order: when it is called (its docstring's first
+    sentence), what it returns (its signature) and how the results of several strategies merge
+    (``Rule.describe``, the rule the dispatcher is built from)."""
+    from diffaccel.contract import hookspecs
+
+    rows = ["| hook | when | returns | results merge |", "| --- | --- | --- | --- |"]
+    for name, rule in hookspecs.RULES.items():
+        fn = getattr(hookspecs, name)
+        ret = inspect.signature(fn).return_annotation
+        ret = "nothing" if ret in (None, "None") else f"`{str(ret).strip(chr(39))}`"
+        merge = rule.describe() + ("; hot path, resolved once per run" if rule.hot else "")
+        rows.append(f"| `{name}` | {_cell(_first_sentence(inspect.getdoc(fn) or ''))} | {_cell(ret)} | {merge} |")
+    return "\n".join(rows) + "\n"
+
+
 def architecture_tables() -> dict[str, str]:
-    """Table name -> its markdown: ``adapters`` (each installed adapter's capabilities) and
-    ``strategies`` (what each installed strategy declares it requires)."""
+    """Table name -> its markdown: ``adapters`` (each installed adapter's capabilities),
+    ``strategies`` (what each installed strategy declares it requires), ``lifecycle`` (a
+    generation's hooks in order) and ``dispatch`` (every hook: when, returns, merge rule)."""
     from diffaccel import Registry
     from diffaccel.runtime.adapters_registry import describe_adapters
 
@@ -322,7 +367,8 @@ def architecture_tables() -> dict[str, str]:
     adapters += [f"| {a['name']} | {a['distribution']} | {', '.join(a['capabilities'])} |" for a in describe_adapters(shipped=True)]
     strategies = ["| strategy | requires |", "| --- | --- |"]
     strategies += [f"| {r['name']} | {_needs(r['requires'])} |" for r in Registry().describe()]
-    return {"adapters": "\n".join(adapters) + "\n", "strategies": "\n".join(strategies) + "\n"}
+    return {"adapters": "\n".join(adapters) + "\n", "strategies": "\n".join(strategies) + "\n",
+            "lifecycle": lifecycle_table(), "dispatch": dispatch_table()}
 
 
 def render_architecture() -> str:

@@ -148,3 +148,56 @@ def test_task_figures_follow_the_bench_json(tmp_path):
     assert tb.steps_points(res) == [(1.0, 0.97), (41 / 20, 0.90)]
     name, e = tb.fastest_within(res)  # within one point: tau 0.99 (5x), not 0.9 (12x at -0.10)
     assert name == "sudoku-parallel[tau=0.99]"
+
+
+# ---- the architecture page's lifecycle and dispatch: generated from the hook rules -----------------
+
+ARCHITECTURE = GUIDE.with_name("architecture.md")
+
+
+def lifecycle_drawing_drift(text: str) -> list[str]:
+    """What the hand-drawn lifecycle of docs/architecture.md gets wrong against
+    ``hookspecs.RULES``: a run hook it omits, or two hooks drawn out of the rules' order."""
+    from diffaccel.contract.hookspecs import RULES, RUN_HOOKS
+
+    section = text.split("## The lifecycle of a run", 1)[1].split("\n## ", 1)[0]
+    drawing = section.split("```", 2)[1]
+    drawn = list(dict.fromkeys(re.findall(r"diffaccel_\w+", drawing)))
+    order = list(RULES)
+    problems = [f"{h} is not drawn" for h in RUN_HOOKS if h not in drawn]
+    problems += [f"{h} is not a hook" for h in drawn if h not in RULES]
+    known = [h for h in drawn if h in RULES]
+    problems += [f"{a} is drawn before {b}" for a, b in zip(known, known[1:]) if order.index(a) > order.index(b)]
+    return problems
+
+
+def test_the_architecture_lifecycle_and_dispatch_are_generated_and_current():
+    text = ARCHITECTURE.read_text()
+    assert text == _docgen().render_architecture(), "docs/architecture.md is out of date: run 'make docs'"
+    for block in ("lifecycle", "dispatch"):
+        assert f"<!-- generated: {block} -->" in text
+    assert lifecycle_drawing_drift(text) == []
+
+
+def test_a_changed_hook_rule_changes_the_architecture_page(monkeypatch):
+    """Drift is seen: a merge rule, a hook's order or its text changed in the code renders a
+    different page, so the test above fails until 'make docs' is run."""
+    import attrs
+
+    from diffaccel.contract import hookspecs
+
+    docgen = _docgen()
+    current = docgen.render_architecture()
+    rules = dict(hookspecs.RULES)
+    monkeypatch.setitem(hookspecs.RULES, "diffaccel_pre_step", attrs.evolve(rules["diffaccel_pre_step"], merge=hookspecs.UNION))
+    assert docgen.render_architecture() != current  # the merge rule, in both tables
+    monkeypatch.setattr(hookspecs, "RULES", {k: rules[k] for k in [*list(rules)[::-1]]})
+    reordered = docgen.render_architecture()
+    assert reordered != current and reordered.index("| 1 | `diffaccel_run_end`") > 0  # the order of a run
+
+
+def test_a_hand_drawn_lifecycle_out_of_the_rules_order_is_found():
+    text = ARCHITECTURE.read_text()
+    assert lifecycle_drawing_drift(text.replace("diffaccel_commit(run", "gone(run")) == ["diffaccel_commit is not drawn"]
+    swapped = text.replace("diffaccel_pre_step(run)", "@@").replace("diffaccel_run_start(run)", "diffaccel_pre_step(run)").replace("@@", "diffaccel_run_start(run)")
+    assert lifecycle_drawing_drift(swapped) == ["diffaccel_pre_step is drawn before diffaccel_run_start"]

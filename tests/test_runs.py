@@ -114,3 +114,15 @@ def test_run_is_public_lazily_and_load_pipeline_uses_it(tmp_path, loads):
     assert diffaccel.Run is Run and "Run" in diffaccel.__all__
     pipe = diffaccel.load_pipeline(_write(tmp_path, SWD))
     assert loads == ["wordnet-masked"] and get_adapter("text").accepts(pipe)
+
+
+def test_generate_hands_more_inputs_to_the_adapter_as_serve_does(tmp_path):
+    """serve's batches: one seed per row, through ``generate(..., seeds=...)``, equal to the adapter
+    called by hand under ``apply``."""
+    path = _write(tmp_path, SWD)
+    run = Run(path)
+    out = run.generate(7, seeds=[7, 9])
+    with apply(run.pipe, run.config, strategies=run.build(run.config)):
+        by_hand = run.adapter.run(run.pipe, run.config, 7, progress=False, seeds=[7, 9])
+    assert out.texts == by_hand.texts and out.report["counters"] == by_hand.report["counters"]
+    assert out.texts != run.generate(7, seeds=[7, 8]).texts  # the inputs reached the adapter

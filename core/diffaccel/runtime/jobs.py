@@ -189,18 +189,16 @@ def item_stem(line: int) -> str:
     return f"{line:05d}"
 
 
-def run_item(adapter, pipe, strategies, cfg, item: Item, out: Path) -> dict[str, Any]:
-    """Generate one item and write its files; a failure is the record's ``error``."""
-    from .accelerator import apply
-
+def run_item(run, item: Item, out: Path) -> dict[str, Any]:
+    """Generate one item with ``run`` (a loaded ``diffaccel.Run``) and write its files; a failure
+    is the record's ``error``."""
     rec: dict[str, Any] = {"line": item.line, "prompt": item.prompt, "seed": item.seed}
     if not item.prompt.strip():
         rec["error"] = "empty prompt"
         return rec
     try:
-        with apply(pipe, cfg, strategies=strategies):  # the config's on_error and [guard] too
-            output = adapter.run(pipe, item_config(cfg, item), item.seed, progress=False)
-        fields = adapter.write_item(output, out, item_stem(item.line))
+        output = run.generate(item.seed, config=item_config(run.config, item))  # the config's on_error and [guard] too
+        fields = run.adapter.write_item(output, out, item_stem(item.line))
         rec.update(fields, report=output.report)
     except (KeyboardInterrupt, SystemExit):
         raise
@@ -231,20 +229,20 @@ def on_own_device(cfg, state):
     return cfg
 
 
-def _load_everywhere(state, adapter, cfg, registry):
-    """Load the model on every process; if it fails on any, every process raises the first failure
-    (one line) instead of waiting for the others in a collective that never comes."""
-    from .accelerator import build_strategies
+def _load_everywhere(state, cfg, registry):
+    """The run set up (``diffaccel.Run``: model loaded, strategies built) on every process; if it
+    fails on any, every process raises the first failure (one line) instead of waiting for the
+    others in a collective that never comes."""
+    from .runs import Run
 
-    pipe = strategies = None
+    run = None
     problem = None
     try:
-        pipe = adapter.load(cfg)
-        strategies = build_strategies(cfg, registry, adapter.info(pipe))
+        run = Run(cfg, registry=registry).load()
     except Exception as exc:  # noqa: BLE001 - any load failure must reach the other processes
         problem = load_problem(exc, cfg.model.checkpoint)
     raise_if_any(state, problem)
-    return pipe, strategies
+    return run
 
 
 def load_problem(exc: BaseException, checkpoint: str) -> str:
@@ -302,10 +300,10 @@ def generate_job(config_path: str, prompts: str, out: str | None, *, seed: int |
         atomic_write(out_dir / JOB, json.dumps({"config": str(config_path), "config_sha256": digest,
                                                 "seed_override": seed}, indent=2).encode())
     t_load = time.perf_counter()
-    pipe, strategies = _load_everywhere(state, adapter, cfg, registry)
+    run = _load_everywhere(state, cfg, registry)
     state.wait_for_everyone()  # the parts folder exists
     t0 = time.perf_counter()
-    failed = _run_share(state, adapter, pipe, strategies, cfg, todo, out_dir, progress)
+    failed = _run_share(state, run, todo, out_dir, progress)
     failed_all = _sum_everywhere(state, failed)
     t1 = time.perf_counter()
     summary = {"items": len(items), "run": len(todo), "skipped": len(done), "failed": failed_all,
@@ -319,7 +317,7 @@ def generate_job(config_path: str, prompts: str, out: str | None, *, seed: int |
     return summary
 
 
-def _run_share(state, adapter, pipe, strategies, cfg, todo: list[Item], out: Path, progress: bool) -> int:
+def _run_share(state, run, todo: list[Item], out: Path, progress: bool) -> int:
     """This process's contiguous share of ``todo``; the main process's bar counts every process's records."""
     from tqdm.auto import tqdm
 
@@ -329,7 +327,7 @@ def _run_share(state, adapter, pipe, strategies, cfg, todo: list[Item], out: Pat
     failed = 0
     with state.split_between_processes(todo) as mine:
         for item in mine:
-            rec = run_item(adapter, pipe, strategies, cfg, item, out)
+            rec = run_item(run, item, out)
             failed += "error" in rec
             atomic_write(parts / f"{item_stem(item.line)}.json", (record_line(rec) + "\n").encode("utf-8"))
             if state.is_main_process and not bar.disable:

@@ -112,14 +112,16 @@ class Run:
         return apply(self.pipe, config if config is not None else self.config, strategies=chosen, registry=self.registry)
 
     def generate(self, seed: int | None = None, *, config: RunConfig | None = None,
-                 strategies: Sequence[Any] | None = None, progress: bool = False) -> Any:
+                 strategies: Sequence[Any] | None = None, progress: bool = False, **inputs: Any) -> Any:
         """One generation with the strategies applied (``apply``'s ``config`` and ``strategies``);
-        ``seed`` defaults to the config's ``[model] seed``. Returns the adapter's output (``.texts``
-        or ``.images``, and ``.report``)."""
+        ``seed`` defaults to the config's ``[model] seed``; ``inputs``: more of the adapter's
+        ``run`` arguments (serve's ``seeds``, one per row). Returns the adapter's output
+        (``.texts`` or ``.images``, and ``.report``)."""
         cfg = config if config is not None else self.config
         self._used = self.strategies if strategies is None else list(strategies)
         with self.apply(cfg, strategies=self._used):
-            out = self.adapter.run(self.pipe, cfg, cfg.model.seed if seed is None else seed, progress=progress)
+            out = self.adapter.run(self.pipe, cfg, cfg.model.seed if seed is None else seed, progress=progress,
+                                   **inputs)
         self.last_report = getattr(out, "report", None)
         return out
 

@@ -35,8 +35,7 @@ import attrs
 from ..contract.adapter import StreamsBlocks
 from ..contract.errors import ConfigError, DiffaccelError, ModelError, NonFiniteError, StrategyError
 from ..contract.hookspecs import hookimpl
-from ..runtime.accelerator import apply, build_strategies
-from ..runtime.adapters_registry import get_adapter
+from ..runtime.runs import Run
 from ..runtime.config import RunConfig, load_config
 from ..runtime.registry import Registry
 
@@ -125,10 +124,10 @@ class Engine:
             configs[name] = other
         configs[NO_STRATEGIES] = attrs.evolve(cfg, strategies=[])
         self.config = cfg
-        self.adapter = get_adapter(cfg.model.adapter)
-        self.pipe = self.adapter.load(cfg)
-        self.info = self.adapter.info(self.pipe)
-        self.presets = {name: Preset(name, c, build_strategies(c, self.registry, self.info)) for name, c in configs.items()}
+        self.setup = Run(cfg, registry=self.registry)
+        """The run setup: the model loaded once, every preset's strategies built against its facts."""
+        self.adapter, self.pipe, self.info = self.setup.adapter, self.setup.pipe, self.setup.info
+        self.presets = {name: Preset(name, c, self.setup.build(c)) for name, c in configs.items()}
         self.model_id = cfg.model.checkpoint
         self.option_names = {f.name for f in attrs.fields(type(cfg.options))} if attrs.has(type(cfg.options)) else set()
         self.row_seeds = True
@@ -217,8 +216,7 @@ class Engine:
         cfg = self.batch_config(batch)
         extra = {"seeds": list(batch.seeds)} if self.row_seeds else {}
         strategies = [*preset.strategies, *([StopWhenSet(stop)] if stop is not None else []), *([stream] if stream else [])]
-        with apply(self.pipe, cfg, strategies=strategies, registry=self.registry):  # on_error, [guard]
-            out = self.adapter.run(self.pipe, cfg, batch.seeds[0], progress=False, **extra)
+        out = self.setup.generate(batch.seeds[0], config=cfg, strategies=strategies, **extra)  # on_error, [guard]
         if isinstance(out, ImageRows) and not bool(out.images.isfinite().all()):
             raise NonFiniteError("the generated images hold NaN or inf values", step=-1)
         return out

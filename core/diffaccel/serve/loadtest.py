@@ -133,25 +133,18 @@ def offline_payloads(config: str, kind: str, bodies: list[dict[str, Any]]) -> li
     """What ``diffaccel generate --seed SEED`` gives for each body (batch 1, the config's strategies)."""
     import attrs
 
-    from ..runtime.accelerator import apply, build_strategies
-    from ..runtime.adapters_registry import get_adapter
-    from ..runtime.config import load_config
-    from ..runtime.registry import Registry
+    from ..runtime.runs import Run
     from .app import png_bytes
 
     import base64
 
-    registry = Registry()
-    cfg = load_config(config, registry)
-    adapter = get_adapter(cfg.model.adapter)
-    pipe = adapter.load(cfg)
-    strategies = build_strategies(cfg, registry, adapter.info(pipe))
+    run = Run(config)
+    cfg = run.config
     out = []
     for b in bodies:
         c = attrs.evolve(cfg, model=attrs.evolve(cfg.model, batch=b["n"], seed=b["seed"]),
                          options=attrs.evolve(cfg.options, prompts=[b["prompt"]]))
-        with apply(pipe, c, strategies=strategies, registry=registry):
-            o = adapter.run(pipe, c, b["seed"], progress=False)
+        o = run.generate(b["seed"], config=c)
         out.append(list(o.texts) if kind == "text" else [base64.b64encode(png_bytes(img)).decode("ascii") for img in o.images])
     return out
 

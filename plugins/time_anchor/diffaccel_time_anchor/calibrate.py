@@ -84,11 +84,11 @@ def layer_names(info: dict[str, Any]) -> list[str]:
 
 def record(config_path: str, seeds: int = 3) -> tuple[Recorder, Any]:
     """Run the config's [model] without its strategies on ``seeds`` seeds, recording changes."""
-    run = diffaccel.Run(config_path)  # the config read, its adapter found; the model loads below
-    cfg, rec = run.config, Recorder()
-    with diffaccel.apply(run.pipe, strategies=[rec]):  # the recorder alone, no [guard] of the config
+    setup = diffaccel.Run(config_path)  # the config read, its adapter found; the model loads below
+    cfg, rec = setup.config, Recorder()
+    with diffaccel.apply(setup.pipe, strategies=[rec]):  # the recorder alone, no [guard] of the config
         for k in range(seeds):
-            run.adapter.run(run.pipe, cfg, cfg.model.seed + k * cfg.model.batch, progress=False)
+            setup.adapter.run(setup.pipe, cfg, cfg.model.seed + k * cfg.model.batch, progress=False)
     return rec, cfg
 
 

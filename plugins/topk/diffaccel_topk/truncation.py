@@ -26,7 +26,7 @@ import attrs
 import torch
 
 import diffaccel
-from diffaccel import RunState, get_adapter, hookimpl
+from diffaccel import RunState, hookimpl
 from diffaccel.contract.errors import ConfigError
 
 from .strategy import TopK, TopKConfig
@@ -68,12 +68,10 @@ class _ReadInfo:
 
 def sampler_info(config) -> Any:
     """The ``run.info`` of one step of ``config``'s model (no strategy)."""
-    adapter = get_adapter(config.model.adapter)
-    pipe = adapter.load(config)
     probe = _ReadInfo()
-    one = attrs.evolve(config, model=attrs.evolve(config.model, steps=1), strategies=())
-    with diffaccel.apply(pipe, strategies=[probe]):
-        adapter.run(pipe, one, config.model.seed, progress=False)
+    # one step, the probe alone, apply's default [guard] (as diffaccel.apply(pipe, strategies=[probe]))
+    one = attrs.evolve(config, model=attrs.evolve(config.model, steps=1), strategies=(), guard=type(config.guard)())
+    diffaccel.Run(config).generate(config.model.seed, config=one, strategies=[probe])
     return probe.info
 
 
