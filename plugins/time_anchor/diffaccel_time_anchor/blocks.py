@@ -155,9 +155,7 @@ class BlockPolicy:
         out = layer.run_tail(hidden, st.tail_h, self._tail_start(layer))
         st.hits += st.keys.shape[0]
         st.tailed += 1
-        c = run.counters  # the block ran, partly; its entry is not rewritten (the deep path was not)
-        c.layers_computed += 1
-        c.positions_computed += run.positions_per_layer
+        run.tally.computed_outside()  # the block ran, partly; its entry is not rewritten (the deep path was not)
         return out
 
     def _record(self, st: BlockStackState, j: int, step: int, main: torch.Tensor) -> None:
