@@ -55,7 +55,6 @@ class Accelerator(Dispatcher):
         self._bypass = False
         self.last_report: dict[str, Any] | None = None
         """The report (``RunState.report()``) of the last run that ended, whatever the adapter."""
-        self._layer_output = self._layer_chain_output  # bound once: the hot path
         super().__init__(strategies, on_error=on_error, registry=registry)
 
     @property
@@ -111,7 +110,7 @@ class Accelerator(Dispatcher):
 
     def layer_output(self, run: RunState, layer: Layer, hidden: Any) -> Any:
         """The layer's output through the chain (``diffaccel_layer_output``), counted by the run's tally."""
-        return run.tally.layer(self._layer_output, layer, hidden)
+        return (run._tally or run.tally).layer(self._layer_output, layer, hidden)
 
     def denoiser_output(self, run: RunState, output: Any) -> Any:
         if not self._chains["diffaccel_denoiser_output"]:
@@ -199,11 +198,13 @@ class Accelerator(Dispatcher):
         full step of a non-finite recomputation or of the guard); the step's plan is dropped."""
         run.plan = None
         self._layer_chain, self._layer_owners, self._bypass = self._full_layer, [None] * len(self._full_layer), True
+        self._layer_output = self._chain_call(self._layer_chain)
         try:
             yield
         finally:
             layer = self._chains["diffaccel_layer_output"]
             self._layer_chain, self._layer_owners, self._bypass = [fn for _, fn in layer], [o for o, _ in layer], False
+            self._layer_output = self._chain_call(self._layer_chain)
 
     def guard_compare(self, run: RunState, accelerated: Any, full: Any) -> None:
         """The guard's comparison of the strategies' raw output with the full one; past the

@@ -110,6 +110,12 @@ class Dispatcher:
         self._layer_chain = [fn for _, fn in layer]
         self._layer_owners = [owner for owner, _ in layer]
         self._full_layer = [fn for owner, fn in layer if owner is None]
+        self._layer_output = self._chain_call(self._layer_chain)
+
+    def _chain_call(self, chain: list[Callable[..., Any]]) -> Callable[[RunState, Layer, Any], Any]:
+        """What ``layer_output`` calls: the chain, or its one implementation when it has no other
+        than the built-in default (whose exceptions are re-raised as they are: the same calls)."""
+        return chain[0] if len(chain) == 1 and self._layer_owners[0] is None else self._layer_chain_output
 
     def _layer_chain_output(self, run: RunState, layer: Layer, hidden: Any) -> Any:
         """``layer_output``'s chain, the hot path: the first output given (the built-in default
