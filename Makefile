@@ -57,7 +57,7 @@ soak: setup
 	OMP_NUM_THREADS=1 $(BIN)/python tests/soak.py --generations 500 --docs docs/reliability.md
 
 # docs/writing-a-plugin.md and docs/writing-an-adapter.md from their templates, the hookspecs, the capabilities,
-# the adapter protocols, the step sequence, the diffusers hook session and adapters/unet2d.py
+# the adapter protocols, the step sequence, the diffusers hook session and adapters/diffusers/unet2d/adapter.py
 docs: setup
 	$(BIN)/python docs/generate.py
 
@@ -79,20 +79,20 @@ fluency: setup
 train-text: setup
 	$(BIN)/diffaccel train text --kind masked --out runs/text-masked --steps 1400
 	$(BIN)/diffaccel train text --kind continuous --out runs/text-continuous --steps 1400 --tokenizer runs/text-masked/tokenizer.json
-	$(BIN)/python -c "from diffaccel.adapters.text.train import export_fp16 as e; e('runs/text-masked', 'adapters/text/assets/wordnet-masked'); e('runs/text-continuous', 'adapters/text/assets/wordnet-continuous')"
+	$(BIN)/python -c "from diffaccel.adapters.text.training.train import export_fp16 as e; e('runs/text-masked', 'adapters/text/assets/wordnet-masked'); e('runs/text-continuous', 'adapters/text/assets/wordnet-continuous')"
 
 # the conditional masked model for bert-cond: MiniLM conditions of training glosses computed once
 # (outside git), then wordnet-masked's condition path trained on them (see docs/models.md)
 # (the text adapter writes its training lines to a file, which bert-cond's encoder reads: neither imports the other)
 train-text-cond: setup
-	$(BIN)/python -m diffaccel.adapters.text.corpus --split train --out runs/conditions/train-lines.txt
+	$(BIN)/python -m diffaccel.adapters.text.loading.corpus --split train --out runs/conditions/train-lines.txt
 	$(BIN)/python -m diffaccel_bert_cond.conditions --lines-from runs/conditions/train-lines.txt --out runs/conditions/shard0.safetensors --lines 2240
 	$(BIN)/python -m diffaccel_bert_cond.conditions --lines-from runs/conditions/train-lines.txt --out runs/conditions/shard1.safetensors --lines 2304 --offset 20000
 	$(BIN)/python -m diffaccel_bert_cond.conditions --lines-from runs/conditions/train-lines.txt --out runs/conditions/shard2.safetensors --lines 2304 --offset 40000
 	$(BIN)/python -m diffaccel_bert_cond.conditions --out runs/conditions/wordnet-cond.safetensors --merge runs/conditions/shard*.safetensors
 	$(BIN)/diffaccel train text --out runs/text-masked-cond --init wordnet-masked --conditions runs/conditions/wordnet-cond.safetensors \
 		--cond-only --cond-line-weight 4 --cond-term-weight 8 --cond-term-mask 0.5 --steps 800 --max-minutes 30 --batch 16 --lr 3e-3 --threads 1
-	$(BIN)/python -c "from diffaccel.adapters.text.train import export_fp16 as e; e('runs/text-masked-cond', 'adapters/text/assets/wordnet-masked-cond')"
+	$(BIN)/python -c "from diffaccel.adapters.text.training.train import export_fp16 as e; e('runs/text-masked-cond', 'adapters/text/assets/wordnet-masked-cond')"
 
 clean:
 	rm -rf $(VENV) build *.egg-info core/*.egg-info plugins/*/*.egg-info

@@ -9,7 +9,7 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)  # tiny models: one thread is as fast and leaves the other core free
 
-pytest_plugins = ["diffaccel.testing", "diffaccel.adapters.text.testing", "diffaccel.adapters.unet.testing"]
+pytest_plugins = ["diffaccel.testing", "diffaccel.adapters.text.testing", "diffaccel.adapters.diffusers.unet.testing"]
 
 
 import pytest  # noqa: E402

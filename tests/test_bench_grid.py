@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from diffaccel.adapters.text.adapter import TextAdapter
+from diffaccel.bench.options import BenchOptions
 from diffaccel.bench.runner import run_bench
 from diffaccel.cli.entry import main
 from diffaccel.contract.errors import ConfigError
@@ -39,11 +40,11 @@ def test_malformed_grid_options_are_one_line(spec, message):
 
 
 def test_a_grid_expands_the_strategy_into_entries_named_by_their_values(paths):
-    result = run_bench(paths, seeds=2, progress=False, noise_floor=False, judge=None, timed=False,
-                       grid=parse_grid(["tau=0.001,0.5"]))
-    names = [e["name"] for e in result["entries"]]
+    result = run_bench(paths, BenchOptions(seeds=2, progress=False, noise_floor=False, judge=None, timed=False,
+                                           grid=parse_grid(["tau=0.001,0.5"])))
+    names = [e.name for e in result.entries]
     assert names == ["baseline", "swd[tau=0.001]", "swd[tau=0.5]"]
-    computed = {e["name"]: e["fraction_computed"] for e in result["entries"]}
+    computed = {e.name: e.fraction_computed for e in result.entries}
     assert computed["swd[tau=0.5]"] != computed["swd[tau=0.001]"]  # each value reached its strategy
 
 
@@ -77,17 +78,17 @@ def test_the_speedup_interval_is_paired_by_seed():
 
 
 def test_bench_reports_intervals_beside_each_ratio(paths):
-    result = run_bench(paths, seeds=3, progress=False, noise_floor=False, judge=None)
-    swd = result["entries"][1]
-    lo, hi = swd["speedup_ci"]
-    assert lo <= swd["speedup"] <= hi
-    assert set(swd["quality_ci"]) <= set(swd["quality"]) and "agreement" in swd["quality_ci"]
-    assert swd["quality_ratio_ci"] and set(swd["quality_ratio_ci"]) <= set(result["entries"][0]["quality_ci"])
-    for e in result["entries"]:  # each pooled metric's interval holds its point (distinct-n over all samples)
-        for k, (lo, hi) in e["quality_ci"].items():
-            assert lo <= e["quality"][k] <= hi, (e["name"], k)
-    base = result["entries"][0]["quality"]
-    for k, (lo, hi) in swd["quality_ratio_ci"].items():
-        assert lo <= swd["quality"][k] / base[k] <= hi, k
-    quick = run_bench(paths[1:], seeds=1, progress=False, noise_floor=False, judge=None)
-    assert quick["entries"][1]["speedup_ci"] is None and "quality_ci" not in quick["entries"][1]
+    result = run_bench(paths, BenchOptions(seeds=3, progress=False, noise_floor=False, judge=None))
+    swd = result.entries[1]
+    lo, hi = swd.speedup_ci
+    assert lo <= swd.speedup <= hi
+    assert set(swd.quality_ci) <= set(swd.quality) and "agreement" in swd.quality_ci
+    assert swd.quality_ratio_ci and set(swd.quality_ratio_ci) <= set(result.entries[0].quality_ci)
+    for e in result.entries:  # each pooled metric's interval holds its point (distinct-n over all samples)
+        for k, (lo, hi) in e.quality_ci.items():
+            assert lo <= e.quality[k] <= hi, (e.name, k)
+    base = result.entries[0].quality
+    for k, (lo, hi) in swd.quality_ratio_ci.items():
+        assert lo <= swd.quality[k] / base[k] <= hi, k
+    quick = run_bench(paths[1:], BenchOptions(seeds=1, progress=False, noise_floor=False, judge=None))
+    assert quick.entries[1].speedup_ci is None and not quick.entries[1].has("quality_ci")

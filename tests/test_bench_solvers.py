@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from diffaccel.bench.report import steps_lines
+from diffaccel.bench.options import BenchOptions
 from diffaccel.bench.runner import load_bench_configs, run_bench
 from diffaccel.cli.entry import main
 from diffaccel.contract.errors import ConfigError
@@ -39,30 +40,30 @@ def test_configs_may_differ_in_steps_and_scheduler_only(paths, tmp_path):
 
 
 def test_solver_line_and_a_cache_on_a_solver_judged_against_both(paths):
-    result = run_bench([paths["base"], paths["fast"], paths["dpm"]], seeds=2, solver_line=True, progress=False,
-                       noise_floor=False)
-    by = {e["name"]: e for e in result["entries"]}
+    result = run_bench([paths["base"], paths["fast"], paths["dpm"]],
+                       BenchOptions(seeds=2, solver_line=True, progress=False, noise_floor=False))
+    by = {e.name: e for e in result.entries}
     # the line: the config's DDIM at 8/2, 8/3, 8/4 steps; DPM-Solver++ from 8/3 down (2 at least); then
     # the model of the cache on a solver, alone
     assert ["steps-4", "steps-3", "steps-2", "dpm++2m-3", "dpm++2m-2", "dpm++2m-4"] == [
         n for n in by if n.startswith(("steps-", "dpm++2m-"))]
-    assert by["steps-4"]["peer"] == {"use": "steps", "steps": 4, "scheduler": None, "name": None}
-    assert by["dpm"]["peer"]["scheduler"] == "dpm++2m" and by["dpm"]["peer"]["steps"] == 3  # a config alone: a peer
-    assert {"psnr", "ssim", "cond_acc"} <= set(by["dpm++2m-2"]["quality"])  # the task metric beside PSNR
+    assert by["steps-4"].peer == {"use": "steps", "steps": 4, "scheduler": None, "name": None}
+    assert by["dpm"].peer["scheduler"] == "dpm++2m" and by["dpm"].peer["steps"] == 3  # a config alone: a peer
+    assert {"psnr", "ssim", "cond_acc"} <= set(by["dpm++2m-2"].quality)  # the task metric beside PSNR
     # the cache on DPM-Solver++ 4 steps: its model alone joined the bench, and it is judged against it
     fast = by["fast"]
-    assert "dpm++2m-4" in by and fast["vs_model"]["entry"] == "dpm++2m-4"
-    assert fast["fraction_computed"] < 1.0 and fast["reports"][0]["steps_run"] == 4
-    assert fast["vs_model"]["quality"]["psnr"] > fast["quality"]["psnr"]  # closer to its solver than to DDIM-8
-    assert fast["vs_model"]["speedup"] > 0
+    assert "dpm++2m-4" in by and fast.vs_model.entry == "dpm++2m-4"
+    assert fast.fraction_computed < 1.0 and fast.reports[0]["steps_run"] == 4
+    assert fast.vs_model.quality["psnr"] > fast.quality["psnr"]  # closer to its solver than to DDIM-8
+    assert fast.vs_model.speedup > 0
     # a [[peer]] of that config (DeepCache) runs on its model too: DPM-Solver++ at 4 steps
     deep = by["deepcache-i2"]
-    assert deep["vs_model"]["entry"] == "dpm++2m-4" and deep["vs_model"]["quality"]["psnr"] > deep["quality"]["psnr"]
+    assert deep.vs_model.entry == "dpm++2m-4" and deep.vs_model.quality["psnr"] > deep.quality["psnr"]
     # every peer ran on the bare pipeline and put its scheduler back: the baseline is DDIM-8 throughout
-    assert by["dpm++2m-4"]["quality"]["psnr"] != by["steps-4"]["quality"]["psnr"]
+    assert by["dpm++2m-4"].quality["psnr"] != by["steps-4"].quality["psnr"]
     lines = steps_lines(result, "psnr")
     assert set(lines) == {"steps", "dpm++2m"} and [round(x, 6) for x, _ in lines["steps"]] == sorted(
-        round(by[n]["speedup"], 6) for n in ("steps-4", "steps-3", "steps-2"))
+        round(by[n].speedup, 6) for n in ("steps-4", "steps-3", "steps-2"))
 
 
 def test_solver_line_needs_an_adapter_that_has_one(capsys):
@@ -75,7 +76,7 @@ def test_a_peer_on_another_model_needs_its_own_name(paths, tmp_path):
     other = tmp_path / "deep.toml"
     other.write_text(MODEL.format(steps=8, scheduler="ddim") + '[[peer]]\nuse = "deepcache"\ncache_interval = 2\n')
     with pytest.raises(ConfigError, match=r"fast.toml: \[\[peer\]\] #1: 'deepcache-i2' runs on another \[model\] elsewhere"):
-        run_bench([paths["base"], str(other), paths["fast"]], seeds=1, progress=False)
+        run_bench([paths["base"], str(other), paths["fast"]], BenchOptions(seeds=1, progress=False))
 
 
 def test_the_solver_line_joins_peers_whose_configs_hold_lists():

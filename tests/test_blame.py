@@ -11,7 +11,7 @@ import diffaccel
 from diffaccel import ModelError, StrategyError, hookimpl
 from diffaccel.runtime.accelerator import Accelerator
 from diffaccel.adapters.text.testing import tiny_text_pipeline
-from diffaccel.adapters.unet.testing import tiny_digits_pipeline
+from diffaccel.adapters.diffusers.unet.testing import tiny_digits_pipeline
 
 
 class Partial:
@@ -90,7 +90,7 @@ def test_on_error_disable_still_drops_a_faulty_strategy():
 
 
 def test_a_diffusers_blocks_fault_under_a_strategy_is_the_models():
-    from diffaccel.adapters.diffusers_hooks import session_of
+    from diffaccel.adapters.diffusers.hooks import session_of
 
     pipe = tiny_digits_pipeline()
     pipe.set_progress_bar_config(disable=True)

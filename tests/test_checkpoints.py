@@ -32,8 +32,8 @@ def _hf_tokenizer(vocab=VOCAB):
 
 
 def _reference(path: Path) -> Path:
-    from diffaccel.adapters.text.model import TextDiffusionConfig, TextDiffusionLM
-    from diffaccel.adapters.text.tokenizer import TextTokenizer, train_tokenizer
+    from diffaccel.adapters.text.sampling.model import TextDiffusionConfig, TextDiffusionLM
+    from diffaccel.adapters.text.sampling.tokenizer import TextTokenizer, train_tokenizer
 
     tok = TextTokenizer(train_tokenizer(["a small dog barks", "a big cat sleeps"] * 20, vocab_size=60))
     torch.manual_seed(0)
@@ -66,13 +66,13 @@ def _llama(path: Path) -> Path:
 
 
 def _gemma(path: Path) -> Path:
-    from diffaccel.adapters.text.diffusion_gemma_build import build
+    from diffaccel.adapters.text.families.diffusion_gemma.build import build
 
     return build(path, "tiny", seed=0)
 
 
 def _unet(path: Path) -> Path:
-    from diffaccel.adapters.unet.testing import tiny_digits_pipeline
+    from diffaccel.adapters.diffusers.unet.testing import tiny_digits_pipeline
 
     tiny_digits_pipeline().save_pretrained(path)
     return path
@@ -103,10 +103,10 @@ def copy_of(pristine, tmp_path):
 
 def load(kind: str, path: Path, allow_pickle: bool = False):
     if kind == "unet":
-        from diffaccel.adapters.unet.adapter import load_checkpoint
+        from diffaccel.adapters.diffusers.unet.adapter import load_checkpoint
 
         return load_checkpoint(str(path), allow_pickle)
-    from diffaccel.adapters.text.loading import load_pipeline
+    from diffaccel.adapters.text.families.dispatch import load_pipeline
 
     return load_pipeline(str(path), allow_pickle)
 
@@ -267,7 +267,7 @@ def test_missing_tensor_in_a_library_loaded_checkpoint(kind, copy_of):
 def test_tokenizer_of_another_size_is_refused(kind, copy_of):
     path = copy_of(kind)
     if kind == "reference":
-        from diffaccel.adapters.text.tokenizer import TextTokenizer, train_tokenizer
+        from diffaccel.adapters.text.sampling.tokenizer import TextTokenizer, train_tokenizer
 
         TextTokenizer(train_tokenizer(["one two three four five six"] * 10 + ["seven eight"], vocab_size=40)).save(path / "tokenizer.json")
     else:

@@ -179,3 +179,34 @@ def test_train_without_a_model_is_a_usage_error(monkeypatch, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["train"])
     assert exc.value.code == 2
+
+
+def test_core_commands_are_registered_as_plugins_are():
+    """The core's commands come from its own ``diffaccel_register_commands`` (``commands.add``),
+    one module each, in ``CORE`` order; those that read configs check them before any import."""
+    from diffaccel.cli.commands import core
+
+    commands = core()
+    assert tuple(c.name for c in commands) == CORE
+    assert all(c.source == "" and c.group is None and c.examples.strip() for c in commands)
+    checked = {c.name for c in commands if c.precheck is not None}
+    assert checked == {"generate", "bench", "overhead", "partial", "check", "tune", "scale-bench", "fluency"}
+    assert [c.subcommands for c in commands if c.subcommands] == ["MODEL"]
+
+
+def test_the_old_examples_table_is_the_commands_examples_with_a_warning():
+    import warnings
+
+    from diffaccel.cli import examples
+    from diffaccel.cli.commands import generate
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        table = examples.EXAMPLES
+    assert table["generate"] == generate.EXAMPLES and set(table) == set(CORE)
+    assert any("diffaccel.cli.examples.EXAMPLES moved" in str(w.message) for w in seen)
+
+
+def test_only_the_cores_groups_take_subcommands():
+    with pytest.raises(PluginError, match="only the core's groups"):
+        Commands("plugin 'x'", set()).add("mine", help="mine", run=print, subcommands="THING")

@@ -10,7 +10,7 @@ import torch
 
 import diffaccel
 from diffaccel.adapters.text.testing import tiny_text_pipeline
-from diffaccel.adapters.unet.testing import tiny_sd_pipeline
+from diffaccel.adapters.diffusers.unet.testing import tiny_sd_pipeline
 from diffaccel.conformance import same_output
 from diffaccel.contract.errors import DiffaccelError
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diffaccel.adapters.text.cond_check import check, sequences
-from diffaccel.adapters.text.model import TextDiffusionConfig, TextDiffusionLM
-from diffaccel.adapters.text.tokenizer import TextTokenizer, train_tokenizer
+from diffaccel.adapters.text.training.cond_check import check, sequences
+from diffaccel.adapters.text.sampling.model import TextDiffusionConfig, TextDiffusionLM
+from diffaccel.adapters.text.sampling.tokenizer import TextTokenizer, train_tokenizer
 
 POOL = ["velvet: smooth and soft to touch", "a small red fruit", "the city of boston", "soft apples from the city"] * 5
 
@@ -67,8 +67,8 @@ def test_a_conditions_file_round_trips_and_a_damaged_one_is_refused(tmp_path):
 
 
 def test_the_corpus_writes_the_heldout_lines_that_the_bench_sources_leave(tmp_path):
-    from diffaccel.adapters.text.corpus import heldout_lines, main
-    from diffaccel.adapters.text.metrics import reference_lines
+    from diffaccel.adapters.text.loading.corpus import heldout_lines, main
+    from diffaccel.adapters.text.evaluation.metrics import reference_lines
 
     assert main(["--split", "heldout", "--out", str(tmp_path / "lines.txt")]) == 0
     written = (tmp_path / "lines.txt").read_text(encoding="utf-8").split("\n")[:-1]

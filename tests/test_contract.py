@@ -136,25 +136,26 @@ def _registry(log):
 def test_every_hook_is_exercised_through_the_core(tmp_path):
     """register, setup, the run hooks and the bench hooks through run_bench on the shipped text
     model; hooked_modules through an adapter declaring inner-modules."""
+    from diffaccel.bench.options import BenchOptions
     from diffaccel.bench.runner import run_bench
-    from diffaccel.adapters.unet.testing import tiny_digits_pipeline
+    from diffaccel.adapters.diffusers.unet.testing import tiny_digits_pipeline
 
     log: list[str] = []
     reg = _registry(log)
     cfg = tmp_path / "probe.toml"
     cfg.write_text('[model]\nadapter = "text"\ncheckpoint = "wordnet-masked"\nlength = 8\nsteps = 2\n'
                    '[[strategy]]\nuse = "probe"\n')
-    result = run_bench([str(cfg)], seeds=1, progress=False, registry=reg, plot_dir=str(tmp_path / "plots"),
-                       noise_floor=False)
-    probe = next(e for e in result["entries"] if e["name"] == "probe")
-    assert probe["reports"][0]["strategies"]["probe"] == {"steps": 2}
-    assert probe["quality"]["probe_rows"] == 1.0 and result["entries"][0]["quality"]["probe_rows"] == 1.0
+    result = run_bench([str(cfg)],
+        BenchOptions(seeds=1, progress=False, plot_dir=str(tmp_path / "plots"), noise_floor=False), registry=reg)
+    probe = next(e for e in result.entries if e.name == "probe")
+    assert probe.reports[0]["strategies"]["probe"] == {"steps": 2}
+    assert probe.quality["probe_rows"] == 1.0 and result.entries[0].quality["probe_rows"] == 1.0
     assert (tmp_path / "plots" / "probe-probe.png").read_text() == "1"
     # one run, in order: the state is made on first use, in the first post_step
     run = log[log.index("diffaccel_run_start"):log.index("diffaccel_run_end") + 1]
     assert run[0] == "diffaccel_run_start" and run[1] == "diffaccel_pre_step"
     assert run[-3:] == ["diffaccel_finalize", "diffaccel_memory", "diffaccel_run_end"]
-    assert probe["reports"][0]["memory"] == {"state_bytes": {"probe": 4096}} and probe["memory"]["state_mb"] == 4096 / 2**20
+    assert probe.reports[0]["memory"] == {"state_bytes": {"probe": 4096}} and probe.memory.state_mb == 4096 / 2**20
     assert run.count("diffaccel_new_state") == 1 and run.count("diffaccel_pre_step") == 2
     from diffaccel.tuning.tuner import tunable_space
 

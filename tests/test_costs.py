@@ -12,6 +12,7 @@ import diffaccel
 from diffaccel import hookimpl
 from diffaccel.runtime import placement
 from diffaccel.adapters.text.testing import tiny_text_pipeline
+from diffaccel.bench.options import BenchOptions
 from diffaccel.bench.runner import format_table, run_bench
 from diffaccel.runtime.memory import memory_cell, state_bytes
 from diffaccel.runtime.placement import DeviceClock
@@ -88,16 +89,16 @@ def test_the_run_report_says_what_each_strategy_held():
 def test_bench_entries_carry_their_memory_and_timing(tmp_path):
     (tmp_path / "base.toml").write_text(MODEL)
     (tmp_path / "ta.toml").write_text(MODEL + '[[strategy]]\nuse = "time-anchor"\nwarmup = 1\n')
-    result = run_bench([str(tmp_path / "base.toml"), str(tmp_path / "ta.toml")], seeds=1, progress=False,
-                       noise_floor=False, judge=None)
-    base, ta = result["entries"]
-    assert base["memory"] == {"state_mb": 0.0} and ta["memory"]["state_mb"] > 0
-    assert ta["memory"]["state_mb"] * 2**20 == max(sum(r["memory"]["state_bytes"].values()) for r in ta["reports"])
-    assert result["timing"]["synchronize"] == "none: the CPU runs ops eagerly" and result["timing"]["warmup_runs"] == 1
-    assert result["model"]["dtype"] == "float32" and result["memory"]["process_peak_rss_mb"] > 0
+    result = run_bench([str(tmp_path / "base.toml"), str(tmp_path / "ta.toml")],
+        BenchOptions(seeds=1, progress=False, noise_floor=False, judge=None))
+    base, ta = result.entries
+    assert base.memory.to_dict() == {"state_mb": 0.0} and ta.memory.state_mb > 0
+    assert ta.memory.state_mb * 2**20 == max(sum(r["memory"]["state_bytes"].values()) for r in ta.reports)
+    assert result.timing.synchronize == "none: the CPU runs ops eagerly" and result.timing.warmup_runs == 1
+    assert result.model.dtype == "float32" and result.memory.process_peak_rss_mb > 0
     assert "state MB" in format_table(result).splitlines()[1]
     head, rows = table(result)
-    assert head[3] == "state MB" and rows[1][3] == memory_cell(ta["memory"])
+    assert head[3] == "state MB" and rows[1][3] == memory_cell(ta.memory)
 
 
 def test_the_cell_shows_the_device_peak_over_the_baseline():

@@ -110,7 +110,7 @@ class Stopper:
 
 def _checkpoints(tmp: Path) -> dict[str, str]:
     """The tiny random folders some cases load by path (built, never downloaded)."""
-    from diffaccel.adapters.text.diffusion_gemma_build import build
+    from diffaccel.adapters.text.families.diffusion_gemma.build import build
 
     import importlib.util
 
@@ -199,8 +199,8 @@ def test_inner_modules_computed_inside_a_computed_block_are_each_counted_once():
     form), so no warning."""
     import warnings
 
-    from diffaccel.adapters.unet.adapter import UNetAdapter
-    from diffaccel.adapters.unet.testing import tiny_sd_pipeline
+    from diffaccel.adapters.diffusers.unet.adapter import UNetAdapter
+    from diffaccel.adapters.diffusers.unet.testing import tiny_sd_pipeline
 
     class Inner:
         name = "inner"

@@ -12,10 +12,9 @@ import torch
 from diffaccel import Registry, build_strategies, parse_config
 from diffaccel.runtime.accelerator import Accelerator
 from diffaccel.adapters.text.adapter import TextAdapter
-from diffaccel.adapters.text.diffusion_gemma import (
-    DiffusionGemmaPipeline, Positions, _Block, _GemmaContext, decoder_layer)
-from diffaccel.adapters.text.diffusion_gemma_build import build
-from diffaccel.adapters.text.loading import load_pipeline
+from diffaccel.adapters.text.families.diffusion_gemma.pipeline import DiffusionGemmaPipeline, Positions, _Block, _GemmaContext, decoder_layer
+from diffaccel.adapters.text.families.diffusion_gemma.build import build
+from diffaccel.adapters.text.families.dispatch import load_pipeline
 from diffaccel.cli.entry import main
 from diffaccel.contract.errors import ConfigError
 from diffaccel.contract.state import RunState

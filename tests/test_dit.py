@@ -12,8 +12,8 @@ from diffaccel.contract.errors import ConfigValueError, DiffaccelError
 
 pytest.importorskip("diffusers")
 
-from diffaccel.adapters.dit import hooks, peers  # noqa: E402
-from diffaccel.adapters.dit.adapter import DiTAdapter, load_checkpoint  # noqa: E402
+from diffaccel.adapters.diffusers.dit import hooks, peers  # noqa: E402
+from diffaccel.adapters.diffusers.dit.adapter import DiTAdapter, load_checkpoint  # noqa: E402
 
 TINY = "synthetic-dit-tiny"
 LAYERS = [f"transformer_blocks.{i}" for i in range(4)]
@@ -240,10 +240,10 @@ def test_sd3_dual_stream_blocks_bitwise_and_residual_skip():
 
 
 def test_shipped_digits_dit_loads_and_is_labelled():
-    from diffaccel.adapters.dit.adapter import is_digits
+    from diffaccel.adapters.diffusers.dit.adapter import is_digits
 
     p = load_checkpoint("dit-digits")
-    from diffaccel.adapters.dit.nets.pooled_pixart import PooledTextPixArtTransformer2DModel
+    from diffaccel.adapters.diffusers.dit.nets.pooled_pixart import PooledTextPixArtTransformer2DModel
 
     assert type(p.transformer) is PooledTextPixArtTransformer2DModel and is_digits(p)
     assert [n for n, _, _, _ in hooks.block_specs(p.transformer)] == [f"transformer_blocks.{i}" for i in range(10)]
@@ -265,7 +265,7 @@ def test_bad_size_is_one_line_config_error():
 def test_digits_dit_training_writes_a_loadable_pipeline(tmp_path):
     """Two steps of the shared digits training loop on the DiT: a TextDiTPipeline folder that the
     adapter loads, with train.json; adaLN-Zero makes the untrained transformer output zero."""
-    from diffaccel.adapters.dit.digits import TrainDiTConfig, adaln_zero, new_pipeline, train
+    from diffaccel.adapters.diffusers.dit.digits import TrainDiTConfig, adaln_zero, new_pipeline, train
 
     fresh = new_pipeline(0).transformer
     adaln_zero(fresh)
@@ -307,8 +307,8 @@ def test_pooled_text_pixart_reads_the_prompt_through_adaln(tmp_path):
     """PooledTextPixArtTransformer2DModel: with every cross-attention's output projection zeroed the
     prompt still changes the prediction (through the timestep embedding), stock PixArt's does not;
     save_pretrained / from_pretrained in a TextDiTPipeline give the same outputs."""
-    from diffaccel.adapters.dit.digits import new_pipeline
-    from diffaccel.adapters.dit.pipeline import TextDiTPipeline
+    from diffaccel.adapters.diffusers.dit.digits import new_pipeline
+    from diffaccel.adapters.diffusers.dit.pipeline import TextDiTPipeline
 
     x, t = torch.randn(2, 1, 32, 32), torch.tensor([10, 900])
     e1, e2 = torch.randn(2, 16, 64), torch.randn(2, 16, 64)

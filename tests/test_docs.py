@@ -51,7 +51,7 @@ def missing_from_guide(text: str) -> list[str]:
     from diffaccel import conformance
     from diffaccel.contract import adapter, capabilities, hookspecs
     from diffaccel.runtime.accelerator import Accelerator
-    from diffaccel.adapters import diffusers_hooks
+    from diffaccel.adapters.diffusers import hooks as diffusers_hooks
     from diffaccel.runtime.sequence import RunSequence, StepModel
     from diffaccel.contract.info import GROUPS
     from diffaccel.contract.state import Counters, RunInfo
@@ -84,8 +84,8 @@ def test_the_adapter_guide_is_generated_and_current():
 def test_the_adapter_guide_names_every_contract():
     text = ADAPTER_GUIDE.read_text()
     assert missing_from_guide(text) == []
-    assert (Path(__file__).resolve().parents[1] / "adapters" / "unet2d.py").read_text() in text  # the worked example, whole
-    assert (Path(__file__).resolve().parents[1] / "adapters" / "text" / "modernbert.py").read_text() in text  # the text one
+    assert (Path(__file__).resolve().parents[1] / "adapters" / "diffusers" / "unet2d" / "adapter.py").read_text() in text  # the worked example, whole
+    assert (Path(__file__).resolve().parents[1] / "adapters" / "text" / "families" / "modernbert.py").read_text() in text  # the text one
 
 
 def test_a_contract_missing_from_the_guide_is_found():

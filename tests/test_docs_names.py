@@ -27,7 +27,7 @@ def entry_point_groups() -> set[str]:
     """Entry-point group names (``diffaccel.adapters.options``, ``diffaccel.commands``): dotted,
     backticked, and no module path. The groups the project's packages fill, and those it reads for
     third parties only (``diffaccel.text_models``: no shipped package declares one)."""
-    from diffaccel.adapters.text.loader import KINDS_GROUP
+    from diffaccel.adapters.text.loading.loader import KINDS_GROUP
 
     groups = {KINDS_GROUP}
     for path in [ROOT / "pyproject.toml", *ROOT.glob("plugins/*/pyproject.toml")]:

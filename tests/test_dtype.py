@@ -1,7 +1,9 @@
 """``[model] dtype`` and ``device`` (issue 39): checked before anything loads, honoured by every
-adapter and strategy in bfloat16 on the CPU (``diffaccel.adapters.dtype_matrix``), and the
+adapter and strategy in bfloat16 on the CPU (scripts/dtype_matrix.py), and the
 hot-path hygiene watch (``diffaccel.kit.hygiene``), shown to fail a strategy that breaks its rules."""
 
+import importlib.util
+import sys
 import tempfile
 from pathlib import Path
 
@@ -10,12 +12,22 @@ import torch
 
 import diffaccel
 from diffaccel import hookimpl
-from diffaccel.adapters import dtype_matrix as matrix
 from diffaccel.adapters.text.testing import tiny_text_pipeline
 from diffaccel.cli.entry import main
 from diffaccel.contract.errors import ConfigError
 from diffaccel.kit.hygiene import deliberate, watch
 from diffaccel.runtime.placement import check_placement
+
+def _script(name: str):
+    """A module of scripts/ (not in the package), loaded once by file path."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py")
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
+matrix = _script("dtype_matrix")
 
 MODEL = '[model]\nadapter = "text"\ncheckpoint = "wordnet-masked"\nlength = 16\nsteps = 4\n'
 

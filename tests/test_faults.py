@@ -23,7 +23,7 @@ from diffaccel.runtime.config import parse_config
 from diffaccel.contract.errors import ConfigError, NonFiniteError
 from diffaccel.runtime.registry import Registry
 from diffaccel.adapters.text.testing import tiny_text_pipeline
-from diffaccel.adapters.unet.testing import tiny_digits_pipeline
+from diffaccel.adapters.diffusers.unet.testing import tiny_digits_pipeline
 
 BOOM = Path(__file__).resolve().parent / "boom_plugin"
 HOOKS = ("pre_step", "layer_output", "post_step", "finalize")

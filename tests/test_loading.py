@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diffaccel.adapters.text import loading
-from diffaccel.adapters.text.denoisers import ReferenceDenoiser
-from diffaccel.adapters.text.loader import Loaded, ModelFacts, Source
-from diffaccel.adapters.text.pipeline import TextDiffusionPipeline
+from diffaccel.adapters.text.families import dispatch as loading
+from diffaccel.adapters.text.sampling.denoisers import ReferenceDenoiser
+from diffaccel.adapters.text.loading.loader import Loaded, ModelFacts, Source
+from diffaccel.adapters.text.sampling.pipeline import TextDiffusionPipeline
 from diffaccel.adapters.text.testing import tiny_text_pipeline
 from diffaccel.contract.errors import ModelLoadError
 

@@ -4,7 +4,7 @@ import random
 
 import torch
 
-from diffaccel.adapters.text import metrics
+from diffaccel.adapters.text.evaluation import metrics
 
 
 def test_fluency_prefers_real_text_over_shuffled_and_random():

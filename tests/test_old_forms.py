@@ -402,3 +402,96 @@ def test_monkeypatching_through_an_old_path_acts_on_the_new_module(monkeypatch):
         old = importlib.import_module("diffaccel.placement")
     monkeypatch.setattr(old, "check_placement", lambda *a, **k: "patched")
     assert placement.check_placement() == "patched"
+
+
+BENCH_MODEL = '[model]\nadapter = "text"\ncheckpoint = "wordnet-masked"\nlength = 8\nsteps = 2\n'
+
+
+def test_the_old_bench_keywords_give_the_same_bench_with_one_warning_naming_bench_options(tmp_path):
+    from diffaccel.bench.options import BenchOptions
+    from diffaccel.bench.runner import run_bench
+
+    (tmp_path / "base.toml").write_text(BENCH_MODEL)
+    (tmp_path / "swd.toml").write_text(BENCH_MODEL + '[[strategy]]\nuse = "swd"\n')
+    paths = [str(tmp_path / "base.toml"), str(tmp_path / "swd.toml")]
+    kw = {"seeds": 2, "timed": False, "noise_floor": False, "judge": None, "progress": False}
+    old, warned = _deprecations(lambda: run_bench(paths, **kw))
+    assert len(warned) == 1 and "diffaccel.bench.options.BenchOptions(seeds=..." in warned[0]
+    new, warned = _deprecations(lambda: run_bench(paths, BenchOptions(**kw)))
+    assert warned == []
+    strip = lambda r: [{k: v for k, v in e.to_dict().items() if k != "reports"} for e in r.entries]  # noqa: E731
+    assert strip(old) == strip(new)
+    # the result read as the dict it was: the same values, one warning per form
+    entries, warned = _deprecations(lambda: [e["name"] for e in old["entries"]])
+    assert entries == ["baseline", "swd"] and warned and all("use the attribute" in w for w in warned)
+
+
+def test_the_old_tune_keywords_still_work_with_one_warning_naming_tune_options(tmp_path):
+    from diffaccel import ConfigError
+    from diffaccel.tuning.tuner import tune
+
+    def old():
+        try:
+            tune(str(tmp_path / "c.toml"), "psnr>=5", tmp_path / "tuned.txt", trials=3, judge="none")
+        except ConfigError as exc:  # the options reached tune's checks: --out must be a .toml
+            return str(exc)
+
+    message, warned = _deprecations(old)
+    assert "write the tuned config to a .toml file" in message
+    assert len(warned) == 1 and "diffaccel.tuning.options.TuneOptions(trials=..., judge=...)" in warned[0]
+
+
+def test_an_old_adapter_module_path_is_the_new_module_with_one_warning_naming_it():
+    import diffaccel.adapters as adapters  # registers the adapters' table with the core's finder
+    import diffaccel.adapters.text  # noqa: F401 - the parent of an old text path
+    from diffaccel._moved import MOVED
+
+    for old in ("diffaccel.adapters.unet2d", "diffaccel.adapters.diffusers_hooks", "diffaccel.adapters.text.pipeline",
+                "diffaccel.adapters.text.diffusion_gemma_build"):
+        assert MOVED[old] == adapters.MOVED[old]
+        first, again, warned = _fresh_import(old)
+        assert first is again is __import__(MOVED[old], fromlist=["_"])
+        assert len(warned) == 1, [str(w.message) for w in warned]
+        assert old in str(warned[0].message) and MOVED[old] in str(warned[0].message)
+
+
+def test_a_module_of_a_moved_adapter_package_is_its_new_module():
+    import importlib
+
+    from diffaccel.adapters.diffusers.unet import adapter, hooks
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        old = importlib.import_module("diffaccel.adapters.unet.adapter")
+        from diffaccel.adapters.dit import hooks as old_dit_hooks
+    assert old is adapter and old.UNetAdapter is adapter.UNetAdapter
+    assert old_dit_hooks is importlib.import_module("diffaccel.adapters.diffusers.dit.hooks") and old_dit_hooks is not hooks
+    messages = [str(w.message) for w in seen if issubclass(w.category, DeprecationWarning)]
+    assert not messages or all("moved to diffaccel.adapters.diffusers." in m for m in messages), messages
+
+
+def test_an_old_entry_point_of_an_adapter_loads_the_same_class():
+    from importlib.metadata import EntryPoint
+
+    from diffaccel.adapters.diffusers.unet2d.adapter import UNet2DAdapter
+    from diffaccel.adapters.text.families.dispatch import load_pipeline
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        assert EntryPoint("unet2d", "diffaccel.adapters.unet2d:UNet2DAdapter", "diffaccel.adapters").load() is UNet2DAdapter
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        from diffaccel.adapters.text.loading import load_pipeline as old  # a module that became a package
+    assert old is load_pipeline
+    assert any("diffaccel.adapters.text.loading.load_pipeline moved to diffaccel.adapters.text.families.dispatch"
+               in str(w.message) for w in seen)
+
+
+def test_the_text_model_protocol_keeps_its_public_path_without_a_warning():
+    import importlib
+
+    from diffaccel.adapters.text.families import protocol
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        assert importlib.import_module("diffaccel.adapters.text.protocol") is protocol

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from diffaccel.adapters.text.adapter import TextAdapter
-from diffaccel.adapters.unet.adapter import UNetAdapter
+from diffaccel.adapters.diffusers.unet.adapter import UNetAdapter
 from diffaccel.cli.entry import main
 
 DIGITS = ('[model]\nadapter = "unet"\ncheckpoint = "digits"\nsteps = 3\nbatch = 2\nprompts = ["digit 4", "digit 7"]\n'

@@ -13,7 +13,7 @@ from diffaccel.runtime.adapters_registry import get_adapter
 from diffaccel.runtime.config import parse_config
 from diffaccel.runtime.guard import GuardConfig
 from diffaccel.adapters.text.testing import tiny_text_pipeline
-from diffaccel.adapters.unet.testing import tiny_digits_pipeline
+from diffaccel.adapters.diffusers.unet.testing import tiny_digits_pipeline
 from diffaccel.cli.tools import PassThrough
 
 MODELS = {"text": '[model]\nadapter = "text"\nsteps = 6\nlength = 16\n',

@@ -64,7 +64,7 @@ def test_readme_diffusers_example_runs_on_a_tiny_pipeline(tmp_path, monkeypatch,
     from diffusers import StableDiffusionPipeline
     from PIL import Image
 
-    from diffaccel.adapters.unet.synthetic import build
+    from diffaccel.adapters.diffusers.unet.synthetic import build
 
     asked = []
 
@@ -80,7 +80,7 @@ def test_readme_diffusers_example_runs_on_a_tiny_pipeline(tmp_path, monkeypatch,
     with Image.open(tmp_path / "astronaut.png") as im:
         assert im.width > 0
     pipe = namespace["pipe"]
-    from diffaccel.adapters.unet import hooks
+    from diffaccel.adapters.diffusers.unet import hooks
 
     assert hooks.session_of(pipe) is None  # the block's exit removed the hooks
     counters = eval(capsys.readouterr().out.splitlines()[-1])  # the printed report's counters

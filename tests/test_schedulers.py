@@ -15,9 +15,9 @@ import torch
 from diffusers import DDIMScheduler, DPMSolverMultistepScheduler, FlowMatchEulerDiscreteScheduler
 
 from diffaccel import ConfigError, hookimpl, parse_config
-from diffaccel.adapters.diffusers_schedulers import build_scheduler
-from diffaccel.adapters.unet.adapter import UNetAdapter
-from diffaccel.adapters.unet.metrics import psnr_per_image
+from diffaccel.adapters.diffusers.schedulers import build_scheduler
+from diffaccel.adapters.diffusers.unet.adapter import UNetAdapter
+from diffaccel.adapters.diffusers.unet.metrics import psnr_per_image
 from diffaccel.runtime.accelerator import apply
 
 PROMPTS = ["digit 3", "digit 7", "digit 0", "digit 5"]

@@ -12,11 +12,11 @@ import torch
 
 from diffaccel import hookimpl
 from diffaccel.runtime.accelerator import Accelerator
-from diffaccel.adapters.text.pipeline import TextStepOutput
+from diffaccel.adapters.text.sampling.pipeline import TextStepOutput
 from diffaccel.runtime.sequence import NULL, NullAccelerator, RunSequence, StepModel
 from diffaccel.contract.state import RunState
 from diffaccel.adapters.text.testing import tiny_text_pipeline
-from diffaccel.adapters.unet.testing import tiny_digits_pipeline
+from diffaccel.adapters.diffusers.unet.testing import tiny_digits_pipeline
 
 HERE = Path(__file__).resolve().parent
 
@@ -76,15 +76,15 @@ def _hooked(pipe, strategies, **kw):
 
 
 def _llama_pipe(tmp_path):
-    from diffaccel.adapters.text.loading import load_pipeline
+    from diffaccel.adapters.text.families.dispatch import load_pipeline
 
     path, _ = _sibling("test_llama_denoiser").tiny_decoder(tmp_path)
     return load_pipeline(str(path))
 
 
 def _gemma_pipe(tmp_path):
-    from diffaccel.adapters.text.diffusion_gemma_build import build
-    from diffaccel.adapters.text.loading import load_pipeline
+    from diffaccel.adapters.text.families.diffusion_gemma.build import build
+    from diffaccel.adapters.text.families.dispatch import load_pipeline
 
     return load_pipeline(str(build(tmp_path / "dg", "tiny", seed=0)))
 
@@ -145,16 +145,16 @@ class Stopper:
 def _diffusers(kind):
     if kind == "unet":
         return tiny_digits_pipeline(), ["digit 3", "digit 5"]
-    from diffaccel.adapters.dit.adapter import load_checkpoint
+    from diffaccel.adapters.diffusers.dit.adapter import load_checkpoint
 
     return load_checkpoint("synthetic-dit-tiny"), ["digit 3", "7"]
 
 
 @pytest.mark.parametrize("kind", ["unet", "dit"])
 def test_run_stop_ends_a_diffusers_run_from_its_clean_estimate(kind):
-    from diffaccel.adapters.diffusers_hooks import attach, detach, session_of
-    from diffaccel.adapters.dit.hooks import DiTSession
-    from diffaccel.adapters.unet.hooks import Session as UNetSession
+    from diffaccel.adapters.diffusers.hooks import attach, detach, session_of
+    from diffaccel.adapters.diffusers.dit.hooks import DiTSession
+    from diffaccel.adapters.diffusers.unet.hooks import Session as UNetSession
 
     pipe, prompts = _diffusers(kind)
     pipe.set_progress_bar_config(disable=True)

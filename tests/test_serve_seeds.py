@@ -11,7 +11,7 @@ import torch
 
 import diffaccel
 from diffaccel.adapters.text.testing import tiny_text_pipeline
-from diffaccel.adapters.unet.testing import tiny_digits_pipeline
+from diffaccel.adapters.diffusers.unet.testing import tiny_digits_pipeline
 from diffaccel.runtime.adapters_registry import get_adapter
 from diffaccel.runtime.config import parse_config
 

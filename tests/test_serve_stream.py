@@ -181,7 +181,7 @@ def test_a_batch_that_fails_after_a_block_was_sent_ends_with_an_error_event():
 
 @pytest.fixture(scope="module")
 def gemma_server(tmp_path_factory):
-    from diffaccel.adapters.text.diffusion_gemma_build import build
+    from diffaccel.adapters.text.families.diffusion_gemma.build import build
 
     root = tmp_path_factory.mktemp("dg-stream")
     ckpt = build(root / "tiny", "tiny", seed=0)

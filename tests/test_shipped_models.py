@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from diffaccel.adapters.text.loading import load_pipeline
-from diffaccel.adapters.text.reference import ASSETS
+from diffaccel.adapters.text.families.dispatch import load_pipeline
+from diffaccel.adapters.text.loading.reference import ASSETS
 from diffaccel.cli.entry import main
 
 
@@ -27,7 +27,7 @@ def test_shipped_model_generates_text(name, kind, temperature, known):
     words = out.texts[0].split()
     assert len(words) >= 5
     # a trained model writes mostly known words, not byte soup
-    from diffaccel.adapters.text.metrics import fluency_model, words as tokenize
+    from diffaccel.adapters.text.evaluation.metrics import fluency_model, words as tokenize
 
     vocab = fluency_model().vocab
     toks = tokenize(out.texts[0])
@@ -56,7 +56,7 @@ def test_generate_is_reproducible():
 
 def test_conditional_model_takes_a_minilm_sized_vector_that_changes_its_text():
     """wordnet-masked-cond: condition gating of MiniLM's size (384), fed through RunState.condition."""
-    from diffaccel.adapters.text.model import TextDiffusionLM
+    from diffaccel.adapters.text.sampling.model import TextDiffusionLM
 
     pipe = load_pipeline("wordnet-masked-cond")
     assert pipe.denoiser.cond_dim == 384

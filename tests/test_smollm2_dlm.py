@@ -1,5 +1,5 @@
-"""smollm2-dlm: the adaptation recipe (adapters/text/adapt.py) and the delta loader
-(adapters/text/smollm2_dlm.py), on a tiny random LLaMA base saved with save_pretrained."""
+"""smollm2-dlm: the adaptation recipe (adapters/text/training/adapt.py) and the delta loader
+(adapters/text/families/smollm2_dlm.py), on a tiny random LLaMA base saved with save_pretrained."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
-from diffaccel.adapters.text import adapt
-from diffaccel.adapters.text import smollm2_dlm as dlm
-from diffaccel.adapters.text.loading import load_pipeline
+from diffaccel.adapters.text.training import adapt
+from diffaccel.adapters.text.families import smollm2_dlm as dlm
+from diffaccel.adapters.text.families.dispatch import load_pipeline
 from diffaccel.contract.errors import ModelLoadError
 
 #: training needs peft (the 'adapt' extra, which make setup installs)
@@ -145,7 +145,7 @@ def test_loaded_delta_equals_the_trained_model(base, trained):
     with torch.no_grad():
         want = model.lm_head(adapt.hidden_states(model, ids, torch.ones_like(ids, dtype=torch.bool), 1,
                                                  st["mask_embedding"].half().float()))
-        from diffaccel.adapters.text.model import KVCache
+        from diffaccel.adapters.text.sampling.model import KVCache
 
         h = den.embed(ids)
         for i in range(den.n_layers):
@@ -212,7 +212,7 @@ def test_missing_base_gguf(delta, tmp_path, monkeypatch, no_base_load):
     d = _copy(delta, tmp_path)
     cfg = json.loads((d / "config.json").read_text())
     (d / "config.json").write_text(json.dumps({**cfg, "base": "smollm2"}))
-    from diffaccel.adapters.text import gguf
+    from diffaccel.adapters.text.loading import gguf
 
     monkeypatch.setattr(gguf, "smollm2_gguf", lambda: None)
     with pytest.raises(ModelLoadError, match=r"config\.json: base 'smollm2' needs the GGUF file SmolLM2-135M-Instruct\.Q4_1\.gguf"):
@@ -304,7 +304,7 @@ class _Pipe:
 
 
 def test_samples_imitate_the_lengths_full_and_half_steps():
-    from diffaccel.adapters.text import dlm_eval
+    from diffaccel.adapters.text.training import dlm_eval
 
     pipe = _Pipe(lambda n, s: [f"w{s}"] * n)
     texts = dlm_eval.sample_like(pipe, [5, 3, 5, 8], seed=100, steps_of=lambda n: n)
@@ -317,8 +317,8 @@ def test_samples_imitate_the_lengths_full_and_half_steps():
 
 
 def test_verdict_follows_the_issue_bounds(monkeypatch):
-    from diffaccel.adapters.text import dlm_eval
-    from diffaccel.adapters.text.judge import Scores
+    from diffaccel.adapters.text.training import dlm_eval
+    from diffaccel.adapters.text.evaluation.judge import Scores
 
     class Judge:  # perplexity e^(nats per token): a line's "nats" is its count of 'x' words
         def score(self, lines):
@@ -357,7 +357,7 @@ def test_confidence_reads_the_shifted_head():
     once the shift is applied; read unshifted it would be right almost nowhere."""
     from types import SimpleNamespace
 
-    from diffaccel.adapters.text import dlm_eval
+    from diffaccel.adapters.text.training import dlm_eval
 
     lines = [("3 4 5 6 7 8", 6), ("9 8 7 6 5 4 3 2", 8)]
     truth = {}
@@ -389,7 +389,7 @@ def test_confidence_reads_the_shifted_head():
 
 def test_facts_without_weights(delta, no_base_load):
     """``diffaccel check`` reads a delta's facts from its base's config.json, loading nothing."""
-    from diffaccel.adapters.text.loading import model_facts
+    from diffaccel.adapters.text.families.dispatch import model_facts
 
     facts = model_facts(str(delta))
     assert (facts.kind, facts.vocab_size, facts.n_layers, facts.max_len) == ("masked", len(VOCAB), 2, 64)

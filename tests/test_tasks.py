@@ -126,7 +126,7 @@ def test_training_lowers_the_loss_and_resumes(tmp_path):
     tok = spec.tokenizer()
     ids, gen = encode(spec, tok, [spec.problem(s) for s in range(16)])
     out = _tiny_task_model(tmp_path)
-    from diffaccel.adapters.text.model import TextDiffusionLM
+    from diffaccel.adapters.text.sampling.model import TextDiffusionLM
 
     def loss_of(model):
         with torch.no_grad():
@@ -164,23 +164,24 @@ def test_bad_prompt_exits_2_before_the_model_loads(tmp_path, capsys):
 
 
 def test_adapter_reports_task_scores_with_intervals(tmp_path):
+    from diffaccel.bench.options import BenchOptions
     from diffaccel.bench.runner import run_bench
 
     folder = _tiny_task_model(tmp_path)
     keep: dict = {}
-    res = run_bench([str(_config(tmp_path, folder))], seeds=3, timed=False, noise_floor=False, progress=False,
-                    judge="default", keep_outputs=keep)
-    base = res["entries"][0]
-    assert "judge" not in res  # no judge for a task model, even when the default is asked
+    res = run_bench([str(_config(tmp_path, folder))],
+        BenchOptions(seeds=3, timed=False, noise_floor=False, progress=False, judge="default"), keep_outputs=keep)
+    base = res.entries[0]
+    assert not res.has("judge")  # no judge for a task model, even when the default is asked
     scores = [s for o in keep["baseline"] for s in o.task_scores]
     assert len(scores) == 6
     # the pooled figures are the rows' scores, recomputed here from the texts the run wrote
     spec = task_spec("arith")
     again = [spec.score(spec.heldout(i), o.split("\n")[1:]) for i, o in enumerate(t for o in keep["baseline"] for t in o.texts)]
     assert again == scores
-    assert base["quality"]["acc"] == pytest.approx(np.mean([s["acc"] for s in scores]))
-    assert base["quality"]["steps_acc"] == pytest.approx(np.mean([s["steps_acc"] for s in scores]))
-    assert set(base["quality_ci"]) >= {"acc", "steps_acc"}
+    assert base.quality["acc"] == pytest.approx(np.mean([s["acc"] for s in scores]))
+    assert base.quality["steps_acc"] == pytest.approx(np.mean([s["steps_acc"] for s in scores]))
+    assert set(base.quality_ci) >= {"acc", "steps_acc"}
 
 
 def test_generate_solves_a_users_problem(tmp_path, capsys):
@@ -244,7 +245,7 @@ def test_focus_marks_the_result_digits_only():
 
 
 def test_shipped_sudoku_model_solves_held_out_puzzles():
-    from diffaccel.adapters.text.loading import load_pipeline
+    from diffaccel.adapters.text.families.dispatch import load_pipeline
     from diffaccel.adapters.text.tasks.evaluate import solve
 
     spec = task_spec("sudoku", 6)

@@ -7,9 +7,8 @@ import pytest
 import torch
 
 from diffaccel import StepPlan, hookimpl
-from diffaccel.adapters.text.model import (SCHEDULES, TextDiffusionConfig, TextDiffusionLM, alphas_cumprod,
-                                           mask_rate)
-from diffaccel.adapters.text.positions import Positions
+from diffaccel.adapters.text.sampling.model import SCHEDULES, TextDiffusionConfig, TextDiffusionLM, alphas_cumprod, mask_rate
+from diffaccel.adapters.text.sampling.positions import Positions
 from diffaccel.adapters.text.testing import tiny_text_pipeline
 from diffaccel.testing import run_with
 
@@ -147,7 +146,7 @@ def test_positions_are_ragged_and_pad_only_for_attention():
 
 def test_partial_step_matches_full_on_computed_positions():
     """Positions computed in a partial step see the same keys/values as in a full step."""
-    from diffaccel.adapters.text.pipeline import _RunContext
+    from diffaccel.adapters.text.sampling.pipeline import _RunContext
     from diffaccel.runtime.sequence import NullAccelerator as _NoAccelerator
     from diffaccel.contract.state import RunState
 
@@ -178,7 +177,7 @@ def test_partial_step_matches_full_on_computed_positions():
 @pytest.mark.parametrize("batch", [1, 3])
 def test_partial_step_is_exact_for_a_single_layer(batch):
     """Rows may compute different positions: each row's keys and values land in its own cache row."""
-    from diffaccel.adapters.text.pipeline import _RunContext
+    from diffaccel.adapters.text.sampling.pipeline import _RunContext
     from diffaccel.runtime.sequence import NullAccelerator as _NoAccelerator
     from diffaccel.contract.state import RunState
 
@@ -208,7 +207,7 @@ def test_partial_step_is_exact_for_a_single_layer(batch):
 
 def test_rope_is_the_textbook_rotation():
     """The complex form turns each pair (x[2j], x[2j+1]) by pos * freq_j, as the real form does."""
-    from diffaccel.adapters.text.model import apply_rope, rope_tables
+    from diffaccel.adapters.text.sampling.model import apply_rope, rope_tables
 
     dh, M = 8, 5
     x = torch.randn(2, 3, M, dh, generator=torch.Generator().manual_seed(0))
@@ -235,7 +234,7 @@ def test_modulation_cache_follows_condition_and_weights():
         fresh = den._modulation(0, c)
         assert fresh is not first
         torch.testing.assert_close(fresh[0], blk.modulation(c)[0])
-        from diffaccel.adapters.text.model import KVCache
+        from diffaccel.adapters.text.sampling.model import KVCache
         torch.testing.assert_close(den.block(0, h, c, KVCache()), blk(h, c, KVCache()))
         other = den.condition(None, 2)  # another batch size: another vector
         assert other is not c and other.shape[0] == 2
@@ -244,7 +243,7 @@ def test_modulation_cache_follows_condition_and_weights():
 def test_a_zero_condition_row_is_that_row_unconditioned():
     """A row whose external condition vector is all zeros gets no projection (not the projection's
     bias): that row is the unconditioned model, while the other rows keep their condition."""
-    from diffaccel.adapters.text.model import TextDiffusionConfig, TextDiffusionLM
+    from diffaccel.adapters.text.sampling.model import TextDiffusionConfig, TextDiffusionLM
 
     torch.manual_seed(0)
     model = TextDiffusionLM(TextDiffusionConfig(vocab_size=32, dim=16, n_layers=2, n_heads=2, max_len=8, mask_id=2, cond_dim=4)).eval()
@@ -285,7 +284,7 @@ def test_strategy_can_stop_the_run_early(kind):
 # ---- truncated logits (TopKLogits) ----------------------------------------------------------------
 
 def _truncator(k, compact):
-    from diffaccel.adapters.text.logits import TopKLogits
+    from diffaccel.adapters.text.sampling.logits import TopKLogits
 
     class Truncate:
         name = "truncate"
@@ -320,7 +319,7 @@ def test_samplers_take_topk_logits_like_their_dense_form():
 
 
 def test_clean_estimate_and_draw_from_topk_logits():
-    from diffaccel.adapters.text.logits import TopKLogits, clean_estimate, draw
+    from diffaccel.adapters.text.sampling.logits import TopKLogits, clean_estimate, draw
 
     g = torch.Generator().manual_seed(0)
     logits, E = torch.randn(2, 5, 30, generator=g) * 3, torch.randn(30, 4, generator=g)
@@ -343,8 +342,8 @@ def test_partial_step_refreshes_only_the_computed_clean_estimates():
     positions only, and equals the full recomputation (the other logits did not change)."""
     from types import SimpleNamespace
 
-    from diffaccel.adapters.text.logits import clean_estimate
-    from diffaccel.adapters.text.pipeline import _refresh_computed
+    from diffaccel.adapters.text.sampling.logits import clean_estimate
+    from diffaccel.adapters.text.sampling.pipeline import _refresh_computed
 
     g = torch.Generator().manual_seed(0)
     logits, E = torch.randn(2, 6, 20, generator=g), torch.randn(20, 3, generator=g)
@@ -432,7 +431,7 @@ class SometimesTop1(NarrowLastLayer):
 
     @hookimpl
     def diffaccel_post_step(self, run, output):
-        from diffaccel.adapters.text.logits import most_probable
+        from diffaccel.adapters.text.sampling.logits import most_probable
 
         if run.step % 3:
             self.kept = output  # the last unread one
@@ -443,7 +442,7 @@ class SometimesTop1(NarrowLastLayer):
 
 
 def test_the_top1_is_computed_only_when_read_and_right_after_unread_steps(monkeypatch):
-    import diffaccel.adapters.text.pipeline as pl
+    import diffaccel.adapters.text.sampling.pipeline as pl
 
     calls = []
     real = pl.most_probable

@@ -5,7 +5,7 @@ import torch
 
 import diffaccel
 from diffaccel import StepPlan, hookimpl
-from diffaccel.adapters.text.model import TextDiffusionConfig, TextDiffusionLM
+from diffaccel.adapters.text.sampling.model import TextDiffusionConfig, TextDiffusionLM
 from diffaccel.adapters.text.testing import tiny_text_pipeline
 from diffaccel.cli.entry import main
 from diffaccel.contract.errors import ModelLoadError
@@ -38,8 +38,8 @@ def _tiny_bert(tmp_path, family="bert"):
 
 @pytest.mark.parametrize("family", ["bert", "roberta"])
 def test_bert_family_layerwise_forward_matches_transformers(tmp_path, family):
-    from diffaccel.adapters.text.loading import load_pipeline
-    from diffaccel.adapters.text.pipeline import _RunContext
+    from diffaccel.adapters.text.families.dispatch import load_pipeline
+    from diffaccel.adapters.text.sampling.pipeline import _RunContext
     from diffaccel.runtime.sequence import NullAccelerator as _NoAccelerator
     from diffaccel.contract.state import RunState
 
@@ -54,7 +54,7 @@ def test_bert_family_layerwise_forward_matches_transformers(tmp_path, family):
 
 
 def test_bert_pipeline_generates_with_hooks_and_partial_positions(tmp_path):
-    from diffaccel.adapters.text.loading import load_pipeline
+    from diffaccel.adapters.text.families.dispatch import load_pipeline
 
     path, _ = _tiny_bert(tmp_path)
     pipe = load_pipeline(str(path))
@@ -78,7 +78,7 @@ def test_bert_pipeline_generates_with_hooks_and_partial_positions(tmp_path):
 
 
 def test_missing_model_is_one_clear_error(tmp_path):
-    from diffaccel.adapters.text.loading import load_pipeline
+    from diffaccel.adapters.text.families.dispatch import load_pipeline
 
     with pytest.raises(ModelLoadError) as info:
         load_pipeline("nobody/no-such-model-xyz")
@@ -91,7 +91,7 @@ def test_missing_model_is_one_clear_error(tmp_path):
 def test_not_a_masked_lm_is_rejected(tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from diffaccel.adapters.text.loading import load_pipeline
+    from diffaccel.adapters.text.families.dispatch import load_pipeline
 
     GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50)).save_pretrained(tmp_path / "gpt2")
     with pytest.raises(ModelLoadError, match="gpt2"):
@@ -107,8 +107,8 @@ def test_cli_missing_checkpoint_exits_2(tmp_path, capsys):
 
 
 def test_save_and_load_reference_model(tmp_path):
-    from diffaccel.adapters.text.loading import load_pipeline
-    from diffaccel.adapters.text.tokenizer import TextTokenizer, train_tokenizer
+    from diffaccel.adapters.text.families.dispatch import load_pipeline
+    from diffaccel.adapters.text.sampling.tokenizer import TextTokenizer, train_tokenizer
 
     tok = TextTokenizer(train_tokenizer(["a small dog barks", "a big cat sleeps"] * 20, vocab_size=60))
     model = TextDiffusionLM(TextDiffusionConfig(vocab_size=tok.vocab_size, dim=16, n_layers=1, n_heads=2, max_len=16,
@@ -129,8 +129,8 @@ def test_a_ragged_partial_step_on_unchanged_inputs_reproduces_the_full_step(tmp_
     """Rows computing different numbers of positions (one row none at all): every recomputed
     position must come out as in the full step (its keys, values, rotary position, modulation
     and attention row all land where they belong)."""
-    from diffaccel.adapters.text.loading import load_pipeline
-    from diffaccel.adapters.text.pipeline import _RunContext
+    from diffaccel.adapters.text.families.dispatch import load_pipeline
+    from diffaccel.adapters.text.sampling.pipeline import _RunContext
     from diffaccel.runtime.sequence import NullAccelerator as _NoAccelerator
     from diffaccel.contract.state import RunState
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from diffaccel import StepPlan, hookimpl
-from diffaccel.adapters.text import logits as draws
-from diffaccel.adapters.text.logits import CdfCache, TopKLogits, draw
+from diffaccel.adapters.text.sampling import logits as draws
+from diffaccel.adapters.text.sampling.logits import CdfCache, TopKLogits, draw
 from diffaccel.adapters.text.testing import tiny_text_pipeline
 from diffaccel.testing import run_with
 
@@ -150,7 +150,7 @@ def test_without_partial_steps_the_hooked_run_equals_the_plain_one():
 
 
 def test_commit_takes_each_rows_own_number_of_most_confident_candidates():
-    from diffaccel.adapters.text.pipeline import commit_most_confident_
+    from diffaccel.adapters.text.sampling.pipeline import commit_most_confident_
 
     x = torch.full((3, 6), 2)
     candidates = torch.tensor([[1, 1, 1, 0, 1, 0], [1, 1, 0, 0, 0, 0], [0, 0, 1, 1, 1, 1]], dtype=torch.bool)

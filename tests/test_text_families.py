@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import diffaccel
-from diffaccel.adapters.text.bert import FAMILIES
-from diffaccel.adapters.text.loading import load_pipeline
-from diffaccel.adapters.text.model import KVCache
-from diffaccel.adapters.text.tiny_families import tiny_masked_lm
+from diffaccel.adapters.text.families.bert import FAMILIES
+from diffaccel.adapters.text.families.dispatch import load_pipeline
+from diffaccel.adapters.text.sampling.model import KVCache
+from diffaccel.adapters.text.families.tiny_families import tiny_masked_lm
 from diffaccel.runtime.adapters_registry import get_adapter
 from diffaccel.cli.entry import main
 from diffaccel.testing import check_adapter

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import diffaccel
-from diffaccel.adapters.text import loading
+from diffaccel.adapters.text.families import dispatch as loading
 from diffaccel.runtime.adapters_registry import get_adapter
 from diffaccel.cli.entry import main
 from diffaccel.testing import check_adapter
@@ -75,7 +75,7 @@ def test_blocked_it_is_not_asked(site, folder, monkeypatch):
 
 
 def test_a_shipped_family_reports_its_model_type(tmp_path):
-    from diffaccel.adapters.text.tiny_families import tiny_masked_lm
+    from diffaccel.adapters.text.families.tiny_families import tiny_masked_lm
 
     path, _ = tiny_masked_lm(tmp_path, "distilbert")
     pipe = loading.load_pipeline(str(path))

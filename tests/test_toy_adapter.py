@@ -58,6 +58,7 @@ def test_strategies_it_cannot_serve_are_refused_naming_the_capability(site, tmp_
 RUN = '''
 import json, sys, torch
 import diffaccel
+from diffaccel.bench.options import BenchOptions
 from diffaccel.bench.runner import run_bench
 
 cfg = diffaccel.load_config(sys.argv[1])
@@ -66,11 +67,11 @@ with diffaccel.apply(pipe, cfg):
     fast = pipe(seed=0, batch=3, steps=24)
 plain = pipe(seed=0, batch=3, steps=24)
 again = pipe(seed=0, batch=3, steps=24)
-bench = run_bench([sys.argv[1]], seeds=2, progress=False)
+bench = run_bench([sys.argv[1]], BenchOptions(seeds=2, progress=False))
 print(json.dumps({"report": fast.report, "plain_report": plain.report,
                   "removed_bitwise": bool(torch.equal(plain.vectors, again.vectors)),
                   "rel_error": float((fast.vectors - plain.vectors).norm() / plain.vectors.norm()),
-                  "bench": [(e["name"], e["quality"], e["fraction_computed"]) for e in bench["entries"]]}))
+                  "bench": [(e.name, e.quality, e.fraction_computed) for e in bench.entries]}))
 '''
 
 

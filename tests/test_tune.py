@@ -12,6 +12,7 @@ import pytest
 import diffaccel
 from diffaccel import ConfigError, Registry, Strategy, Tunable, hookimpl, load_config
 from diffaccel.cli.entry import main
+from diffaccel.tuning.options import TuneOptions
 from diffaccel.tuning.tuner import tune
 
 HELDOUT = 50_000
@@ -70,10 +71,11 @@ def _config(tmp_path, honest=True, skip=1):
     return path
 
 
-def _short(**kw):
+def _short(registry=None, **kw):
     """A short tune's settings: 3 trials on 2 batches, 4 held-out samples, no judge."""
-    return {"trials": 3, "tune_seeds": 2, "heldout": 4, "heldout_seed": HELDOUT, "candidates": 1, "judge": "none",
-            "progress": False, "registry": _registry(), **kw}
+    options = {"trials": 3, "tune_seeds": 2, "heldout": 4, "heldout_seed": HELDOUT, "candidates": 1, "judge": "none",
+               "progress": False, **kw}
+    return {"options": TuneOptions(**options), "registry": registry or _registry()}
 
 
 def _tune(tmp_path, honest=True, skip=1, **kw):
@@ -129,7 +131,7 @@ def test_a_config_with_nothing_to_tune_is_refused(tmp_path):
 
     reg.register_plugin(NoTunables(), "plain")
     with pytest.raises(ConfigError, match="nothing to tune"):
-        tune(path, "agreement>=0.5", tmp_path / "t.toml", registry=reg, judge="none")
+        tune(path, "agreement>=0.5", tmp_path / "t.toml", TuneOptions(judge="none"), registry=reg)
 
 
 @pytest.mark.parametrize("name", ["swd", "time-anchor", "dct-anchor", "parallel", "topk"])
@@ -187,7 +189,7 @@ def test_a_trial_runs_its_first_chunk_once_and_an_idle_point_reports_it(tmp_path
 
 
 def test_a_loaded_pipeline_is_tuned_with_its_strategy_tables(tmp_path):
-    from diffaccel.adapters.text.loading import load_pipeline
+    from diffaccel.adapters.text.families.dispatch import load_pipeline
 
     reg = _registry()
     pipe = load_pipeline("wordnet-masked")
@@ -215,8 +217,9 @@ DIGITS = ('[model]\nadapter = "unet"\ncheckpoint = "digits"\nsteps = 8\nbatch = 
 def test_tune_searches_the_models_steps_and_scheduler_with_the_strategies(tmp_path):
     path = tmp_path / "digits.toml"
     path.write_text(DIGITS)
-    result = tune(path, ["psnr>=5"], tmp_path / "tuned.toml", trials=3, tune_seeds=1, heldout=2, heldout_seed=HELDOUT,
-                  candidates=3, judge="none", progress=False, model_space={"steps": (3, 4), "scheduler": ("dpm++2m",)})
+    result = tune(path, ["psnr>=5"], tmp_path / "tuned.toml", TuneOptions(
+        trials=3, tune_seeds=1, heldout=2, heldout_seed=HELDOUT, candidates=3, judge="none", progress=False,
+        model_space={"steps": (3, 4), "scheduler": ("dpm++2m",)}))
     study = json.loads((result.report / "tune.json").read_text())
     points = list(study["points"].values())
     assert points and all(p["[model]"]["scheduler"] == "dpm++2m" and p["[model]"]["steps"] in (3, 4) for p in points)

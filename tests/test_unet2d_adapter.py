@@ -14,7 +14,7 @@ import torch
 import diffaccel
 from diffaccel import ConfigError, ModelLoadError, parse_config
 from diffaccel.runtime.accelerator import apply, build_strategies
-from diffaccel.adapters.unet2d import UNet2DAdapter, block_specs
+from diffaccel.adapters.diffusers.unet2d.adapter import UNet2DAdapter, block_specs
 from diffaccel.runtime.adapters_registry import adapter_for
 from diffaccel.cli.entry import main
 

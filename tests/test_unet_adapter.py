@@ -9,8 +9,8 @@ import torch
 
 import diffaccel
 from diffaccel import ConfigError, StepPlan, hookimpl
-from diffaccel.adapters.unet.adapter import UNetAdapter
-from diffaccel.adapters.unet.testing import digit_images, sd_images, tiny_digits_pipeline, tiny_sd_pipeline
+from diffaccel.adapters.diffusers.unet.adapter import UNetAdapter
+from diffaccel.adapters.diffusers.unet.testing import digit_images, sd_images, tiny_digits_pipeline, tiny_sd_pipeline
 
 STEPS = 4
 
@@ -397,7 +397,7 @@ def test_quality_of_a_resample_from_parts_equals_quality_on_its_outputs():
     """The bench's intervals pool per-seed parts (``PoolsQuality``): on seeds drawn with repeats
     the pooled figures equal ``quality`` on those outputs themselves."""
     from diffaccel.contract.adapter import PoolsQuality
-    from diffaccel.adapters.diffusers_pipelines import ImageOutput
+    from diffaccel.adapters.diffusers.pipelines import ImageOutput
 
     g = torch.Generator().manual_seed(0)
 

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from diffaccel import ConfigError, DiffaccelError, ModelLoadError, load_config
-from diffaccel.adapters.unet.adapter import UNetAdapter
-from diffaccel.adapters.digits import class_accuracy, digit_label
-from diffaccel.adapters.unet.metrics import psnr, psnr_per_image, ssim
-from diffaccel.adapters.unet.pipeline import DigitsPipeline
+from diffaccel.adapters.diffusers.unet.adapter import UNetAdapter
+from diffaccel.adapters.diffusers.digits import class_accuracy, digit_label
+from diffaccel.adapters.diffusers.unet.metrics import psnr, psnr_per_image, ssim
+from diffaccel.adapters.diffusers.unet.pipeline import DigitsPipeline
 from diffaccel.cli.entry import main
-from diffaccel.adapters.unet.testing import digit_images, sd_images, tiny_digits_pipeline, tiny_sd_pipeline
+from diffaccel.adapters.diffusers.unet.testing import digit_images, sd_images, tiny_digits_pipeline, tiny_sd_pipeline
 
 STEPS = 4
 
@@ -123,7 +123,7 @@ def test_quality_reports_psnr_ssim_and_conditioning_accuracy(digits):
     q = UNetAdapter.quality([base], [base])
     assert q["psnr"] == float("inf") and q["ssim"] == pytest.approx(1.0)
     # cond_acc is the classifier's agreement with the prompts' labels, computed on these images
-    from diffaccel.adapters.unet.digits import classify
+    from diffaccel.adapters.diffusers.unet.digits import classify
 
     assert q["cond_acc"] == pytest.approx(class_accuracy(classify(base.images), [1, 2])["overall"])
 
@@ -192,7 +192,7 @@ needs_deepcache = pytest.mark.skipif(importlib.util.find_spec("DeepCache") is No
 @needs_deepcache
 def test_deepcache_peer_changes_images_and_leaves_no_trace():
     from diffaccel.runtime.config import PeerEntry
-    from diffaccel.adapters.unet.adapter import DeepCachePeer
+    from diffaccel.adapters.diffusers.unet.adapter import DeepCachePeer
 
     pipe = tiny_sd_pipeline()
     mid = count_calls(pipe.unet.mid_block.resnets[0])
@@ -213,16 +213,17 @@ def test_deepcache_peer_changes_images_and_leaves_no_trace():
 def test_bench_runs_the_peer_interleaved(tmp_path):
     import json
 
+    from diffaccel.bench.options import BenchOptions
     from diffaccel.bench.runner import format_table, run_bench
 
     cfg = tmp_path / "tiny.toml"
     cfg.write_text(UNET + 'steps = 6\nprompts = ["a red cube"]\n[[peer]]\nuse = "deepcache"\ncache_interval = 2\n')
-    result = run_bench([str(cfg)], seeds=2, progress=False, json_path=str(tmp_path / "b.json"))
-    names = [e["name"] for e in result["entries"]]
+    result = run_bench([str(cfg)], BenchOptions(seeds=2, progress=False, json_path=str(tmp_path / "b.json")))
+    names = [e.name for e in result.entries]
     assert names == ["baseline", "deepcache-i2"]
-    peer = result["entries"][1]
-    assert peer["fraction_computed"] is None and peer["peer"] == {"use": "deepcache", "cache_interval": 2, "cache_branch_id": 0, "name": None}
-    assert peer["quality"]["psnr"] < float("inf") and result["entries"][0]["quality"]["psnr"] == float("inf")
+    peer = result.entries[1]
+    assert peer.fraction_computed is None and peer.peer == {"use": "deepcache", "cache_interval": 2, "cache_branch_id": 0, "name": None}
+    assert peer.quality["psnr"] < float("inf") and result.entries[0].quality["psnr"] == float("inf")
     table = format_table(result)
     assert "deepcache-i2" in table and "psnr" in table
     assert json.loads((tmp_path / "b.json").read_text())["entries"][1]["name"] == "deepcache-i2"
@@ -233,7 +234,7 @@ def test_bench_runs_the_peer_interleaved(tmp_path):
 def test_shipped_digits_model_is_small_safetensors_and_generates(tmp_path):
     from PIL import Image
 
-    from diffaccel.adapters.unet.adapter import ASSETS
+    from diffaccel.adapters.diffusers.unet.adapter import ASSETS
 
     files = list((ASSETS / "digits").rglob("*"))
     weights = [f for f in files if f.suffix == ".safetensors"]

@@ -28,7 +28,7 @@ def test_the_tiny_models_old_place_in_diffaccel_testing_works_with_a_warning():
 
     import diffaccel.testing
     from diffaccel.adapters.text import testing as text_testing
-    from diffaccel.adapters.unet import testing as unet_testing
+    from diffaccel.adapters.diffusers.unet import testing as unet_testing
 
     for name, new in (("tiny_text_pipeline", text_testing), ("CharTokenizer", text_testing),
                       ("tiny_digits_pipeline", unet_testing)):

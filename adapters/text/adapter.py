@@ -14,13 +14,14 @@ from diffaccel.contract.errors import ConfigError, ConfigValueError, DiffaccelEr
 from diffaccel.runtime.placement import torch_dtype
 from diffaccel.contract.validators import in_range, one_of, positive
 
-from . import commands, judge, measure, metrics
+from . import commands
+from .evaluation import judge, measure, metrics
 from .tasks import mode as task_mode
-from .diffusion_gemma import BLOCK, BLOCK_CAPABILITIES, DiffusionGemmaPipeline, GemmaLayer
-from .diffusion_gemma_loading import precheck
-from .facts import check_options
-from .loading import load_pipeline, text_facts
-from .pipeline import SAMPLERS, TextDiffusionPipeline, TextLayer, TextOutput, run_capabilities
+from .families.diffusion_gemma.pipeline import BLOCK, BLOCK_CAPABILITIES, DiffusionGemmaPipeline, GemmaLayer
+from .families.diffusion_gemma.loading import precheck
+from .families.facts import check_options
+from .families.dispatch import load_pipeline, text_facts
+from .sampling.pipeline import SAMPLERS, TextDiffusionPipeline, TextLayer, TextOutput, run_capabilities
 
 #: Standard deviation of the logit perturbation whose effect is the agreement noise floor.
 NOISE_FLOOR_STD = 1e-4

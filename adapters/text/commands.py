@@ -43,7 +43,7 @@ def _train(args: argparse.Namespace) -> int:
     # deferred: the training code is imported by 'diffaccel train' only, not by every use of the adapter
     import torch
 
-    from .train import TrainConfig, train
+    from .training.train import TrainConfig, train
 
     cfg = TrainConfig(kind=args.kind, out=args.out, steps=args.steps, max_minutes=args.max_minutes,
                       tokenizer=args.tokenizer, freq_weight=args.freq_weight, schedule=args.schedule, seed=args.seed,

@@ -18,9 +18,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from .denoisers import ReferenceDenoiser
-from .model import TextDiffusionConfig, TextDiffusionLM
-from .pipeline import TextDiffusionPipeline
+from .sampling.denoisers import ReferenceDenoiser
+from .sampling.model import TextDiffusionConfig, TextDiffusionLM
+from .sampling.pipeline import TextDiffusionPipeline
 
 
 class CharTokenizer:

@@ -58,6 +58,9 @@ _LAZY = {
     "format_table": "diffaccel.bench.runner",
     "with_batch": "diffaccel.bench.runner",
     "with_seed": "diffaccel.bench.runner",
+    "BenchOptions": "diffaccel.bench.options",
+    "BenchResult": "diffaccel.bench.results",
+    "TuneOptions": "diffaccel.tuning.options",
 }
 
 
@@ -73,13 +76,13 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def tune(config, budget, out, **kwargs):
+def tune(config, budget, out, options=None, **kwargs):
     """Tune a config's strategies to a quality budget (``diffaccel.tuning.tuner.tune``; the
     ``diffaccel tune`` command): returns a ``TuneResult`` with the TUNED.toml written, or None
     there when no point met the budget on the held-out seeds."""
     from .tuning.tuner import tune as _tune  # deferred: tune's imports (the bench, optuna) stay out of `import diffaccel`
 
-    return _tune(config, budget, out, **kwargs)
+    return _tune(config, budget, out, options, **kwargs)
 
 
 def load_pipeline(config):
@@ -91,9 +94,9 @@ def load_pipeline(config):
 
 
 __all__ = [
-    "Accelerator", "Applied", "BrokenPlugin", "PLUGIN_API", "ConfigError", "ConfigValueError", "Counters", "DiffaccelError", "GuardConfig",
+    "Accelerator", "Applied", "BenchOptions", "BenchResult", "BrokenPlugin", "PLUGIN_API", "ConfigError", "ConfigValueError", "Counters", "DiffaccelError", "GuardConfig",
     "Layer", "ModelConfig", "ModelError", "ModelLoadError", "NonFiniteError", "NullAccelerator", "PluginError", "PluginWarning",
     "Registry", "Run", "RunConfig", "RunInfo", "RunSequence", "RunState", "StepModel", "StepPlan", "Strategy", "StrategyError",
-    "Tunable", "__version__", "apply", "build_strategies", "capabilities", "format_table", "generate_job", "get_adapter",
+    "TuneOptions", "Tunable", "__version__", "apply", "build_strategies", "capabilities", "format_table", "generate_job", "get_adapter",
     "hookimpl", "load_config", "load_pipeline", "parse_config", "read_toml", "run_bench", "tune", "with_batch", "with_seed",
 ]

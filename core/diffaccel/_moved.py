@@ -129,3 +129,9 @@ def old_names(package: str, module: str) -> Callable[[str], Any]:
         return getattr(new, name)
 
     return __getattr__
+
+
+def register(table: dict[str, str]) -> None:
+    """Add a package's own old -> new module paths (``diffaccel.adapters`` registers its moves from its
+    ``__init__``): the one finder serves them, with the same warning, until the same release."""
+    MOVED.update(table)

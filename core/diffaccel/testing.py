@@ -4,7 +4,7 @@
 
 Tiny random models belong to their adapters (the core names none):
 ``diffaccel.adapters.text.testing`` (``tiny_text_pipeline``, ``CharTokenizer``, the
-``tiny_text_pipe`` fixture) and ``diffaccel.adapters.unet.testing`` (``tiny_digits_pipeline``).
+``tiny_text_pipe`` fixture) and ``diffaccel.adapters.diffusers.unet.testing`` (``tiny_digits_pipeline``).
 They lived here until 0.1: the old names still work until 0.3.0, with a ``DeprecationWarning``
 naming the new place (``MOVED``; CHANGELOG.md's rule for the plugin API).
 """
@@ -51,7 +51,7 @@ def install_distribution(tmp_path_factory):
 
 
 MOVED = {"tiny_text_pipeline": "diffaccel.adapters.text.testing", "CharTokenizer": "diffaccel.adapters.text.testing",
-         "tiny_digits_pipeline": "diffaccel.adapters.unet.testing"}
+         "tiny_digits_pipeline": "diffaccel.adapters.diffusers.unet.testing"}
 """Names that moved to their adapter's ``testing`` module, by the module they are in now."""
 
 

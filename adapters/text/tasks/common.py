@@ -15,7 +15,7 @@ import attrs
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from ..tokenizer import MASK, PAD, SEP, UNK, TextTokenizer
+from ..sampling.tokenizer import MASK, PAD, SEP, UNK, TextTokenizer
 
 #: one problem in this many is held out (by content hash)
 HELD_OUT_EVERY = 8

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..denoisers import ReferenceDenoiser
-from ..pipeline import TextDiffusionPipeline
+from ..sampling.denoisers import ReferenceDenoiser
+from ..sampling.pipeline import TextDiffusionPipeline
 
 
 def generated_lines(tok, tokens: torch.Tensor, prompt_length: int) -> list[str]:

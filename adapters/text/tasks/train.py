@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..model import TextDiffusionConfig, TextDiffusionLM
+from ..sampling.model import TextDiffusionConfig, TextDiffusionLM
 from . import TaskSpec, task_spec
 from .common import HELD_OUT_EVERY, eos_id, is_held_out, solution_ids
 from .evaluate import solve

@@ -21,6 +21,7 @@ import attrs
 
 from ..contract.errors import ConfigError
 from ..runtime.config import PeerEntry, RunConfig
+from .results import VsModel
 
 VARIES = ("steps", "scheduler")
 """The ``[model]`` keys in which a bench's configs may differ from the first's."""
@@ -89,26 +90,26 @@ def add_peers(configs: list[RunConfig], adapter: Any, solver_line: bool,
     return configs, variants, alone, homes
 
 
-def vs_model(result: dict[str, Any], adapter: Any, names: dict[str, str], outputs: dict[str, list[Any]], times: dict[str, list[float]]) -> None:
+def vs_model(result: Any, adapter: Any, names: dict[str, str], outputs: dict[str, list[Any]], times: dict[str, list[float]]) -> None:
     """Each entry run on a variant's model: ``vs_model``, its speedup over and quality against the
     entry that runs its model alone (``names``: variant entry -> that entry)."""
-    by_name = {e["name"]: e for e in result["entries"]}
+    by_name = result.by_name()
     for name, alone in names.items():
         e = by_name.get(name)
         if e is None or alone not in outputs:
             continue
-        e["vs_model"] = {"entry": alone, "quality": adapter.quality(outputs[alone], outputs[name])}
-        if result.get("timed", True):
-            e["vs_model"]["speedup"] = sum(times[alone]) / sum(times[name])
+        e.vs_model = VsModel.new(entry=alone, quality=adapter.quality(outputs[alone], outputs[name]))
+        if result.is_timed:
+            e.vs_model.speedup = sum(times[alone]) / sum(times[name])
 
 
-def vs_model_lines(result: dict[str, Any]) -> list[str]:
+def vs_model_lines(result: Any) -> list[str]:
     """One line per entry with ``vs_model`` (for the bench's table)."""
     lines = []
-    for e in result["entries"]:
-        v = e.get("vs_model")
+    for e in result.entries:
+        v = e.vs_model
         if v:
-            speed = f"{v['speedup']:.2f}x, " if v.get("speedup") is not None else ""
-            q = ", ".join(f"{k} {x:.3f}" for k, x in v["quality"].items() if isinstance(x, float))
-            lines.append(f"{e['name']} against {v['entry']} alone (its own model): {speed}{q}")
+            speed = f"{v.speedup:.2f}x, " if v.speedup is not None else ""
+            q = ", ".join(f"{k} {x:.3f}" for k, x in v.quality.items() if isinstance(x, float))
+            lines.append(f"{e.name} against {v.entry} alone (its own model): {speed}{q}")
     return lines

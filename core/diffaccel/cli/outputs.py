@@ -94,31 +94,24 @@ def check_bench_args(args) -> None:
             check_folder(getattr(args, attr), option)
 
 
-def precheck(args) -> None:
-    """The command line's own checks of a core command, before any adapter, plugin or model
-    library is imported: config files (TOML, tables, adapter name, ``[model]`` keys where the
-    adapter declares them lightly), prompts files, counts and output paths. One ``ConfigError``
-    or ``DiffaccelError`` line; the commands repeat what needs the adapter once it is imported."""
+COUNTS = ("repeats", "threads", "batch", "steps", "processes", "seeds")
+"""Count options a core command may have; each given one must be 1 or more."""
+
+
+def precheck(args) -> list:
+    """The checks a core command that reads configs runs first (its ``precheck``), before any
+    adapter, plugin or model library is imported: counts (``COUNTS``), config files (TOML, tables,
+    adapter name, ``[model]`` keys where the adapter declares them lightly), a prompts file. One
+    ``ConfigError`` or ``DiffaccelError`` line; the commands repeat what needs the adapter once it
+    is imported. Returns the configs as prechecked (``runtime.config.precheck_config``)."""
     from ..runtime.config import precheck_config
 
-    command = args.command
-    if command == "bench":
-        from ..bench.grid import parse_grid
-
-        check_bench_args(args)
-        parse_grid(args.grid)
-    for name in ("repeats", "threads", "batch", "steps", "processes", "seeds"):
-        if command != "bench":
-            at_least_one(getattr(args, name, None), f"--{name}")
+    for name in COUNTS:
+        at_least_one(getattr(args, name, None), f"--{name}")
     configs = getattr(args, "configs", None) or ([args.config] if getattr(args, "config", None) else [])
     checked = [precheck_config(path) for path in configs]
-    prompts = getattr(args, "prompts", None)
-    if prompts is not None:
-        from ..runtime.jobs import check_out_dir, read_items
+    if getattr(args, "prompts", None) is not None:
+        from ..runtime.jobs import read_items
 
-        read_items(prompts, 0)
-        if command == "generate":
-            check_out_dir(args.out)
-    elif command == "generate":
-        pre = checked[0]
-        generate_out(pre.spec, pre, args.out)
+        read_items(args.prompts, 0)
+    return checked

@@ -13,18 +13,18 @@ from ..contract.adapter import JudgesSamples, MeasuresFluency, TimesPartialSteps
 from ..contract.errors import ConfigError, DiffaccelError
 from ..contract.state import Layer, RunState
 from ..runtime.accelerator import Accelerator
-from ..runtime.adapters_registry import get_adapter
-from ..runtime.config import load_config
 from ..runtime.guard import GuardConfig, all_finite
 from ..runtime.placement import DeviceClock
 from ..runtime.registry import Registry, hookimpl
+from ..runtime.runs import Run
 from ..runtime.sequence import RunSequence, StepModel
 
 
 def _load(path: str, registry: Registry | None = None):
-    cfg = load_config(path, registry or Registry())
-    adapter = get_adapter(cfg.model.adapter)
-    return cfg, adapter, adapter.load(cfg)
+    """The config, its adapter and its loaded model (``diffaccel.Run``; no strategy is built: these
+    measurements run the model bare or with their own accelerators)."""
+    run = Run(path, registry=registry)
+    return run.config, run.adapter, run.pipe
 
 
 class PassThrough:

@@ -368,9 +368,10 @@ def diffaccel_register_commands(commands: Any) -> None:
     is unknown. ``diffaccel plugins --check`` calls it on every plugin module of the ``diffaccel``
     group and every adapter (group ``diffaccel.adapters``) that has the attribute, and reports
     commands added but not declared. Add subcommands with ``commands.add(name,
-    help=..., run=..., arguments=..., examples=..., group=None)`` (a
-    ``diffaccel.cli.commands.Commands``). ``group="train"`` makes it ``diffaccel train NAME`` (how
-    adapters offer training). A plugin's command imports only the core (``diffaccel``), never an
+    help=..., run=..., arguments=..., examples=..., group=None, precheck=None)`` (a
+    ``diffaccel.cli.commands.Commands``; ``precheck(args)`` runs before ``run``).
+    ``group="train"`` makes it ``diffaccel train NAME`` (how adapters offer training). The core
+    registers its own commands the same way (``diffaccel.cli.commands``). A plugin's command imports only the core (``diffaccel``), never an
     adapter or another plugin.
 
     Returns nothing. Merge rule: every registration is called on its own, plugins in

@@ -83,5 +83,7 @@ def memory_cell(memory: dict[str, Any] | None) -> str:
     allocator peak over the baseline's (``+x``); ``-`` for entries of a bench that did not measure it."""
     if not memory:
         return "-"
+    if hasattr(memory, "to_dict"):  # diffaccel.bench.results.EntryMemory
+        memory = memory.to_dict()
     cell = f"{memory['state_mb']:.2f}"
     return cell + (f" (+{memory['over_baseline_mb']:.0f})" if "over_baseline_mb" in memory else "")

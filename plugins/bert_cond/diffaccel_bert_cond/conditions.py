@@ -9,7 +9,7 @@ more than the model's step, so they are computed here once and written to a safe
 reads. Sources and candidates are embedded in batches, a candidate text once per file. The lines
 come from a text file (one per line), which the text adapter writes from its corpus:
 
-    python -m diffaccel.adapters.text.corpus --split train --out /tmp/cond/train-lines.txt
+    python -m diffaccel.adapters.text.loading.corpus --split train --out /tmp/cond/train-lines.txt
     python -m diffaccel_bert_cond.conditions --lines-from /tmp/cond/train-lines.txt \\
         --out /tmp/cond/wordnet-cond.safetensors --lines 12000
 """
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="safetensors file to write (keep it out of git)")
     ap.add_argument("--lines-from", metavar="FILE",
-                    help="text file of the lines to draw from, one per line (python -m diffaccel.adapters.text.corpus)")
+                    help="text file of the lines to draw from, one per line (python -m diffaccel.adapters.text.loading.corpus)")
     ap.add_argument("--lines", type=int, default=12000, help="training lines to condition, drawn at random")
     ap.add_argument("--offset", type=int, default=0, help="skip this many of the drawn lines (one shard per process)")
     ap.add_argument("--min-words", type=int, default=6)

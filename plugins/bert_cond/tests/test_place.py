@@ -81,7 +81,7 @@ def test_the_deadline_places_every_term_most_confident_first_without_overlap():
 
 
 def test_force_allows_only_the_forced_token_and_leaves_the_input_alone():
-    from diffaccel.adapters.text.logits import TopKLogits
+    from diffaccel.adapters.text.sampling.logits import TopKLogits
 
     dense = torch.randn(2, 4, 10)
     keep = dense.clone()
@@ -164,9 +164,9 @@ def test_pin_model_composes_with_topk_and_swd(tiny_bert):
 
 def _cond_pipe(tmp_path, tiny_bert_builder, cond_dim):
     from diffaccel.adapters.text.adapter import TextAdapter
-    from diffaccel.adapters.text.denoisers import ReferenceDenoiser
-    from diffaccel.adapters.text.model import TextDiffusionConfig, TextDiffusionLM
-    from diffaccel.adapters.text.pipeline import TextDiffusionPipeline
+    from diffaccel.adapters.text.sampling.denoisers import ReferenceDenoiser
+    from diffaccel.adapters.text.sampling.model import TextDiffusionConfig, TextDiffusionLM
+    from diffaccel.adapters.text.sampling.pipeline import TextDiffusionPipeline
 
     torch.manual_seed(0)
     model = TextDiffusionLM(TextDiffusionConfig(vocab_size=64, dim=32, n_layers=2, n_heads=2, max_len=N, mask_id=2, cond_dim=cond_dim))

@@ -81,8 +81,8 @@ def test_pin_row_places_ids_and_marks_the_position_after_each_term():
 
 
 def test_terms_are_encoded_as_in_running_text():
-    from diffaccel.adapters.text.reference import shipped_path
-    from diffaccel.adapters.text.tokenizer import TextTokenizer
+    from diffaccel.adapters.text.loading.reference import shipped_path
+    from diffaccel.adapters.text.sampling.tokenizer import TextTokenizer
 
     tok = TextTokenizer.from_file(shipped_path("wordnet-masked") / "tokenizer.json")
     ids = term_token_ids(["organism", "complex organic substances"], tok)
@@ -169,7 +169,7 @@ def test_word_boundary_guard_keeps_each_term_a_whole_word(tiny_bert):
 
 
 def test_guard_handles_dense_and_truncated_logits_without_touching_them():
-    from diffaccel.adapters.text.logits import TopKLogits  # noqa: F401  (skipped if the adapter lacks it)
+    from diffaccel.adapters.text.sampling.logits import TopKLogits  # noqa: F401  (skipped if the adapter lacks it)
 
     cont = torch.tensor([False, True, True, False])
     dense = torch.tensor([[[0.0, 5.0, 4.0, 1.0], [0.0, 5.0, 4.0, 1.0]]])
@@ -189,9 +189,9 @@ def test_guard_handles_dense_and_truncated_logits_without_touching_them():
 
 def test_condition_vector_drives_models_with_condition_gating(tmp_path, tiny_bert_builder):
     build_tiny_bert = tiny_bert_builder
-    from diffaccel.adapters.text.denoisers import ReferenceDenoiser
-    from diffaccel.adapters.text.model import TextDiffusionConfig, TextDiffusionLM
-    from diffaccel.adapters.text.pipeline import TextDiffusionPipeline
+    from diffaccel.adapters.text.sampling.denoisers import ReferenceDenoiser
+    from diffaccel.adapters.text.sampling.model import TextDiffusionConfig, TextDiffusionLM
+    from diffaccel.adapters.text.sampling.pipeline import TextDiffusionPipeline
 
     bert = build_tiny_bert(tmp_path / "b16", hidden=16)
     torch.manual_seed(0)

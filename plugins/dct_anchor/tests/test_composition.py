@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import diffaccel
-from diffaccel.adapters.unet.adapter import UNetAdapter
-from diffaccel.adapters.unet.synthetic import build as build_synthetic
+from diffaccel.adapters.diffusers.unet.adapter import UNetAdapter
+from diffaccel.adapters.diffusers.unet.synthetic import build as build_synthetic
 from diffaccel.runtime.config import parse_config
 from diffaccel.runtime.registry import Registry
 

@@ -13,14 +13,14 @@ import torch
 
 import diffaccel
 from diffaccel import ConfigError, DiffaccelError, load_config
-from diffaccel.adapters.unet.adapter import UNetAdapter
-from diffaccel.adapters.unet.synthetic import build as build_synthetic
+from diffaccel.adapters.diffusers.unet.adapter import UNetAdapter
+from diffaccel.adapters.diffusers.unet.synthetic import build as build_synthetic
 from diffaccel.runtime.config import parse_config
 from diffaccel.contract.errors import ConfigValueError
-from diffaccel.adapters.unet.testing import tiny_digits_pipeline
+from diffaccel.adapters.diffusers.unet.testing import tiny_digits_pipeline
 from diffaccel_dct_anchor import (DCTAnchor, DCTAnchorConfig, band_energy, dct2, dct_basis, decide, low_band,
                                   relative_band_change, relative_energy_change)
-from diffaccel.adapters.unet import tail
+from diffaccel.adapters.diffusers.unet import tail
 from diffaccel_dct_anchor.strategy import BlockState
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # also when run from the plugin's folder, without the repository's conftest

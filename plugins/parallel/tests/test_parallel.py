@@ -10,7 +10,7 @@ import torch
 
 from diffaccel import ConfigError, hookimpl, parse_config
 from diffaccel.runtime.accelerator import build_strategies
-from diffaccel.adapters.text.logits import TopKLogits
+from diffaccel.adapters.text.sampling.logits import TopKLogits
 from diffaccel.adapters.text.testing import tiny_text_pipeline
 from diffaccel.testing import run_with
 from diffaccel_parallel import Parallel, ParallelConfig, choose, entropies, scaled_confidence, spaced
@@ -372,7 +372,7 @@ def test_cli_exit_2_on_a_bad_tau(tmp_path, capsys):
 def test_diffusion_gemma_is_refused_by_capability(tmp_path, capsys):
     # DiffusionGemma's block sampler redraws every canvas position at every step (uniform noise,
     # no mask token): nothing is committed, so there is no commit for parallel to choose
-    from diffaccel.adapters.text.diffusion_gemma_build import build
+    from diffaccel.adapters.text.families.diffusion_gemma.build import build
     from diffaccel.cli.entry import main
 
     ckpt = build(tmp_path / "dg", "tiny", seed=0)
@@ -397,7 +397,7 @@ def test_the_steps_top1_is_computed_only_when_a_strategy_reads_it(pipe, monkeypa
     # parallel answers diffaccel_commit only: the sampler then skips post_step's top-1 over every
     # position; a strategy that reads only the masked positions does not pay for it either; one
     # that reads the top-1 gets it at every step; the same tokens every way
-    import diffaccel.adapters.text.pipeline as pl
+    import diffaccel.adapters.text.sampling.pipeline as pl
 
     calls = []
     real = pl.most_probable

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 
 import diffaccel
 import diffaccel_swd
 from diffaccel import ConfigError, ConfigValueError, hookimpl
-from diffaccel.adapters.text.logits import most_probable
-from diffaccel.adapters.text.pipeline import TextStepOutput
+from diffaccel.adapters.text.sampling.logits import most_probable
+from diffaccel.adapters.text.sampling.pipeline import TextStepOutput
 from diffaccel.runtime.config import parse_config
 from diffaccel.contract.state import RunState, StepPlan
 from diffaccel.adapters.text.testing import tiny_text_pipeline
@@ -391,11 +393,41 @@ def test_bench_plot_writes_a_png(masked_pipe, tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_sweep_varies_one_key_at_a_time():
+def test_the_retired_sweep_runs_the_equivalent_bench_grid_and_says_so(tmp_path, monkeypatch, capsys):
     from diffaccel_swd import sweep
-    combos = sweep.combinations([0.01, 0.5], [2, 4], [0, 1, 2], vary_one=True)
-    assert combos == [(0.01, 2, 0), (0.5, 2, 0), (0.01, 4, 0), (0.01, 2, 1), (0.01, 2, 2)]
-    assert len(sweep.combinations([0.01, 0.5], [2, 4], [0, 1, 2], vary_one=False)) == 12
+
+    seen = {}
+
+    def fake_bench(paths, options):
+        seen.update(paths=paths, options=options, swd=Path(paths[1]).read_text())
+        return "RESULT"
+
+    monkeypatch.setattr(sweep, "run_bench", fake_bench)
+    monkeypatch.setattr(sweep, "format_table", lambda result: f"table of {result}")
+    assert sweep.main(["configs/text-default.toml", "--tau", "0.01,0.5", "--K", "3,2", "--seeds", "2",
+                       "--extra", "early_stop = false", "--no-noise-floor"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "table of RESULT\n"
+    assert len(err.strip().splitlines()) == 1 and "deprecated" in err
+    assert ("diffaccel bench configs/text-default.toml SWD.toml --grid tau=0.01,0.5 --grid K=3,2 --grid R=2 --seeds 2 "
+            "--no-noise-floor") in err
+    o = seen["options"]
+    assert o.grid == ["tau=0.01,0.5", "K=3,2", "R=2"] and o.seeds == 2 and not o.noise_floor
+    assert 'use = "swd"' in seen["swd"] and "early_stop = false" in seen["swd"] and 'checkpoint = "wordnet-masked"' in seen["swd"]
+
+
+def test_the_swd_grid_runs_as_a_bench(tmp_path):
+    """The command's configs and options, run: one entry per (tau, K, R)."""
+    from diffaccel_swd import sweep
+
+    args = argparse.Namespace(baseline=str(tmp_path / "base.toml"), tau="0.01,0.5", K="2", R="1", extra="", seeds=1,
+                              batch=None, config=[], plots=None, seed=None, judge="none", no_noise_floor=True,
+                              json=None, only_configs=False)
+    Path(args.baseline).write_text('[model]\nadapter = "text"\ncheckpoint = "wordnet-masked"\nlength = 8\nsteps = 4\n')
+    (tmp_path / "swd.toml").write_text(sweep.swd_config(args.baseline, ""))
+    _, paths, options = sweep.bench_args(args, str(tmp_path / "swd.toml"))
+    result = diffaccel.run_bench(paths, attrs.evolve(options, progress=False, timed=False))
+    assert [e.name for e in result.entries] == ["baseline", "swd[tau=0.01,K=2,R=1]", "swd[tau=0.5,K=2,R=1]"]
 
 
 @pytest.mark.parametrize("kind", ["masked", "continuous"])

@@ -41,4 +41,13 @@ def diffaccel_tunables(strategy):
     return [Tunable(key="threshold", low=0.001, high=0.3, log=True), Tunable(key="warmup", low=0, high=8, integer=True),
             Tunable(key="max_age", low=1, high=10, integer=True)]
 
-__all__ = ["BlockPolicy", "BlockStackState", "Gate", "LatentCache", "TimeAnchor", "TokenPolicy", "TokenState", "TimeAnchorConfig", "__version__", "diffaccel_register", "diffaccel_tunables", "fit_gates"]
+
+@hookimpl
+def diffaccel_register_commands(commands):
+    """``diffaccel time-anchor-calibrate`` and ``diffaccel time-anchor-clusters`` (``cli.py``)."""
+    from . import cli
+
+    cli.register(commands)
+
+
+__all__ = ["BlockPolicy", "BlockStackState", "Gate", "LatentCache", "TimeAnchor", "TokenPolicy", "TokenState", "TimeAnchorConfig", "__version__", "diffaccel_register", "diffaccel_register_commands", "diffaccel_tunables", "fit_gates"]

@@ -19,7 +19,7 @@ import attrs
 import torch
 
 import diffaccel
-from diffaccel import get_adapter, hookimpl
+from diffaccel import hookimpl
 from diffaccel.contract.capabilities import TOKEN_POSITIONS
 
 from .gate import Gate, fit_gates, schedule_fraction
@@ -84,13 +84,11 @@ def layer_names(info: dict[str, Any]) -> list[str]:
 
 def record(config_path: str, seeds: int = 3) -> tuple[Recorder, Any]:
     """Run the config's [model] without its strategies on ``seeds`` seeds, recording changes."""
-    cfg = diffaccel.load_config(config_path)
-    adapter = get_adapter(cfg.model.adapter)
-    pipe = adapter.load(cfg)
-    rec = Recorder()
-    with diffaccel.apply(pipe, strategies=[rec]):
+    run = diffaccel.Run(config_path)  # the config read, its adapter found; the model loads below
+    cfg, rec = run.config, Recorder()
+    with diffaccel.apply(run.pipe, strategies=[rec]):  # the recorder alone, no [guard] of the config
         for k in range(seeds):
-            adapter.run(pipe, cfg, cfg.model.seed + k * cfg.model.batch, progress=False)
+            run.adapter.run(run.pipe, cfg, cfg.model.seed + k * cfg.model.batch, progress=False)
     return rec, cfg
 
 

@@ -61,9 +61,9 @@ class TimeAnchorConfig:
     stride: int = attrs.field(default=1, validator=_positive_int)
     """Text: cache and anchor only every n-th position (the others are always computed); trades hit rate for memory."""
     clusters: str | None = attrs.field(default=None, validator=_existing_json)
-    """Text: JSON file of semantic position clusters (``python -m diffaccel_time_anchor clusters``); entries are then keyed by (layer, cluster) instead of position."""
+    """Text: JSON file of semantic position clusters (``diffaccel time-anchor-clusters``); entries are then keyed by (layer, cluster) instead of position."""
     gate: str | None = attrs.field(default=None, validator=_existing_json)
-    """JSON file of learned per-layer gates (``python -m diffaccel_time_anchor calibrate``); replaces the change test: a state is anchored where the layer's gate is above gate_threshold."""
+    """JSON file of learned per-layer gates (``diffaccel time-anchor-calibrate``); replaces the change test: a state is anchored where the layer's gate is above gate_threshold."""
     gate_threshold: float = attrs.field(default=0.5, validator=_open_unit)
     """With a gate: anchor where sigmoid(W.E(t) + b) is above this; in (0, 1)."""
     min_depth: int = attrs.field(default=1, validator=non_negative)

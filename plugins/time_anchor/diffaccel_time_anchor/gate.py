@@ -54,7 +54,7 @@ class Gate:
         n = info.get("n_layers")
         if n is not None and n != self.n_layers:
             raise ConfigValueError("gate", f"the gate file has {self.n_layers} layers but the model has {n}; "
-                                           f"calibrate it on this model (python -m diffaccel_time_anchor calibrate)")
+                                           f"calibrate it on this model (diffaccel time-anchor-calibrate)")
         names = info.get("layers")
         if names is not None and self.layers and list(names) != self.layers:
             raise ConfigValueError("gate", f"the gate file's layers {self.layers} are not the model's {list(names)}")

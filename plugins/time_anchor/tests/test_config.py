@@ -124,18 +124,32 @@ def test_shipped_configs_decode(name):
 def test_calibrate_and_clusters_commands(tmp_path, capsys):
     cfg = write_config(tmp_path, "threshold = 0.05\n")
     gate_path, cl_path = tmp_path / "gate.json", tmp_path / "clusters.json"
-    assert ta_main(["calibrate", str(cfg), "--out", str(gate_path), "--seeds", "2"]) == 0
+    assert diffaccel_main(["time-anchor-calibrate", str(cfg), "--out", str(gate_path), "--seeds", "2"]) == 0
     gate = Gate.load(gate_path)
     assert gate.n_layers == 4 and gate.layers == [f"block.{i}" for i in range(4)] and gate.meta["threshold"] == 0.05
-    assert ta_main(["clusters", str(cfg), "--out", str(cl_path), "--seeds", "1", "--k", "3"]) == 0
+    assert diffaccel_main(["time-anchor-clusters", str(cfg), "--out", str(cl_path), "--seeds", "1", "--k", "3"]) == 0
     data = json.loads(cl_path.read_text())
     assert data["length"] == 16 and len(data["assign"]) == 16 and 1 <= data["n_clusters"] <= 3
     # both files are accepted by the strategy on this model
     ok = load_config(write_config(tmp_path, f'gate = "{gate_path}"\n'))
     with diffaccel.apply(diffaccel.load_pipeline(ok), ok):
         pass
+    capsys.readouterr()
+    assert diffaccel_main(["time-anchor-calibrate", str(cfg), "--out", str(gate_path), "--threshold", "2"]) == 2
+    assert capsys.readouterr().err.strip() == "diffaccel: error: key 'threshold': must be in (0, 1), got 2.0"
+    assert diffaccel_main(["time-anchor-clusters", str(cfg), "--out", str(cl_path), "--k", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "diffaccel: error: key 'k': must be positive, got 0"
+
+
+def test_the_old_command_line_is_a_deprecated_alias_naming_the_new_command(tmp_path, capsys):
+    cfg = write_config(tmp_path, "threshold = 0.05\n")
+    gate_path = tmp_path / "gate.json"
+    assert ta_main(["calibrate", str(cfg), "--out", str(gate_path), "--seeds", "1"]) == 0
+    assert Gate.load(gate_path).n_layers == 4
+    err = capsys.readouterr().err
+    assert f"deprecated (removed in diffaccel 0.3): run 'diffaccel time-anchor-calibrate {cfg} --out {gate_path} --seeds 1'" in err
     assert ta_main(["calibrate", str(cfg), "--out", str(gate_path), "--threshold", "2"]) == 2
-    assert "key 'threshold': must be in (0, 1)" in capsys.readouterr().err
+    assert "error: key 'threshold': must be in (0, 1)" in capsys.readouterr().err
 
 
 def test_fit_gates_follows_the_labels():

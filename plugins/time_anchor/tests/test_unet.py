@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import diffaccel
-from diffaccel.adapters.unet.adapter import UNetAdapter, load_checkpoint
+from diffaccel.adapters.diffusers.unet.adapter import UNetAdapter, load_checkpoint
 from diffaccel_time_anchor import Gate, TimeAnchor, TimeAnchorConfig
-from diffaccel.adapters.unet.hooks import depth_of
+from diffaccel.adapters.diffusers.unet.hooks import depth_of
 
 STEPS = 16
 PROMPTS = ["digit 3", "digit 7"]

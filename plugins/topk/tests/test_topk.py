@@ -8,12 +8,12 @@ import pytest
 import torch
 
 import diffaccel
-from diffaccel.adapters.text.logits import TopKLogits
+from diffaccel.adapters.text.sampling.logits import TopKLogits
 import diffaccel_topk
 from diffaccel import ConfigError, ConfigValueError, hookimpl
-from diffaccel.adapters.text.denoisers import ReferenceDenoiser
-from diffaccel.adapters.text.model import TextDiffusionConfig, TextDiffusionLM
-from diffaccel.adapters.text.pipeline import TextDiffusionPipeline
+from diffaccel.adapters.text.sampling.denoisers import ReferenceDenoiser
+from diffaccel.adapters.text.sampling.model import TextDiffusionConfig, TextDiffusionLM
+from diffaccel.adapters.text.sampling.pipeline import TextDiffusionPipeline
 from diffaccel_topk import TopK, TopKConfig, draw_topk, self_similarity
 
 V, N = 64, 32

@@ -1,8 +1,8 @@
 """A text model kind from outside: folders whose config.json has ``"model_type": "tiny-kind"``
 (and ``seed``, ``n_layers``, ``max_len``) hold a small random reference denoiser, built from the
-seed. Uses the public loader protocol (``diffaccel.adapters.text.loader``) only."""
+seed. Uses the public loader protocol (``diffaccel.adapters.text.loading.loader``) only."""
 
-from diffaccel.adapters.text.loader import Loaded, ModelFacts, Source
+from diffaccel.adapters.text.loading.loader import Loaded, ModelFacts, Source
 from diffaccel.contract.errors import ModelLoadError
 
 
