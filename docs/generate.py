@@ -90,11 +90,10 @@ def reference() -> str:
             doc = " ".join((inspect.getdoc(layer_type) or "").split())
             parts += [f"* `{layer_type.__name__}`: {doc}"]
         parts += [""]
-    from diffaccel.contract.state import RunInfo
+    from diffaccel.contract.info import RunInfo
 
     parts += ["### Run info", "", " ".join(inspect.getdoc(RunInfo).split()), ""]
-    for f in attrs.fields(RunInfo):
-        parts += [f"* `run.info.{f.name}`: {field_doc(RunInfo, f.name)}"]
+    parts += run_info_lines()
     parts += [""]
     parts += ["### The run report", "",
               "`RunState.report()`, returned with every output as `out.report`, kept by the handle `diffaccel.apply` "
@@ -190,6 +189,21 @@ def adapter_hooks() -> list[tuple[str, list[str]]]:
     return [(hook, callers.get(hook, [])) for hook, *_ in hooks() if hasattr(Accelerator, hook[len("diffaccel_"):])]
 
 
+def run_info_lines() -> list[str]:
+    """``run.info``'s facts, one line each: its own, then each group's (``run.info.tokens.length``)."""
+    import attrs
+
+    from diffaccel.contract.info import GROUPS, RunInfo
+    from diffaccel.runtime.registry import field_doc
+
+    own = [f.name for f in attrs.fields(RunInfo) if f.name not in GROUPS]
+    lines = [f"* `run.info.{name}`: {field_doc(RunInfo, name)}" for name in own if name != "extra"]
+    for group, cls in GROUPS.items():
+        lines += [f"* `run.info.{group}` (`diffaccel.contract.info.{cls.__name__}`): {_oneline(inspect.getdoc(cls))}"]
+        lines += [f"  * `run.info.{group}.{f.name}`: {field_doc(cls, f.name)}" for f in attrs.fields(cls)]
+    return lines + [f"* `run.info.extra`: {field_doc(RunInfo, 'extra')}"]
+
+
 def _members_list(cls, prefix: str) -> list[str]:
     lines = []
     for name, sig, doc in public_members(cls):
@@ -204,7 +218,7 @@ def adapter_reference() -> str:
     from diffaccel.contract import adapter, capabilities
     from diffaccel.adapters.diffusers import hooks as diffusers_hooks
     from diffaccel.runtime.registry import field_doc
-    from diffaccel.runtime.sequence import NullAccelerator, RunSequence, StepModel
+    from diffaccel.runtime.sequence import NullAccelerator, RunSequence, StepModel, Tally
     from diffaccel.contract.state import Counters, Layer, RunInfo, RunState
 
     parts = ["## Reference (generated)", "", "### The `Adapter` protocol (`diffaccel.contract.adapter.Adapter`)", "",
@@ -254,11 +268,12 @@ def adapter_reference() -> str:
         if not f.name.startswith("_") and f.name in docs:
             parts += [f"* `run.{f.name}`: {_oneline(docs[f.name])}"]
     parts += ["", "### Run info (`run.info`, `diffaccel.RunInfo`)", "", _oneline(inspect.getdoc(RunInfo)), ""]
-    for f in attrs.fields(RunInfo):
-        parts += [f"* `run.info.{f.name}`: {field_doc(RunInfo, f.name)}"]
+    parts += run_info_lines()
     parts += ["", "### Counters (`run.counters`, `diffaccel.Counters`)", "", _oneline(inspect.getdoc(Counters)), ""]
     for f in attrs.fields(Counters):
         parts += [f"* `counters.{f.name}`: {field_doc(Counters, f.name)}"]
+    parts += ["", "### Counting (`run.tally`, `diffaccel.runtime.sequence.Tally`)", "", _oneline(inspect.getdoc(Tally)), ""]
+    parts += _members_list(Tally, "run.tally.")
     parts += ["", "### The conformance suite (`diffaccel.testing.check_adapter`)", "", inspect.getdoc(conformance), "",
               f"`check_adapter{str(inspect.signature(conformance.check_adapter)).replace(chr(39), '')}`: "
               f"{_oneline(inspect.getdoc(conformance.check_adapter))} Checks: "

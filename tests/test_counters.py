@@ -228,3 +228,22 @@ def test_inner_modules_computed_inside_a_computed_block_are_each_counted_once():
     assert inner.calls == 3 * (n_blocks + 2)  # every block and both modules, at each step
     assert c["layers_computed"] == inner.calls and c["layers_skipped"] == 0
     assert c["positions_computed"] == c["positions_total"] == inner.calls * 2  # 2 rows: the guided batch
+
+
+def test_the_counters_change_in_one_place():
+    """Only the run's tally (``diffaccel.runtime.sequence.Tally``) writes ``counters.<field>``:
+    no other module of the core, the shipped adapters or the shipped plugins adds to one."""
+    import re
+
+    from diffaccel.contract.state import Counters
+    import attrs
+
+    fields = "|".join(f.name for f in attrs.fields(Counters))
+    write = re.compile(rf"(?:counters|\bc)\.(?:{fields})\s*(?:[-+*]?=)(?!=)")
+    repo = ROOT.parent
+    owner = repo / "core" / "diffaccel" / "runtime" / "sequence.py"
+    found = [f"{path.relative_to(repo)}:{i}" for tree in ("core", "adapters", "plugins")
+             for path in sorted((repo / tree).rglob("*.py")) if path != owner and "tests" not in path.parts
+             for i, line in enumerate(path.read_text().splitlines(), 1) if write.search(line)]
+    assert found == []
+    assert write.search(owner.read_text())  # the pattern finds the tally's own writes

@@ -53,6 +53,7 @@ def missing_from_guide(text: str) -> list[str]:
     from diffaccel.runtime.accelerator import Accelerator
     from diffaccel.adapters.diffusers import hooks as diffusers_hooks
     from diffaccel.runtime.sequence import RunSequence, StepModel
+    from diffaccel.contract.info import GROUPS
     from diffaccel.contract.state import Counters, RunInfo
 
     import attrs
@@ -64,7 +65,8 @@ def missing_from_guide(text: str) -> list[str]:
     want += [f"`{n}(" for n, v in vars(StepModel).items() if inspect.isfunction(v) and not n.startswith("_")]
     want += [f"`seq.{n}" for n in vars(RunSequence) if not n.startswith("_") and n not in RunSequence.__slots__]
     want += [f"`counters.{f.name}`" for f in attrs.fields(Counters)]
-    want += [f"`run.info.{f.name}`" for f in attrs.fields(RunInfo)]
+    want += [f"`run.info.{f.name}`" for f in attrs.fields(RunInfo) if f.name not in GROUPS]
+    want += [f"`run.info.{g}.{f.name}`" for g, cls in GROUPS.items() for f in attrs.fields(cls)]
     want += [f"`{c}`" for c in conformance.CHECKS]
     want += [f"`{n}" for n in diffusers_hooks.__all__]
     from diffaccel.adapters.text import protocol  # the text-model protocol: every public piece and member

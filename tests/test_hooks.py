@@ -150,7 +150,7 @@ class HalfPositions:
     def diffaccel_pre_step(self, run):
         if run.step == 0:
             return None
-        mask = torch.zeros(run.batch_size, run.info.length, dtype=torch.bool)
+        mask = torch.zeros(run.batch_size, run.info.tokens.length, dtype=torch.bool)
         mask[:, ::2] = True
         return StepPlan(positions=mask)
 
@@ -169,7 +169,7 @@ def test_partial_with_all_positions_equals_full_computation():
 
         @hookimpl
         def diffaccel_pre_step(self, run):
-            return StepPlan(positions=torch.ones(run.batch_size, run.info.length, dtype=torch.bool))
+            return StepPlan(positions=torch.ones(run.batch_size, run.info.tokens.length, dtype=torch.bool))
 
     pipe = tiny_text_pipeline()
     full = run_with(pipe, [], steps=6, seed=3)
@@ -224,7 +224,7 @@ def test_no_strategy_through_hooks_is_bitwise_identical():
 
 
 def test_layer_chain_is_resolved_once(monkeypatch):
-    import diffaccel.runtime.accelerator as A
+    import diffaccel.runtime.dispatch as A  # the chains are resolved there
 
     acc = Accelerator([SkipDeep()], "text")
 

@@ -3,14 +3,17 @@ form with one DeprecationWarning naming the new one (CHANGELOG.md, "Deprecated")
 same run as the current forms.
 
 The old forms kept here: a strategy reading run info as a dict (``run.info["length"]``,
-``run.info.get``); an adapter driving the accelerator by hand (``Accelerator.start_run`` /
+``run.info.get``) or by the flat attributes of before the groups (``run.info.length``, now
+``run.info.tokens.length``); an adapter driving the accelerator by hand (``Accelerator.start_run`` /
 ``end_run``) and a ``Layer`` adding to ``run.counters`` itself, which the core now does.
 """
 
 from __future__ import annotations
 
+import re
 import warnings
 
+import pytest
 import torch
 
 from diffaccel import Accelerator, Layer, RunState, hookimpl
@@ -116,7 +119,7 @@ class Skipper:
 
     @hookimpl
     def diffaccel_pre_step(self, run):
-        self.lengths.append(run.info.length)
+        self.lengths.append(run.info.tokens.length)
         return None
 
     @hookimpl
@@ -135,6 +138,15 @@ class OldSkipper(Skipper):
         return None
 
 
+class FlatSkipper(Skipper):
+    """The same strategy in the flat form: run info read by its flat attribute (before the groups)."""
+
+    @hookimpl
+    def diffaccel_pre_step(self, run):
+        self.lengths.append(run.info.length)
+        return None
+
+
 def _deprecations(fn):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -150,7 +162,41 @@ def test_an_old_form_strategy_runs_as_the_current_one_with_a_warning_naming_run_
     assert none == []
     assert torch.equal(x_new, x_old) and report_new == report_old and old.lengths == new.lengths == [WIDTH] * STEPS
     assert report_new["counters"]["layers_skipped"] == STEPS // 2  # the strategy did serve something
-    assert warned and all("run.info.length" in w for w in warned)
+    assert warned and all("run.info.tokens.length" in w for w in warned)
+    flat = FlatSkipper()
+    (x_flat, report_flat), warned = _deprecations(lambda: current_run(Model(False), Accelerator([flat], "mini")))
+    assert torch.equal(x_new, x_flat) and report_new == report_flat and flat.lengths == new.lengths
+    assert set(warned) == {"run.info.length is deprecated; use run.info.tokens.length"}
+
+
+FLAT = {  # every flat attribute of run info (before the groups) -> where it is now
+    **{k: "tokens" for k in ("length", "vocab_size", "kind", "sampler", "temperature", "tokenizer", "prompt_lengths",
+                             "cond_dim", "truncated_logits", "draw_tokens")},
+    **{k: "stack" for k in ("blocks", "canvas_length", "depths", "kinds", "modules")},
+    **{k: "images" for k in ("sample_size", "in_channels", "guidance", "cfg_mode", "timesteps", "prompts")},
+}
+
+
+def test_every_flat_run_info_attribute_reads_and_writes_through_with_a_warning_naming_the_new_one():
+    from diffaccel import RunInfo
+
+    info = RunInfo()
+    for k, group in FLAT.items():
+        new = f"run.info.{group}.{k}"
+        with pytest.warns(DeprecationWarning, match=rf"^run\.info\.{k} is deprecated; use {re.escape(new)}$"):
+            setattr(info, k, f"<{k}>")
+        assert getattr(getattr(info, group), k) == f"<{k}>"
+        with pytest.warns(DeprecationWarning, match=re.escape(new)):
+            assert getattr(info, k) == f"<{k}>"
+        with pytest.warns(DeprecationWarning, match=re.escape(new)):
+            assert info[k] == f"<{k}>"  # the dict form, older still
+    with pytest.warns(DeprecationWarning, match=r"RunInfo\(length=\.\.\.\) is deprecated; use RunInfo\(tokens=TokenFacts"):
+        old = RunInfo(length=12, checkpoint="c")
+    assert old.tokens.length == 12 and old.checkpoint == "c"
+    with warnings.catch_warnings():  # setting facts by name is the current form: no warning
+        warnings.simplefilter("error", DeprecationWarning)
+        assert RunInfo().set(length=3, depths=[0], prompts=["p"], seeds=[1]).as_dict() == {
+            "length": 3, "depths": [0], "prompts": ["p"], "seeds": [1]}
 
 
 def test_an_old_form_adapter_counts_as_the_current_one_with_one_warning_per_form():

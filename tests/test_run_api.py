@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from diffaccel import Accelerator, RunInfo, RunState, hookimpl
+from diffaccel.contract.info import GROUPED, ImageFacts, StackFacts, TokenFacts
 from diffaccel.contract import hookspecs
 from diffaccel.contract.adapter import JudgesSamples, MeasuresFluency, TimesPartialSteps, WritesFiles
 from diffaccel.runtime.adapters_registry import get_adapter
@@ -16,19 +17,35 @@ from diffaccel.runtime.sequence import RunSequence
 from diffaccel.adapters.text.testing import tiny_text_pipeline
 
 
-def test_run_info_is_typed_and_the_dict_form_warns_naming_the_attribute():
-    info = RunInfo(length=12, sampler="masked")
-    assert info.length == 12 and info.vocab_size is None
-    with pytest.warns(DeprecationWarning, match=r"run\.info\['length'\].*use run\.info\.length"):
+def test_run_info_is_typed_by_capability_and_the_dict_form_warns_naming_the_attribute():
+    info = RunInfo(tokens=TokenFacts(length=12, sampler="masked"))
+    assert info.tokens.length == 12 and info.tokens.vocab_size is None
+    assert info.stack == StackFacts() and info.images == ImageFacts() and info.checkpoint is None
+    with pytest.warns(DeprecationWarning, match=r"run\.info\['length'\].*use run\.info\.tokens\.length"):
         assert info["length"] == 12
-    with pytest.warns(DeprecationWarning, match="use run.info.vocab_size"):
+    with pytest.warns(DeprecationWarning, match="use run.info.tokens.vocab_size"):
         assert info.get("vocab_size", 7) == 7
+    with pytest.warns(DeprecationWarning, match="use run.info.seeds"):
+        assert info.get("seeds") is None
     with pytest.warns(DeprecationWarning, match="run.info.set"):
         info.update(kind="masked", custom=3)
-    assert info.kind == "masked" and info.extra == {"custom": 3}
+    assert info.tokens.kind == "masked" and info.extra == {"custom": 3}
     with pytest.warns(DeprecationWarning), pytest.raises(KeyError):
         info["tokenizer"]
     assert info.as_dict() == {"length": 12, "sampler": "masked", "kind": "masked", "custom": 3}
+
+
+def test_run_info_groups_facts_by_capability_not_by_model_family():
+    import attrs
+
+    groups = {f.name: f.type for f in attrs.fields(RunInfo) if f.name in ("tokens", "stack", "images")}
+    assert set(groups) == {"tokens", "stack", "images"}
+    assert not {"gemma", "text", "unet", "dit", "diffusion"} & {w for f in attrs.fields(RunInfo) for w in f.name.split("_")}
+    every = [f.name for cls in (TokenFacts, StackFacts, ImageFacts) for f in attrs.fields(cls)]
+    assert len(every) == len(set(every)) == len(GROUPED)  # a fact's name says its group: set(...) by name
+    info = RunInfo().set(checkpoint="c", length=8, blocks=2, cfg_mode="batched", custom=1)
+    assert (info.checkpoint, info.tokens.length, info.stack.blocks, info.images.cfg_mode, info.extra) == (
+        "c", 8, 2, "batched", {"custom": 1})
 
 
 def test_a_text_run_fills_its_info_and_no_shipped_code_warns():
@@ -39,7 +56,7 @@ def test_a_text_run_fills_its_info_and_no_shipped_code_warns():
 
         @hookimpl
         def diffaccel_run_start(self, run):
-            seen.update(length=run.info.length, sampler=run.info.sampler, checkpoint=run.info.checkpoint,
+            seen.update(length=run.info.tokens.length, sampler=run.info.tokens.sampler, checkpoint=run.info.checkpoint,
                         seeds=run.info.seeds)
 
     pipe = tiny_text_pipeline("masked")

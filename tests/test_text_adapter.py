@@ -30,7 +30,7 @@ def test_hybrid_is_ddim_ddpm_ddim():
 
         @hookimpl
         def diffaccel_post_step(self, run, output):
-            seen.setdefault(run.info.sampler, []).append(output.logits.clone())
+            seen.setdefault(run.info.tokens.sampler, []).append(output.logits.clone())
 
     pipe = tiny_text_pipeline("continuous")
     for sampler in ("ddim", "ddpm", "hybrid"):

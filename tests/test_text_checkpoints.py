@@ -65,7 +65,7 @@ def test_bert_pipeline_generates_with_hooks_and_partial_positions(tmp_path):
         @hookimpl
         def diffaccel_pre_step(self, run):
             if run.step:
-                m = torch.zeros(run.batch_size, run.info.length, dtype=torch.bool)
+                m = torch.zeros(run.batch_size, run.info.tokens.length, dtype=torch.bool)
                 m[:, 1::2] = True
                 return StepPlan(positions=m)
 

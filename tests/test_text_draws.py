@@ -107,7 +107,7 @@ class Narrow:
     def diffaccel_pre_step(self, run):
         if run.step % 2 == 0:
             return None
-        pos = torch.zeros(run.batch_size, run.info.length, dtype=torch.bool)
+        pos = torch.zeros(run.batch_size, run.info.tokens.length, dtype=torch.bool)
         pos[:, (run.step // 2) % 2::2] = True
         return StepPlan(positions=pos)
 

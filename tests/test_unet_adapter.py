@@ -383,7 +383,7 @@ def test_run_info_and_batch_size(digits):
 
         @hookimpl
         def diffaccel_run_end(self, run):
-            seen.update(batch=run.batch_size, mode=run.info.cfg_mode, steps=run.num_steps, layers=run.info.layers)
+            seen.update(batch=run.batch_size, mode=run.info.images.cfg_mode, steps=run.num_steps, layers=run.info.layers)
 
     with diffaccel.apply(digits, strategies=[Peek()]):
         digit_images(digits, batched=True, steps=3, prompts=("1", "2", "3"))

@@ -44,14 +44,13 @@ A failure raises ``AssertionError`` naming the check and what differed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
 
-from .conformance_checks import PARTIAL_TOLERANCE, check_facts, check_partial  # the model-level checks
+from .conformance_checks import PARTIAL_TOLERANCE, check_counters, check_facts, check_order, check_partial
 from .contract import capabilities as caps
-from .contract.state import Layer
 from .runtime.accelerator import apply
 from .runtime.guard import GuardConfig
 from .runtime.registry import hookimpl
@@ -244,128 +243,33 @@ def check_adapter(adapter: Any, pipe: Any, config: Any, *, seed: int = 0, skip: 
     info = adapter.info(pipe)
     layers = list(info.get("layers", ()))
     offered = set(info.get("capabilities", adapter.capabilities))
-    ran: list[str] = []
-    handed: list[Any] | None = None  # the layers a recorded run was handed
-
-    def run(strategies=None, guard=None):
-        if strategies is None and guard is None:
-            return adapter.run(pipe, cfg, seed, progress=False)
-        c = attrs.evolve(cfg, guard=guard) if guard is not None else cfg
-        with apply(pipe, c if guard is not None else None, strategies=list(strategies or [])):
-            return adapter.run(pipe, c, seed, progress=False)
-
+    run = _runner(adapter, pipe, cfg, seed)
     plain = run()
+    ran: list[str] = []
     if "idle" not in skip:
-        if not same_output(plain, run(strategies=[])):
-            _fail("idle", "a run inside apply() with no strategy differs from the run without apply()")
-        if not same_output(plain, run(strategies=[_Quiet()])):
-            _fail("idle", "a strategy that answers every hook with None changed the output")
-        if not same_output(plain, run()):
-            _fail("idle", "after apply() the pipeline does not give its untouched output again")
+        _check_idle(run, plain)
         ran.append("idle")
-
+    handed = None  # the layers a recorded run was handed
     if "order" not in skip or "state" not in skip:
-        rec = _Recorder()
-        out = run(strategies=[rec])
-        steps = out.report["steps_run"]
-        log, handed = rec.log, rec.layers
-        if "order" not in skip:
-            if not same_output(plain, out):
-                _fail("order", "a strategy that only records hooks changed the output")
-            if not log or log[0][0] != "run_start" or log[-1][0] != "run_end" or log[-2][0] != "finalize":
-                _fail("order", f"a run must open with run_start and close with finalize, run_end; got {log[:1]} ... {log[-2:]}")
-            pre = [s for h, s in log if h == "pre_step"]
-            if sorted(set(pre)) != list(range(steps)):
-                _fail("order", f"pre_step ran at steps {sorted(set(pre))}, expected 0..{steps - 1} (report's steps_run {steps})")
-            posts = [s for h, s in log if h == "post_step"]
-            if sorted(set(posts)) != list(range(steps)):
-                _fail("order", f"post_step ran at steps {sorted(set(posts))}, expected 0..{steps - 1}")
-            by_step: dict[int, list[str]] = {}
-            last_step = -1
-            for h, s in log[1:-2]:
-                if s < last_step:
-                    _fail("order", f"run.step went back from {last_step} to {s} at {h}")
-                last_step = s
-                by_step.setdefault(s, []).append(h)
-            for s, hooks in by_step.items():
-                if hooks[0] != "pre_step":
-                    _fail("order", f"step {s} opened with {hooks[0]}, not pre_step")
-                if hooks[-1] != "post_step":
-                    _fail("order", f"step {s} closed with {hooks[-1]}, not post_step")
-                first_post = hooks.index("post_step")
-                late = [h for h in hooks[first_post:] if h != "post_step"]
-                if late:
-                    _fail("order", f"{late[0]} ran at step {s} after that step's post_step")
-                if "denoiser_output" not in hooks:
-                    _fail("order", f"no denoiser_output at step {s}")
-            if not rec.layers:
-                _fail("order", "no layer was routed through layer_output")
-            for layer in rec.layers:
-                if not isinstance(layer, Layer):
-                    _fail("order", f"layer_output was handed {type(layer).__name__}, not a diffaccel.Layer")
-                if layers and layer.name not in layers:
-                    _fail("order", f"layer '{layer.name}' is not among info(pipe)['layers'] {layers}")
-            ran.append("order")
-        if "state" not in skip:
-            rec2 = _Recorder()
-            run(strategies=[rec2])
-            run(strategies=[rec2])
-            if len(rec2.states) < 2 or rec2.states[0] is rec2.states[-1]:
-                _fail("state", "two runs shared one strategy state: run.state() must make a new one per run")
-            if len({id(s) for s in rec2.states}) != len(rec2.states):
-                _fail("state", "a state object came back in a later run")
-            if rec2.batch_sizes[0] != cfg.model.batch:
-                _fail("state", f"run.batch_size is {rec2.batch_sizes[0]}, the config's batch is {cfg.model.batch}")
-            ran.append("state")
-
+        handed = _check_order_and_state(run, plain, layers, cfg, skip, ran)
     if "stop" not in skip:
-        stopper = _Stopper()
-        out = run(strategies=[stopper])
-        if out.report["steps_run"] != 2 or stopper.post_steps != [0, 1]:
-            _fail("stop", f"run.stop set at step 1 must end the run there (steps_run 2); got steps_run "
-                          f"{out.report['steps_run']}, post_step at {stopper.post_steps}")
+        _check_stop(run)
         ran.append("stop")
-
     if "guards" not in skip and layers:
-        out = run(strategies=[_Poison(layers[-1])])
-        rel = out.report.get("reliability") or {}
-        if not rel.get("nonfinite_recomputed"):
-            _fail("guards", "a step whose output held NaN was not recomputed without strategies")
-        if not same_output(plain, out):
-            _fail("guards", "after the poisoned step was recomputed in full the output differs from the untouched run's")
-        out = run(strategies=[_Quiet()], guard=GuardConfig(every=1))
-        rel = out.report.get("reliability") or {}
-        if rel.get("guard_checks") != out.report["steps_run"]:
-            _fail("guards", f"[guard] every = 1 compared {rel.get('guard_checks')} steps of {out.report['steps_run']}")
+        _check_guards(run, plain, layers)
         ran.append("guards")
-
     if "report" not in skip:
-        handle = apply(pipe, strategies=[_Quiet()])
-        with handle:
-            out = adapter.run(pipe, cfg, seed, progress=False)
-        if handle.last_report is None or handle.last_report != out.report:
-            _fail("report", "the output's report is not the run's (apply(...).last_report): build it with RunState.report() "
-                            "after the run ends")
-        c, steps = out.report["counters"], out.report["steps_run"]
-        if c["layers_skipped"] or not 0 < c["positions_computed"] == c["positions_total"]:
-            _fail("report", f"a run that skips nothing counted {c['layers_skipped']} skipped layers and positions computed "
-                            f"{c['positions_computed']} of {c['positions_total']}: route every layer through layer_output and "
-                            "set run.positions_per_layer")
-        if layers and (c["layers_computed"] % len(layers) or c["layers_computed"] < steps * len(layers)):
-            _fail("report", f"{c['layers_computed']} layers computed in {steps} steps of {len(layers)} layers each")
+        _check_report(adapter, pipe, cfg, seed, layers)
         ran.append("report")
-
     if "commit" not in skip and caps.MASK_CONFIDENCES in offered:
         out = run(strategies=[_CommitAll()])
         if out.report["steps_run"] >= plain.report["steps_run"]:
             _fail("commit", f"committing every candidate at step 0 still took {out.report['steps_run']} steps")
         ran.append("commit")
-
     if "partial" not in skip and any(getattr(layer, "supports_positions", False)
                                       for layer in (handed if handed is not None else _layers_of(run))):
         check_partial(run, layers)
         ran.append("partial")
-
     if "facts" not in skip and callable(getattr(adapter, "facts", None)):
         import tempfile
         from pathlib import Path
@@ -373,13 +277,88 @@ def check_adapter(adapter: Any, pipe: Any, config: Any, *, seed: int = 0, skip: 
         with tempfile.TemporaryDirectory() as where:
             check_facts(adapter, cfg, info, list(refused), Path(where))
         ran.append("facts")
-
     if "name" not in skip:
         if plain.report.get("adapter") != adapter.name:
             _fail("name", f"the report names adapter {plain.report.get('adapter')!r}, but {adapter.name!r} ran: "
                           "RunState(adapter=...) must be the adapter's name")
         ran.append("name")
     return ran
+
+
+def _runner(adapter: Any, pipe: Any, cfg: Any, seed: int) -> Callable[..., Any]:
+    """``run(strategies=None, guard=None)``: one run of ``cfg``, inside ``apply`` when given either."""
+    def run(strategies=None, guard=None):
+        if strategies is None and guard is None:
+            return adapter.run(pipe, cfg, seed, progress=False)
+        c = attrs.evolve(cfg, guard=guard) if guard is not None else cfg
+        with apply(pipe, c if guard is not None else None, strategies=list(strategies or [])):
+            return adapter.run(pipe, c, seed, progress=False)
+
+    return run
+
+
+def _check_idle(run: Callable[..., Any], plain: Any) -> None:
+    if not same_output(plain, run(strategies=[])):
+        _fail("idle", "a run inside apply() with no strategy differs from the run without apply()")
+    if not same_output(plain, run(strategies=[_Quiet()])):
+        _fail("idle", "a strategy that answers every hook with None changed the output")
+    if not same_output(plain, run()):
+        _fail("idle", "after apply() the pipeline does not give its untouched output again")
+
+
+def _check_order_and_state(run: Callable[..., Any], plain: Any, layers: list[str], cfg: Any, skip: set[str],
+                           ran: list[str]) -> list[Any]:
+    """``order`` and ``state`` (those not skipped, added to ``ran``); returns the layers a recorded run was handed."""
+    rec = _Recorder()
+    out = run(strategies=[rec])
+    if "order" not in skip:
+        if not same_output(plain, out):
+            _fail("order", "a strategy that only records hooks changed the output")
+        check_order(rec.log, out.report["steps_run"], rec.layers, layers)
+        ran.append("order")
+    if "state" not in skip:
+        rec2 = _Recorder()
+        run(strategies=[rec2])
+        run(strategies=[rec2])
+        if len(rec2.states) < 2 or rec2.states[0] is rec2.states[-1]:
+            _fail("state", "two runs shared one strategy state: run.state() must make a new one per run")
+        if len({id(s) for s in rec2.states}) != len(rec2.states):
+            _fail("state", "a state object came back in a later run")
+        if rec2.batch_sizes[0] != cfg.model.batch:
+            _fail("state", f"run.batch_size is {rec2.batch_sizes[0]}, the config's batch is {cfg.model.batch}")
+        ran.append("state")
+    return rec.layers
+
+
+def _check_stop(run: Callable[..., Any]) -> None:
+    stopper = _Stopper()
+    out = run(strategies=[stopper])
+    if out.report["steps_run"] != 2 or stopper.post_steps != [0, 1]:
+        _fail("stop", f"run.stop set at step 1 must end the run there (steps_run 2); got steps_run "
+                      f"{out.report['steps_run']}, post_step at {stopper.post_steps}")
+
+
+def _check_guards(run: Callable[..., Any], plain: Any, layers: list[str]) -> None:
+    out = run(strategies=[_Poison(layers[-1])])
+    rel = out.report.get("reliability") or {}
+    if not rel.get("nonfinite_recomputed"):
+        _fail("guards", "a step whose output held NaN was not recomputed without strategies")
+    if not same_output(plain, out):
+        _fail("guards", "after the poisoned step was recomputed in full the output differs from the untouched run's")
+    out = run(strategies=[_Quiet()], guard=GuardConfig(every=1))
+    rel = out.report.get("reliability") or {}
+    if rel.get("guard_checks") != out.report["steps_run"]:
+        _fail("guards", f"[guard] every = 1 compared {rel.get('guard_checks')} steps of {out.report['steps_run']}")
+
+
+def _check_report(adapter: Any, pipe: Any, cfg: Any, seed: int, layers: list[str]) -> None:
+    handle = apply(pipe, strategies=[_Quiet()])
+    with handle:
+        out = adapter.run(pipe, cfg, seed, progress=False)
+    if handle.last_report is None or handle.last_report != out.report:
+        _fail("report", "the output's report is not the run's (apply(...).last_report): build it with RunState.report() "
+                        "after the run ends")
+    check_counters(out.report["counters"], out.report["steps_run"], layers)
 
 
 def _layers_of(run) -> list[Any]:

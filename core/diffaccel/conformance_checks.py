@@ -1,6 +1,8 @@
-"""The conformance suite's model-level checks (``diffaccel.testing.check_adapter`` runs them):
-``partial``, a layer computed on part of its positions against the same layer computed in full,
-and ``facts``, ``facts(config)`` against ``info(pipe)`` and refusing what ``load`` refuses."""
+"""The conformance suite's model-level checks and its readings of a run (``diffaccel.testing.check_adapter``
+runs them): ``partial``, a layer computed on part of its positions against the same layer computed
+in full; ``facts``, ``facts(config)`` against ``info(pipe)`` and refusing what ``load`` refuses;
+the hook order a recording strategy saw (``order``) and the counters of a run that skips nothing
+(``report``)."""
 
 from __future__ import annotations
 
@@ -8,11 +10,59 @@ from typing import Any
 
 import attrs
 
+from .contract.state import Layer
 from .runtime.registry import hookimpl
 
 
 def _fail(check: str, what: str) -> None:
     raise AssertionError(f"adapter conformance, {check}: {what}")
+
+
+def check_order(log: list[tuple[str, int]], steps: int, handed: list[Any], layers: list[str]) -> None:
+    """``order``: the hooks ``log`` recorded ((hook, run.step) pairs) in the contract's order over
+    ``steps`` steps, and each layer ``handed`` to ``layer_output`` a ``Layer`` named in ``layers``."""
+    if not log or log[0][0] != "run_start" or log[-1][0] != "run_end" or log[-2][0] != "finalize":
+        _fail("order", f"a run must open with run_start and close with finalize, run_end; got {log[:1]} ... {log[-2:]}")
+    pre = sorted({s for h, s in log if h == "pre_step"})
+    if pre != list(range(steps)):
+        _fail("order", f"pre_step ran at steps {pre}, expected 0..{steps - 1} (report's steps_run {steps})")
+    posts = sorted({s for h, s in log if h == "post_step"})
+    if posts != list(range(steps)):
+        _fail("order", f"post_step ran at steps {posts}, expected 0..{steps - 1}")
+    by_step: dict[int, list[str]] = {}
+    last_step = -1
+    for h, s in log[1:-2]:
+        if s < last_step:
+            _fail("order", f"run.step went back from {last_step} to {s} at {h}")
+        last_step = s
+        by_step.setdefault(s, []).append(h)
+    for s, hooks in by_step.items():
+        if hooks[0] != "pre_step":
+            _fail("order", f"step {s} opened with {hooks[0]}, not pre_step")
+        if hooks[-1] != "post_step":
+            _fail("order", f"step {s} closed with {hooks[-1]}, not post_step")
+        late = [h for h in hooks[hooks.index("post_step"):] if h != "post_step"]
+        if late:
+            _fail("order", f"{late[0]} ran at step {s} after that step's post_step")
+        if "denoiser_output" not in hooks:
+            _fail("order", f"no denoiser_output at step {s}")
+    if not handed:
+        _fail("order", "no layer was routed through layer_output")
+    for layer in handed:
+        if not isinstance(layer, Layer):
+            _fail("order", f"layer_output was handed {type(layer).__name__}, not a diffaccel.Layer")
+        if layers and layer.name not in layers:
+            _fail("order", f"layer '{layer.name}' is not among info(pipe)['layers'] {layers}")
+
+
+def check_counters(c: dict[str, Any], steps: int, layers: list[str]) -> None:
+    """``report``: the counters ``c`` of a run whose strategy skips nothing, over ``steps`` steps."""
+    if c["layers_skipped"] or not 0 < c["positions_computed"] == c["positions_total"]:
+        _fail("report", f"a run that skips nothing counted {c['layers_skipped']} skipped layers and positions computed "
+                        f"{c['positions_computed']} of {c['positions_total']}: route every layer through layer_output and "
+                        "set run.positions_per_layer")
+    if layers and (c["layers_computed"] % len(layers) or c["layers_computed"] < steps * len(layers)):
+        _fail("report", f"{c['layers_computed']} layers computed in {steps} steps of {len(layers)} layers each")
 
 
 PARTIAL_TOLERANCE = {"float64": 1e-10, "float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}

@@ -129,7 +129,7 @@ class DenoiserSession:
         if k == 1:
             if not self.unbatched:  # a second denoiser call in one step: guidance is not batched
                 self.unbatched = self.unbatched_hint = True
-                self.run.info.cfg_mode = "unbatched"
+                self.run.info.images.cfg_mode = "unbatched"
                 self.run.batch_size = rows
                 self._rename_branch("main", "uncond")
             return "cond"
@@ -153,7 +153,7 @@ class DenoiserSession:
                 if run.step >= 0 and self.unbatched and self.calls == 1:
                     # the hint said unbatched but the last step had one call: no guidance this run
                     self.unbatched = False
-                    run.info.cfg_mode = "none"
+                    run.info.images.cfg_mode = "none"
                     run.batch_size = rows
                     self._rename_branch("uncond", "main")
                 run.step += 1

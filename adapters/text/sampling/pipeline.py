@@ -380,7 +380,7 @@ class TextDiffusionPipeline:
 
 
 def _draw_tokens(banned: list[int]):
-    """``run.info.draw_tokens``: the sampler's ``draw`` with this model's special tokens banned."""
+    """``run.info.tokens.draw_tokens``: the sampler's ``draw`` with this model's special tokens banned."""
     def draw_tokens(logits, temperature: float, generator: torch.Generator):
         return draw(logits, banned, temperature, generator)
     return draw_tokens

@@ -18,29 +18,29 @@ TOKEN_POSITIONS = "token-positions"
 their cached outputs; ``layer.cached_output``, ``layer.step_positions`` and ``layer.select(mask)``
 (the adapter's position set: ``.mask()``, ``.flat``, ``.pos``, ``.gather``, ``.count``) exist;
 ``StepPlan.positions`` narrows a whole step; ``post_step`` gets a step output with ``tokens``,
-``top1``, ``top1_prob``, ``logits``, ``computed``, ``fixed``; ``run.info`` has ``length`` and
-``n_layers``."""
+``top1``, ``top1_prob``, ``logits``, ``computed``, ``fixed``; ``run.info.tokens.length`` and
+``run.info.n_layers`` are set."""
 
 MASK_CONFIDENCES = "mask-confidences"
 """An absorbing (masked) sampler: a mask token, per-position confidences of the drawn tokens,
 ``masked`` (still-masked positions) in the step output, and a sequence that only changes where a
-token was committed. ``run.info.sampler == "masked"`` on the runs that use it."""
+token was committed. ``run.info.tokens.sampler == "masked"`` on the runs that use it."""
 
 TOKEN_LOGITS = "token-logits"
 """The denoiser's output is per-position logits over a vocabulary (B, N, V): ``denoiser_output``
-may replace them, densely or truncated (``run.info.truncated_logits(values, indices,
+may replace them, densely or truncated (``run.info.tokens.truncated_logits(values, indices,
 vocab_size)`` builds the adapter's truncated form, k (value, token) pairs per position, which its
-sampler draws from without a dense tensor), ``finalize`` may choose the tokens, ``run.info`` has
-``vocab_size``, ``tokenizer``, ``seeds``, ``prompt_lengths``."""
+sampler draws from without a dense tensor), ``finalize`` may choose the tokens, ``run.info.tokens``
+has ``vocab_size``, ``tokenizer``, ``prompt_lengths`` (and ``run.info.seeds``)."""
 
 PINNED_TOKENS = "pinned-tokens"
 """``run.pinned`` (tokens held fixed) and ``run.condition`` (an external condition vector, for
-models with ``run.info.cond_dim`` > 0) set in ``run_start`` are honoured."""
+models with ``run.info.tokens.cond_dim`` > 0) set in ``run_start`` are honoured."""
 
 BLOCK_STACK = "block-stack"
 """Layers are blocks of an encoder-decoder stack with a skippable middle: each layer has a
-``depth`` (0 outermost) and a ``kind`` (``down``, ``mid`` or ``up``); ``run.info`` lists
-``layers``, ``depths`` and ``kinds`` in forward order. Answering a block of depth >= d, and the
+``depth`` (0 outermost) and a ``kind`` (``down``, ``mid`` or ``up``); ``run.info.layers``,
+``run.info.stack.depths`` and ``run.info.stack.kinds`` list them in forward order. Answering a block of depth >= d, and the
 up block of depth d, with ``layer.cached_output`` (its last output in the branch) is valid: the
 shallower blocks then read those cached deep features. In a flat stack of residual blocks (a
 diffusion transformer: depth counted from both ends) ``cached_output`` is the block's last
@@ -60,8 +60,8 @@ SPATIAL_FEATURES = "spatial-features"
 
 IMAGE_STEPS = "image-steps"
 """Steps denoise images or latents: the step output has ``latents``, ``noise_pred`` and
-``pred_original`` (the scheduler's clean estimate), (B, C, H, W); ``run.info`` has
-``sample_size``. Blocks may output anything (a diffusion transformer's token states):
+``pred_original`` (the scheduler's clean estimate), (B, C, H, W); ``run.info.images.sample_size``
+is set. Blocks may output anything (a diffusion transformer's token states):
 ``spatial-features`` says more."""
 
 INNER_MODULES = "inner-modules"

@@ -18,81 +18,63 @@ import attrs
 
 from .errors import PluginError
 from .hookspecs import own
+from .info import RUN_INFO_FIELDS, ImageFacts, RunInfo, StackFacts, TokenFacts  # noqa: F401 (their 0.2 home)
 from .reliability import Reliability
 
 MODEL_FAULT = "diffaccel_layer"
 """Attribute set on an exception raised inside a ``Layer.compute``: the layer's name. The core
 then reports it as the model's fault, never as the strategy whose hook called ``compute``."""
 
-CURRENT_RUN: ContextVar["RunState | None"] = ContextVar("diffaccel_current_run", default=None)
-"""The run whose step is being computed: set by ``RunSequence.denoise`` around the denoiser, so
-that every ``Layer.compute`` called meanwhile (by the built-in default, a strategy, the guard's
-full recomputation) is counted in that run's counters, by the core."""
+CURRENT_STEP: ContextVar[Any] = ContextVar("diffaccel_current_step", default=None)
+"""The step being computed: the ``Tally`` of its run (``run.tally``), set by ``RunSequence.denoise``
+around the denoiser, so that every ``Layer.compute`` called meanwhile (by the built-in default, a
+strategy, the guard's full recomputation) is counted in that run's counters, by the core."""
 
-_HAND_COUNTED: set[type] = set()
-"""Layer classes already warned about counting their own computations (one warning each)."""
-
-
-def _hand_counted(cls: type) -> None:
-    if cls in _HAND_COUNTED:
-        return
-    _HAND_COUNTED.add(cls)
-    warnings.warn(f"{cls.__qualname__}.compute adds to run.counters itself; the core counts every computed layer now "
-                  "(diffaccel.runtime.sequence.RunSequence): remove those lines, and for a call computing only some positions "
-                  "set self.computed_positions (deprecated, counted once until 0.3.0)", DeprecationWarning, stacklevel=4)
+TALLY: list[Callable[["RunState"], Any]] = []
+"""The run machinery's counting class (``diffaccel.runtime.sequence.Tally``), registered when it
+is imported (the contract imports nothing above it): ``RunState.tally`` makes one per run."""
 
 
 def _model_side(compute: Callable[..., Any]) -> Callable[..., Any]:
     """``Layer.compute`` of a subclass, marking what it raises as the model's (the call site of
-    the model, whoever called it), and counting the computation in the current run (a
-    ``positions`` argument a layer cannot take is still the caller's mistake)."""
+    the model, whoever called it); while a step computes, the call goes through the run's tally
+    (``CURRENT_STEP``), which counts it (a ``positions`` argument a layer cannot take is still
+    the caller's mistake)."""
 
-    current = CURRENT_RUN.get  # the hot path: one call per layer, no global lookup
+    current = CURRENT_STEP.get  # the hot path: one call per layer, no global lookup
 
     @functools.wraps(compute)
     def guarded(self: "Layer", hidden: Any, positions: Any = None) -> Any:
         if positions is not None and not self.supports_positions:
             raise ValueError(f"{self.name}: this layer computes every row; positions apply to layers of adapters "
                              "declaring token-positions")
-        run = current()
-        if run is None:  # no step is computing (a layer called on its own): nothing to count
-            try:
-                return compute(self, hidden, positions)
-            except Exception as exc:
-                if not hasattr(exc, MODEL_FAULT):
-                    setattr(exc, MODEL_FAULT, self.name)
-                raise
-        counters = run.counters
-        # the counts made during the call: the core's (a block's inner modules hooked as layers
-        # too) and any the layer made itself (the deprecated form)
-        before, core = counters.layers_computed, run._core_counted
-        self.computed_positions = None
+        step = current()
         try:
-            out = compute(self, hidden, positions)
+            if step is None:  # no step is computing (a layer called on its own): nothing to count
+                return compute(self, hidden, positions)
+            return step.computed(self, compute, hidden, positions)
         except Exception as exc:
             if not hasattr(exc, MODEL_FAULT):
                 setattr(exc, MODEL_FAULT, self.name)
             raise
-        if counters.layers_computed - before != run._core_counted - core:
-            _hand_counted(type(self))
-            return out
-        n = self.computed_positions
-        if n is None:
-            n = run.positions_per_layer
-        if n:  # 0: the layer had no position to compute and did not run
-            counters.layers_computed += 1
-            counters.positions_computed += n
-            run._core_counted += 1
-        return out
 
     guarded.diffaccel_model_side = True
     return guarded
 
 
+def __getattr__(name: str) -> Any:
+    if name == "CURRENT_RUN":
+        warnings.warn("diffaccel.contract.state.CURRENT_RUN is deprecated; use diffaccel.contract.state.CURRENT_STEP "
+                      "(its value is the run's tally, .run the run)", DeprecationWarning, stacklevel=2)
+        return CURRENT_STEP
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 @attrs.define
 class Counters:
-    """What the denoiser actually did during a run, counted by the core (``Layer.compute`` and
-    ``diffaccel.runtime.sequence.RunSequence``); strategies add their ``cache_hits``."""
+    """What the denoiser actually did during a run, counted by the core in one place, the run's
+    ``Tally`` (``run.tally``, ``diffaccel.runtime.sequence.Tally``); strategies add their cache
+    hits and the layers they ran outside ``Layer.compute`` through it."""
 
     layers_computed: int = 0
     """Layer or block calls that ran (partially or fully)."""
@@ -105,7 +87,7 @@ class Counters:
     steps_reused: int = 0
     """Whole denoiser steps reused without running the model."""
     cache_hits: int = 0
-    """Cached values served by strategies (strategies add to it)."""
+    """Cached values served by strategies (they add to it: ``run.tally.cache_hits(n)``)."""
 
     def as_dict(self) -> dict[str, float]:
         d = attrs.asdict(self)
@@ -146,125 +128,6 @@ class StepPlan:
         return StepPlan(positions=positions, skip=skip, reuse_step=all(p.reuse_step for p in plans))
 
 
-def _deprecated_key(key: str) -> None:
-    new = f"run.info.{key}" if key in RUN_INFO_FIELDS else f"run.info.extra[{key!r}]"
-    warnings.warn(f"run.info[{key!r}] (dict access to run info) is deprecated; use {new}", DeprecationWarning, stacklevel=3)
-
-
-@attrs.define(kw_only=True)
-class RunInfo:
-    """Facts about one run that strategies may read as attributes (``run.info.length``). Adapters
-    fill the fields that apply to them; a field an adapter does not fill is None. Facts beyond
-    these go in ``extra``. Dict access (``run.info["length"]``, ``.get``, ``.update``) still works
-    for one minor release, with a DeprecationWarning naming the attribute."""
-
-    checkpoint: str | None = None
-    """The model's checkpoint (as ``[model] checkpoint`` names it, or the pipeline's name)."""
-    seeds: list[int] | None = None
-    """Per batch row: the seed it was generated from."""
-    n_layers: int | None = None
-    """Layers or blocks the denoiser runs per step (through ``layer_output``)."""
-    layers: list[str] | None = None
-    """Their names, in forward order (text layers: None, ``block.{i}``; DiffusionGemma: ``decoder.{i}``)."""
-    time_conditioned: bool | None = None
-    """Whether the denoiser reads the time step (a step's output can change with equal inputs)."""
-    # text
-    length: int | None = None
-    """Text: positions per row (DiffusionGemma: of the active canvas)."""
-    vocab_size: int | None = None
-    """Text: the vocabulary size (the logits' last dimension)."""
-    kind: str | None = None
-    """Text: the model's kind (``masked``, ``continuous``, ``block``)."""
-    sampler: str | None = None
-    """Text: the sampler of this run (``masked``, ``ddim``, ``ddpm``, ``hybrid``, ``block``)."""
-    temperature: float | None = None
-    """Text: the sampling temperature."""
-    tokenizer: Any = None
-    """Text: the tokenizer (``encode(text)``, ``decode(ids)``)."""
-    prompt_lengths: list[int] | None = None
-    """Text: per row, the prompt's tokens at the start of the sequence."""
-    cond_dim: int | None = None
-    """Text: the width of ``run.condition`` the model takes (0: none)."""
-    truncated_logits: Any = None
-    """Text (``token-logits``): ``truncated_logits(values, indices, vocab_size)`` builds logits a
-    sampler draws from without a dense tensor."""
-    draw_tokens: Any = None
-    """Text (``token-logits``): ``draw_tokens(logits, temperature, generator)`` -> (confidence,
-    token) per row of (M, V) logits or of a truncated slice (``truncated_logits(...).rows``): the
-    masked sampler's own draw, the model's special tokens never drawn."""
-    canvas_length: int | None = None
-    """DiffusionGemma: positions per block (canvas)."""
-    blocks: int | None = None
-    """DiffusionGemma: blocks of the generation."""
-    pins: bool | None = None
-    """Whether the adapter honours ``run.pinned`` at this run (False: it ignores it)."""
-    # block stacks (UNet, DiT)
-    depths: list[int] | None = None
-    """Block stacks: per layer, its depth (0 outermost)."""
-    kinds: list[str] | None = None
-    """Block stacks: per layer, ``down``, ``mid`` or ``up``."""
-    modules: list[str] | None = None
-    """Inner modules hooked at this run (``hooked_modules``)."""
-    sample_size: Any = None
-    """Images: the denoiser's latent size."""
-    in_channels: int | None = None
-    """Images: the denoiser's latent channels."""
-    guidance: bool | None = None
-    """Images: whether classifier-free guidance runs."""
-    cfg_mode: str | None = None
-    """Images: ``batched``, ``unbatched`` (two denoiser calls per step) or ``none``."""
-    timesteps: list[float] | None = None
-    """Images: the scheduler's timesteps of the run."""
-    prompts: list[str] | None = None
-    """Images: per row, its prompt."""
-    extra: dict[str, Any] = attrs.Factory(dict)
-    """Adapter facts beyond the fields above."""
-
-    def as_dict(self) -> dict[str, Any]:
-        """The facts given, as a plain dict (fields that are None left out), ``extra`` merged in."""
-        d = {k: v for k, v in attrs.asdict(self, recurse=False).items() if v is not None and k != "extra"}
-        d.update(self.extra)
-        return d
-
-    def set(self, **facts: Any) -> "RunInfo":
-        """Set facts by name (fields, or else ``extra``); returns self (for adapters)."""
-        for k, v in facts.items():
-            if k in RUN_INFO_FIELDS:
-                setattr(self, k, v)
-            else:
-                self.extra[k] = v
-        return self
-
-    # -- the deprecated dict form (one minor release) ---------------------------------------------
-    def __getitem__(self, key: str) -> Any:
-        _deprecated_key(key)
-        value = getattr(self, key) if key in RUN_INFO_FIELDS else self.extra.get(key)
-        if value is None:
-            raise KeyError(key)
-        return value
-
-    def get(self, key: str, default: Any = None) -> Any:
-        _deprecated_key(key)
-        value = getattr(self, key) if key in RUN_INFO_FIELDS else self.extra.get(key)
-        return default if value is None else value
-
-    def __contains__(self, key: str) -> bool:
-        _deprecated_key(key)
-        return (getattr(self, key) if key in RUN_INFO_FIELDS else self.extra.get(key)) is not None
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        _deprecated_key(key)
-        self.set(**{key: value})
-
-    def update(self, *args: Any, **facts: Any) -> None:
-        warnings.warn("run.info.update(...) is deprecated; set the attributes (run.info.length = ...) or use "
-                      "run.info.set(...)", DeprecationWarning, stacklevel=2)
-        self.set(**dict(*args, **facts))
-
-
-RUN_INFO_FIELDS = frozenset(f.name for f in attrs.fields(RunInfo)) - {"extra"}
-
-
 class Layer:
     """Handle for one layer or block, created once per model by its adapter.
 
@@ -276,8 +139,9 @@ class Layer:
     add what their capabilities promise (``cached_output``, ``depth``, ...).
 
     The core counts each ``compute`` call made while a step computes (``layers_computed``, and
-    ``run.positions_per_layer`` added to ``positions_computed``); a layer that computed only some
-    positions sets ``computed_positions`` to their number during the call (0: it did not run).
+    ``run.positions_per_layer`` added to ``positions_computed``, in the run's ``Tally``); a layer
+    that computed only some positions sets ``computed_positions`` to their number during the
+    call (0: it did not run).
     """
 
     supports_positions = False
@@ -359,8 +223,18 @@ class RunState:
     state_factories: dict[str, Callable[["RunState"], Any]] = attrs.Factory(dict)
     """Strategy name -> its ``diffaccel_new_state`` implementation (set by the accelerator)."""
     _states: dict[tuple[str, str], Any] = attrs.Factory(dict)
-    _core_counted: int = attrs.field(default=0, init=False, repr=False)
-    """Layer computations the core counted (it tells them from a layer's own counting)."""
+    _tally: Any = attrs.field(default=None, init=False, repr=False)
+
+    @property
+    def tally(self) -> Any:
+        """The run's counting (``diffaccel.runtime.sequence.Tally``), the one place ``counters``
+        change: the core counts through it, and a strategy reports what only it knows there,
+        ``run.tally.cache_hits(n)`` and ``run.tally.computed_outside()`` (a layer it ran in part
+        outside ``Layer.compute``, a block's tail)."""
+        tally = self._tally
+        if tally is None:
+            tally = self._tally = TALLY[0](self)
+        return tally
 
     def state(self, strategy: Any, factory: Callable[["RunState"], Any] | None = None) -> Any:
         """The strategy's own state for the current guidance branch, created on first use by

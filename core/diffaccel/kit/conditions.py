@@ -1,6 +1,6 @@
 """Condition-vector files: per text line, the vector an external condition encoder gave it.
 
-A model with a condition input (``run.info.cond_dim`` > 0, the ``pinned-tokens``
+A model with a condition input (``run.info.tokens.cond_dim`` > 0, the ``pinned-tokens``
 capability's ``run.condition``) is trained on the vectors a strategy's encoder gives its training
 lines, so that what it sees in training is what the strategy feeds it at generation. The
 strategy writes them (bert-cond: ``python -m diffaccel_bert_cond.conditions``), the adapter's

@@ -85,26 +85,16 @@ def _factories() -> set[Any]:
     return {f for f in _device_constructors() if not getattr(f, "__name__", "").endswith("_like")}
 
 
-@contextlib.contextmanager
-def watch(strategies: Sequence[Any], *, device: Any, dtype: Any, small: int = 0) -> Iterator[Seen]:
-    """Record the step hooks of ``strategies`` (instances, wrapped for the block and restored
-    after) against a model on ``device`` in ``dtype``; yields a ``Seen``. ``small``: the most
-    elements a float32 result may have without counting as an upcast (per-position statistics)."""
+def _modes(seen: Seen, active: Any, device: Any, dtype: Any, small: int) -> tuple[Any, Any]:
+    """The two torch modes that record: factory calls without ``device=`` (a function mode), and
+    each op's results, their device, width and host synchronisations (a dispatch mode); ``active()``
+    names the strategy hook running, or None."""
     import torch
     from torch.overrides import TorchFunctionMode
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from ..contract.state import Layer
-
-    device = torch.device(device)
-    seen = Seen()
-    where: list[str] = []  # the strategy.hook being run (a stack: hooks may nest through compute)
-    model_depth = [0]
     factories = _factories()
     width = torch.finfo(dtype).bits if dtype.is_floating_point else 64
-
-    def active() -> str | None:
-        return where[-1] if where and not model_depth[0] else None
 
     class Factories(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -142,6 +132,11 @@ def watch(strategies: Sequence[Any], *, device: Any, dtype: Any, small: int = 0)
                              f"beside a {str(dtype).removeprefix('torch.')} model (an upcast)", (at, name, "upcast"))
             return out
 
+    return Factories(), Ops()
+
+
+def _record_hooks(strategies: Sequence[Any], where: list[str]) -> list[tuple[Any, str, Any, bool]]:
+    """Wrap each strategy's step hooks so that ``where`` names the one running; returns what to restore."""
     def wrap(strategy: Any, hook: str, fn: Any) -> Any:
         label = f"{getattr(strategy, 'name', type(strategy).__name__)}.{hook.removeprefix('diffaccel_')}"
 
@@ -155,6 +150,22 @@ def watch(strategies: Sequence[Any], *, device: Any, dtype: Any, small: int = 0)
 
         return recorded
 
+    patched: list[tuple[Any, str, Any, bool]] = []
+    for s in strategies:
+        for hook in STEP_HOOKS:
+            fn = getattr(s, hook, None)
+            if fn is not None and getattr(fn, "diffaccel_impl", None) is not None:
+                had = hook in vars(s)
+                patched.append((s, hook, vars(s).get(hook), had))
+                setattr(s, hook, wrap(s, hook, fn))
+    return patched
+
+
+def _unrecord_model(model_depth: list[int]) -> list[tuple[type, Any]]:
+    """Wrap every ``Layer`` subclass's ``compute`` so that the model's own computation is not
+    recorded (``model_depth``); returns what to restore."""
+    from ..contract.state import Layer
+
     def model_side(compute: Any) -> Any:
         @functools.wraps(compute)
         def unrecorded(self: Any, *a: Any, **kw: Any) -> Any:
@@ -166,14 +177,6 @@ def watch(strategies: Sequence[Any], *, device: Any, dtype: Any, small: int = 0)
 
         return unrecorded
 
-    patched: list[tuple[Any, str, Any, bool]] = []
-    for s in strategies:
-        for hook in STEP_HOOKS:
-            fn = getattr(s, hook, None)
-            if fn is not None and getattr(fn, "diffaccel_impl", None) is not None:
-                had = hook in vars(s)
-                patched.append((s, hook, vars(s).get(hook), had))
-                setattr(s, hook, wrap(s, hook, fn))
     layers, todo = [], [Layer]
     while todo:
         cls = todo.pop()
@@ -181,8 +184,28 @@ def watch(strategies: Sequence[Any], *, device: Any, dtype: Any, small: int = 0)
         if "compute" in cls.__dict__ and cls is not Layer:
             layers.append((cls, cls.__dict__["compute"]))
             cls.compute = model_side(cls.__dict__["compute"])
+    return layers
+
+
+@contextlib.contextmanager
+def watch(strategies: Sequence[Any], *, device: Any, dtype: Any, small: int = 0) -> Iterator[Seen]:
+    """Record the step hooks of ``strategies`` (instances, wrapped for the block and restored
+    after) against a model on ``device`` in ``dtype``; yields a ``Seen``. ``small``: the most
+    elements a float32 result may have without counting as an upcast (per-position statistics)."""
+    import torch
+
+    seen = Seen()
+    where: list[str] = []  # the strategy.hook being run (a stack: hooks may nest through compute)
+    model_depth = [0]
+
+    def active() -> str | None:
+        return where[-1] if where and not model_depth[0] else None
+
+    factories, ops = _modes(seen, active, torch.device(device), dtype, small)
+    patched = _record_hooks(strategies, where)
+    layers = _unrecord_model(model_depth)
     try:
-        with Factories(), Ops():
+        with factories, ops:
             yield seen
     finally:
         for cls, compute in layers:

@@ -1,92 +1,39 @@
 """Strategies of one config bound together: the object adapters call during a run.
 
-The dispatcher is built from the contract's data (``diffaccel.contract.hookspecs.RULES``): for each run
-hook, the implementations of the strategies not disabled, in config order (``tryfirst`` /
-``trylast`` respected), then the built-in default (``diffaccel.runtime.builtin``), resolved into plain
-lists once per ``apply`` (and again only when a strategy is disabled); each hook's merge rule
-(first result, collected list, pipe, union, each with wrappers) is one function of ``MERGES``.
-Every implementation is called inside its own ``try``: a fault is blamed at the call site, on the
-strategy whose implementation was called (``diffaccel.runtime.guard``), never by walking a traceback, and
-an exception the model raised inside ``layer.compute`` is the model's, whoever called it.
+``Accelerator`` is the run's lifecycle (``run_start`` ... ``run_end``, the non-finite check, the
+quality guard, memory bounds) over the hook dispatch of ``diffaccel.runtime.dispatch`` (the
+chains, their merge rules, the guarded call sites); counting is the run's ``Tally``
+(``diffaccel.runtime.sequence``). ``apply`` attaches a config's strategies to a pipeline.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from ..contract.capabilities import describe, missing
-from ..contract.errors import ConfigError, ConfigValueError, DiffaccelError, NonFiniteError
-from ..contract.hookspecs import COLLECT, EACH, FIRST, PIPE, RULES, RUN_HOOKS, UNION, implementation, own
-from ..contract.state import MODEL_FAULT, Layer, RunState, StepPlan
+from ..contract.errors import ConfigError, ConfigValueError, NonFiniteError
+from ..contract.hookspecs import own
+from ..contract.state import Layer, RunState, StepPlan
 from .adapters_registry import adapter_for, get_adapter
-from .builtin import DefaultBehaviour
 from .config import RunConfig, load_config, parse_config
-from .guard import GuardConfig, all_finite, call_guarded, relative_error, strategy_error
+from .dispatch import MERGES, Dispatcher, Entry  # noqa: F401 (Entry, MERGES: their 0.2 home)
+from .guard import GuardConfig, all_finite, call_guarded, relative_error
 from .memory import state_bytes
 from .registry import Registry, check_strategy
+from .sequence import Tally  # noqa: F401 (registers the run's counting: RunState.tally)
 
 APPLY_SOURCE = "diffaccel.apply"
 """What ``ConfigError`` lines name in place of a file for ``apply(pipe, strategies=[{...}])``."""
-
-Entry = tuple[str | None, Callable[..., Any]]
-"""One implementation in a chain: (strategy name, or None for the built-in default; its call)."""
-
 
 def _renamed(old: str, new: str) -> None:
     warnings.warn(f"Accelerator.{old} is deprecated; use Accelerator.{new} (or diffaccel.runtime.sequence.RunSequence)",
                   DeprecationWarning, stacklevel=3)
 
 
-# ---- the merge rules, one function each (hookspecs names them) --------------------------------------
-
-def _first(acc: "Accelerator", hook: str, run: RunState | None, args: tuple) -> Any:
-    for owner, fn in acc._chains[hook]:
-        r = acc._call(owner, hook, run, fn, args)
-        if r is not None:
-            return r
-    return None
-
-
-def _collect(acc: "Accelerator", hook: str, run: RunState | None, args: tuple) -> list[Any]:
-    out = []
-    for owner, fn in acc._chains[hook]:
-        r = acc._call(owner, hook, run, fn, args)
-        if r is not None:
-            out.append(r)
-    return out
-
-
-def _pipe(acc: "Accelerator", hook: str, run: RunState | None, args: tuple) -> Any:
-    for owner, fn in acc._chains[hook]:
-        r = acc._call(owner, hook, run, fn, args)
-        if r is not None:
-            args = (*args[:-1], r)
-    return args[-1]
-
-
-def _union(acc: "Accelerator", hook: str, run: RunState | None, args: tuple) -> Any:
-    out = None
-    for owner, fn in acc._chains[hook]:
-        r = acc._call(owner, hook, run, fn, args)
-        if r is not None:
-            out = r if out is None else out | r
-    return out
-
-
-def _each(acc: "Accelerator", hook: str, run: RunState | None, args: tuple) -> None:
-    for owner, fn in acc._chains[hook]:
-        acc._call(owner, hook, run, fn, args)
-
-
-MERGES: dict[str, Callable[["Accelerator", str, Any, tuple], Any]] = {
-    FIRST: _first, COLLECT: _collect, PIPE: _pipe, UNION: _union, EACH: _each}
-"""Merge rule (``hookspecs.Rule.merge``) -> how a chain's results combine."""
-
-
-class Accelerator:
+class Accelerator(Dispatcher):
     """Runs the hooks of an ordered list of strategy instances for one adapter.
 
     Every hook call is guarded: an exception raised in a strategy's implementation becomes a
@@ -99,43 +46,16 @@ class Accelerator:
     def __init__(self, strategies: Sequence[Any] = (), adapter: str = "", *, on_error: Mapping[str, str] | None = None,
                  guard: GuardConfig | None = None, registry: Registry | None = None,
                  max_cache_mb: Mapping[str, float] | None = None):
-        self.configured = list(strategies)
         self.adapter = adapter
-        for s in self.configured:
-            check_strategy(s, s.name)
-        self.on_error = dict(on_error or {})
         self.max_cache_mb = dict(max_cache_mb or {})
         """Strategy name -> its ``max_cache_mb`` bound (checked after each step, only when given)."""
         self.guard = guard or GuardConfig()
         self.finite = self.guard.finite
         """Check each step's raw denoiser output for NaN and inf (``output_ok``)."""
-        self._registry = registry
-        self._default = DefaultBehaviour()
-        self._disabled: set[str] = set()
         self._bypass = False
         self.last_report: dict[str, Any] | None = None
         """The report (``RunState.report()``) of the last run that ended, whatever the adapter."""
-        self._resolve()
-
-    def _resolve(self) -> None:
-        """(Re)build the chains of every run hook from the strategies not disabled."""
-        self.strategies = [s for s in self.configured if s.name not in self._disabled]
-        plugins: list[tuple[str | None, Any]] = [(s.name, s) for s in self.strategies] + [(None, self._default)]
-        self._chains: dict[str, list[Entry]] = {}
-        self._wrappers: dict[str, list[Entry]] = {}
-        for hook in RUN_HOOKS:
-            found = [(impl, owner) for owner, obj in plugins if (impl := implementation(obj, hook, owner or ""))]
-            found.sort(key=lambda f: f[0].order)  # stable: config order within tryfirst / normal / trylast
-            self._chains[hook] = [(owner, impl.call) for impl, owner in found if not impl.wrapper]
-            self._wrappers[hook] = [(owner, impl.call) for impl, owner in found if impl.wrapper]
-        # per strategy, resolved once: ``run.state(s)`` creates states through these
-        self._state_factories = {s.name: fn for s in self.strategies if (fn := own(s, "diffaccel_new_state"))}
-        self._memory_hooks = {s.name: fn for s in self.strategies if (fn := own(s, "diffaccel_memory"))}
-        # the hot path: a plain list of callables, and who owns each (read only when one raised)
-        layer = self._chains["diffaccel_layer_output"]
-        self._layer_chain = [fn for _, fn in layer]
-        self._layer_owners = [owner for owner, _ in layer]
-        self._full_layer = [fn for owner, fn in layer if owner is None]
+        super().__init__(strategies, on_error=on_error, registry=registry)
 
     @property
     def commits(self) -> bool:
@@ -173,77 +93,6 @@ class Accelerator:
                     wanted.append(name)
         return wanted
 
-    # -- calls and faults ----------------------------------------------------------------------
-    def _call(self, owner: str | None, hook: str, run: RunState | None, fn: Callable, args: tuple) -> Any:
-        """One implementation, guarded at its call site; None when its strategy is disabled."""
-        if self._disabled and owner in self._disabled:
-            return None
-        try:
-            return fn(*args)
-        except Exception as exc:
-            if not self._fault(exc, run, owner, hook):
-                raise
-            return None
-
-    def _dispatch(self, hook: str, run: RunState | None, args: tuple) -> Any:
-        """Call ``hook`` over the chain with its merge rule, inside its wrappers if it has any."""
-        merge = MERGES[RULES[hook].merge]
-        if not self._wrappers.get(hook):
-            return merge(self, hook, run, args)
-        return self._wrapped(hook, run, args, lambda: merge(self, hook, run, args))
-
-    def _wrapped(self, hook: str, run: RunState | None, args: tuple, inner: Callable[[], Any]) -> Any:
-        """``wrapper=True`` implementations (generators yielding once), outermost first: each runs
-        to its ``yield``, then the chain, then each gets the result back, innermost first."""
-        open_: list[tuple[str | None, Any]] = []
-        for owner, fn in self._wrappers[hook]:
-            if self._disabled and owner in self._disabled:
-                continue
-            try:
-                gen = fn(*args)
-                next(gen)
-            except Exception as exc:
-                if not self._fault(exc, run, owner, hook):
-                    raise
-                continue
-            open_.append((owner, gen))
-        try:
-            result = inner()
-        except BaseException:
-            for _, gen in open_:
-                gen.close()
-            raise
-        for owner, gen in reversed(open_):
-            try:
-                gen.send(result)
-            except StopIteration as stop:
-                result = stop.value if stop.value is not None else result
-            except Exception as exc:
-                if not self._fault(exc, run, owner, hook):
-                    raise
-        return result
-
-    def _fault(self, exc: Exception, run: RunState | None, owner: str | None, hook: str) -> bool:
-        """Called only when an implementation raised, with its owner (the call site knows it).
-        True: the strategy is disabled, go on without it. False: not a strategy's fault (the
-        built-in default, the model's own compute, a DiffaccelError): re-raise it. Otherwise
-        raises the StrategyError."""
-        if owner is None or isinstance(exc, (DiffaccelError, ConfigValueError)) or hasattr(exc, MODEL_FAULT):
-            # ConfigValueError: a strategy refusing a value only the run reveals (a tail longer than
-            # the block, a clusters file for another length) is the user's input, not a fault
-            return False
-        name, hook = owner, hook.removeprefix("diffaccel_")
-        step = run.step if run is not None else None
-        if self.on_error.get(name, "raise") == "disable" and run is not None:
-            self._disable(run, name, hook, f"{type(exc).__name__}: {exc}")
-            return True
-        raise strategy_error(exc, name, hook, step, self._registry) from exc
-
-    def _disable(self, run: RunState, name: str, hook: str, why: str) -> None:
-        self._disabled.add(name)
-        run.reliability.disabled.append({"strategy": name, "hook": hook, "step": run.step, "error": why.strip().split("\n")[0]})
-        self._resolve()
-
     # -- the run lifecycle, called through diffaccel.runtime.sequence.RunSequence ------------------------
     def run_start(self, run: RunState) -> None:
         if self._disabled or self._bypass:  # disabled for the last run only: a new run starts with all
@@ -260,27 +109,8 @@ class Accelerator:
         return run.plan
 
     def layer_output(self, run: RunState, layer: Layer, hidden: Any) -> Any:
-        counters = run.counters
-        computed = counters.layers_computed
-        counters.positions_total += run.positions_per_layer
-        chain = self._layer_chain
-        try:  # costs nothing unless raised; the loop variable says whose call raised
-            for fn in chain:
-                out = fn(run, layer, hidden)
-                if out is not None:
-                    break
-        except Exception as exc:
-            k, owners = chain.index(fn), self._layer_owners  # as they were: a disabled strategy rebuilds them
-            if not self._fault(exc, run, owners[k], "diffaccel_layer_output"):
-                raise
-            out = None
-            for j in range(k + 1, len(chain)):  # the rest of the chain, without the strategy just disabled
-                out = self._call(owners[j], "diffaccel_layer_output", run, chain[j], (run, layer, hidden))
-                if out is not None:
-                    break
-        if counters.layers_computed == computed:
-            counters.layers_skipped += 1
-        return out
+        """The layer's output through the chain (``diffaccel_layer_output``), counted by the run's tally."""
+        return (run._tally or run.tally).layer(self._layer_output, layer, hidden)
 
     def denoiser_output(self, run: RunState, output: Any) -> Any:
         if not self._chains["diffaccel_denoiser_output"]:
@@ -368,11 +198,13 @@ class Accelerator:
         full step of a non-finite recomputation or of the guard); the step's plan is dropped."""
         run.plan = None
         self._layer_chain, self._layer_owners, self._bypass = self._full_layer, [None] * len(self._full_layer), True
+        self._layer_output = self._chain_call(self._layer_chain)
         try:
             yield
         finally:
             layer = self._chains["diffaccel_layer_output"]
             self._layer_chain, self._layer_owners, self._bypass = [fn for _, fn in layer], [o for o, _ in layer], False
+            self._layer_output = self._chain_call(self._layer_chain)
 
     def guard_compare(self, run: RunState, accelerated: Any, full: Any) -> None:
         """The guard's comparison of the strategies' raw output with the full one; past the

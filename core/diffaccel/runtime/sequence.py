@@ -21,21 +21,126 @@ same methods from their wrappers (``start`` at the first denoiser call, ``denois
 ``StepModel``: ``compute`` runs the denoiser under ``run.plan``, ``reuse`` serves a whole step
 again.
 
-The run's counters are the core's: while ``denoise`` computes a step the run is current
-(``diffaccel.contract.state.CURRENT_RUN``), and every ``Layer.compute`` called meanwhile, by whoever, adds
-a computed layer and its positions (``run.positions_per_layer``, or ``layer.computed_positions``
-for a layer that ran on part of them); ``layer_output`` adds every layer call to
-``positions_total`` and counts the calls nothing computed as skipped; ``skipped`` counts the plan's
-skips, ``denoise`` the reused steps. An adapter only sets ``run.positions_per_layer``.
+The run's counters change in one place, its ``Tally`` (``run.tally``, below): while ``denoise``
+computes a step the tally is current (``diffaccel.contract.state.CURRENT_STEP``), and every
+``Layer.compute`` called meanwhile, by whoever, adds a computed layer and its positions
+(``run.positions_per_layer``, or ``layer.computed_positions`` for a layer that ran on part of
+them); ``layer_output`` adds every layer call to ``positions_total`` and counts the calls nothing
+computed as skipped; ``skipped`` counts the plan's skips, ``denoise`` the reused steps; strategies
+add their cache hits and the layers they ran in part outside ``Layer.compute`` through it. An
+adapter only sets ``run.positions_per_layer``.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 from ..contract.errors import ModelError
-from ..contract.state import CURRENT_RUN, MODEL_FAULT, Layer, RunState, StepPlan
+from ..contract.state import CURRENT_STEP, MODEL_FAULT, TALLY, Layer, RunState, StepPlan
+
+_HAND_COUNTED: set[type] = set()
+"""Layer classes already warned about counting their own computations (one warning each)."""
+
+
+def _hand_counted(cls: type) -> None:
+    if cls in _HAND_COUNTED:
+        return
+    _HAND_COUNTED.add(cls)
+    warnings.warn(f"{cls.__qualname__}.compute adds to run.counters itself; the core counts every computed layer now "
+                  "(diffaccel.runtime.sequence.Tally): remove those lines, and for a call computing only some positions "
+                  "set self.computed_positions (deprecated, counted once until 0.3.0)", DeprecationWarning, stacklevel=5)
+
+
+class Tally:
+    """The counting of one run (``run.tally``): the one place ``run.counters`` change.
+
+    The accelerators call ``layer`` / ``layer_call`` for each layer call, ``RunSequence`` the rest
+    of a step's counts, ``Layer.compute`` (through ``CURRENT_STEP``) ``computed``; strategies call
+    ``cache_hits`` and ``computed_outside``."""
+
+    __slots__ = ("run", "core")
+
+    def __init__(self, run: RunState):
+        self.run = run
+        self.core = 0
+        """Layer computations counted here (told apart from a layer counting itself, the old form)."""
+
+    # -- layers ----------------------------------------------------------------------------------
+    def layer(self, chain: Callable[[RunState, Layer, Any], Any], layer: Layer, hidden: Any) -> Any:
+        """One layer call through ``layer_output``: ``chain(run, layer, hidden)`` gives its output;
+        a call that computed nothing (no ``Layer.compute`` counted) is counted as skipped."""
+        run = self.run
+        counters = run.counters
+        computed = counters.layers_computed
+        counters.positions_total += run.positions_per_layer
+        out = chain(run, layer, hidden)
+        if counters.layers_computed == computed:
+            counters.layers_skipped += 1
+        return out
+
+    def layer_call(self) -> None:
+        """A layer call that is computed in full whatever happens (no strategies): its positions."""
+        self.run.counters.positions_total += self.run.positions_per_layer
+
+    def computed(self, layer: Layer, compute: Callable[..., Any], hidden: Any, positions: Any) -> Any:
+        """``Layer.compute`` while a step computes: ``compute(layer, hidden, positions)``, counted as
+        a computed layer over ``run.positions_per_layer`` or ``layer.computed_positions`` positions
+        (0: it did not run, not counted); a layer that counted itself (the old form) is left as is."""
+        run = self.run
+        counters = run.counters
+        # the counts made during the call: the core's (a block's inner modules hooked as layers
+        # too) and any the layer made itself (the deprecated form)
+        before, core = counters.layers_computed, self.core
+        layer.computed_positions = None
+        out = compute(layer, hidden, positions)
+        if counters.layers_computed - before != self.core - core:
+            _hand_counted(type(layer))
+            return out
+        n = layer.computed_positions
+        if n is None:
+            n = run.positions_per_layer
+        if n:  # 0: the layer had no position to compute and did not run
+            counters.layers_computed += 1
+            counters.positions_computed += n
+            self.core += 1
+        return out
+
+    def computed_outside(self, positions: int | None = None) -> None:
+        """A layer call a strategy answered by running part of the layer itself, outside
+        ``Layer.compute`` (a block's tail, ``layer.run_tail``): a computed layer over ``positions``
+        (default ``run.positions_per_layer``)."""
+        c = self.run.counters
+        c.layers_computed += 1
+        c.positions_computed += self.run.positions_per_layer if positions is None else positions
+        self.core += 1
+
+    def unhooked(self, positions: int) -> None:
+        """A layer the adapter computed outside ``layer_output`` and ``Layer.compute``: computed, but
+        not a layer call (``positions_total`` counts those)."""
+        c = self.run.counters
+        c.layers_computed += 1
+        c.positions_computed += positions
+        self.core += 1
+
+    def skipped(self) -> None:
+        """A layer call the step's plan skipped, served without a hook call."""
+        c = self.run.counters
+        c.positions_total += self.run.positions_per_layer
+        c.layers_skipped += 1
+
+    # -- steps and strategies ------------------------------------------------------------------
+    def reused_step(self) -> None:
+        """A whole step served again without running the denoiser."""
+        self.run.counters.steps_reused += 1
+
+    def cache_hits(self, n: int = 1) -> None:
+        """``n`` cached values a strategy served."""
+        self.run.counters.cache_hits += n
+
+
+TALLY.append(Tally)  # RunState.tally makes one per run
 
 
 class NullAccelerator:
@@ -57,7 +162,7 @@ class NullAccelerator:
         return None
 
     def layer_output(self, run: RunState, layer: Layer, hidden: Any) -> Any:
-        run.counters.positions_total += run.positions_per_layer  # as the Accelerator counts it
+        run.tally.layer_call()
         return layer.compute(hidden)
 
     def denoiser_output(self, run: RunState, output: Any) -> Any:
@@ -171,11 +276,12 @@ class RunSequence:
         A reused step is neither checked nor guarded: its output was when it was computed."""
         accel, run = self.accel, self.run
         plan = accel.pre_step(run) if planned else run.plan
-        current = CURRENT_RUN.set(run)  # the layers computed until reset count in this run
+        tally = run.tally
+        current = CURRENT_STEP.set(tally)  # the layers computed until reset count in this run
         try:
             raw = model.reuse() if plan is not None and plan.reuse_step else None
             if raw is not None:
-                run.counters.steps_reused += 1
+                tally.reused_step()
             else:
                 raw = self._compute(model)
                 guarded = accel.guard_due(run)
@@ -187,7 +293,7 @@ class RunSequence:
                     if accelerated is not None:
                         accel.guard_compare(run, accelerated, model.tensor(raw))
         finally:
-            CURRENT_RUN.reset(current)
+            CURRENT_STEP.reset(current)
         return model.result(raw, accel.denoiser_output(run, model.output(raw)))
 
     def _compute(self, model: StepModel) -> Any:
@@ -204,18 +310,13 @@ class RunSequence:
 
     def skipped(self, layer: Layer) -> None:
         """Count a layer the step's plan skipped (``StepPlan.skip``), served without a hook call."""
-        c = self.run.counters
-        c.positions_total += self.run.positions_per_layer
-        c.layers_skipped += 1
+        self.run.tally.skipped()
 
     def computed_unhooked(self, positions: int) -> None:
         """Count one layer the adapter computed outside ``layer_output`` and ``Layer.compute``
         over ``positions`` positions: work no strategy sees (the text adapter's exact prefix
         pass), counted as computed but not in ``positions_total``, which counts layer calls."""
-        c = self.run.counters
-        c.layers_computed += 1
-        c.positions_computed += positions
-        self.run._core_counted += 1
+        self.run.tally.unhooked(positions)
 
     def commit(self, proposal: Callable[[], Any]) -> Any:
         """``commit``: the union of the strategies' masks ((B, N) bool), or None when no strategy

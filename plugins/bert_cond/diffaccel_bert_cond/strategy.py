@@ -187,10 +187,10 @@ class BertCond:
         st.stage_one_s = time.perf_counter() - t0
 
         t1 = time.perf_counter()
-        length, tok = run.info.length, run.info.tokenizer
-        prompt_lengths = run.info.prompt_lengths or [0] * run.batch_size
+        length, tok = run.info.tokens.length, run.info.tokens.tokenizer
+        prompt_lengths = run.info.tokens.prompt_lengths or [0] * run.batch_size
         st.vector_steps = [0] * run.batch_size
-        if self.config.vector and run.info.cond_dim:
+        if self.config.vector and run.info.tokens.cond_dim:
             run.condition = torch.stack([c.vector for c in conds])
         if self.config.pin != "even":
             if self.config.pin == "model":
@@ -212,7 +212,7 @@ class BertCond:
         if self.config.word_boundary and any(bool(a.any()) for a in after):
             after = torch.stack(after)
             st.after = after.nonzero(as_tuple=True)
-            st.cont = self._continuation_ids(tok, run.info.vocab_size)
+            st.cont = self._continuation_ids(tok, run.info.tokens.vocab_size)
         st.plan_s = time.perf_counter() - t1
 
     def _start_placing(self, run, st: "BertCondState", term_ids: list[list[list[int]]], prompt_lengths, length: int) -> None:
@@ -229,7 +229,7 @@ class BertCond:
         for r, n in enumerate(prompt_lengths):
             st.masked[r, :n] = False
         if self.config.word_boundary:
-            st.cont = self._continuation_ids(run.info.tokenizer, run.info.vocab_size)
+            st.cont = self._continuation_ids(run.info.tokens.tokenizer, run.info.tokens.vocab_size)
 
     @hookimpl
     def diffaccel_denoiser_output(self, run, output: Any) -> Any:
@@ -328,7 +328,7 @@ class BertCond:
         result = yield
         st = run.state(self)
         tokens = final.tokens if final.base is None else torch.where(final.fixed, final.base, final.tokens)
-        tok = run.info.tokenizer
+        tok = run.info.tokens.tokenizer
         texts = [tok.decode(row.tolist()) for row in tokens.cpu()]
         found = [presence(c.terms, t) for c, t in zip(st.conditions, texts)]
         run_s = time.perf_counter() - st.t0

@@ -185,7 +185,7 @@ class DCTAnchor:
             out = self._reuse(run, layer, hidden, bs, start, is_last_up)
             if out is not None:
                 bs.reused += 1
-                run.counters.cache_hits += 1
+                run.tally.cache_hits()
                 return out
             if 0 <= step < len(rec["decisions"]):
                 rec["decisions"][step] = COMPUTED  # nothing cached in this branch yet
@@ -311,9 +311,7 @@ class DCTAnchor:
         if bs.tail_h is None or not layer.can_run_tail(hidden):
             return None
         out = layer.run_tail(hidden, bs.tail_h, start)
-        c = run.counters  # the block ran, partly
-        c.layers_computed += 1
-        c.positions_computed += run.positions_per_layer
+        run.tally.computed_outside()  # the block ran, partly
         return out
 
 

@@ -168,8 +168,8 @@ class Parallel:
     @hookimpl
     def diffaccel_run_start(self, run) -> None:
         self.diffaccel_setup(run.info.as_dict())  # instances passed to apply(strategies=...) never went through build_strategies
-        if (run.info.sampler or "masked") != "masked":
-            raise ConfigValueError("use", f"parallel needs the masked sampler, not {run.info.sampler}")
+        if (run.info.tokens.sampler or "masked") != "masked":
+            raise ConfigValueError("use", f"parallel needs the masked sampler, not {run.info.tokens.sampler}")
         run.state(self)
 
     def _entropy(self, st: dict[str, Any], p) -> torch.Tensor:

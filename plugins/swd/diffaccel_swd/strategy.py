@@ -160,7 +160,7 @@ class SWD:
 
     @hookimpl
     def diffaccel_new_state(self, run) -> SWDState:
-        return SWDState(**self.resolved(run.info.sampler or "masked"))
+        return SWDState(**self.resolved(run.info.tokens.sampler or "masked"))
 
     @hookimpl
     def diffaccel_run_start(self, run) -> None:
@@ -251,7 +251,7 @@ class SWD:
         steps = len(st.computed)
         run.metrics[self.name] = {
             "tau": st.tau, "K": st.K, "R": st.R, "R_end": st.R_end, "max_age": st.max_age,
-            "sampler": run.info.sampler,
+            "sampler": run.info.tokens.sampler,
             "computed_per_step": st.computed,
             "stable_per_step": st.stable,
             "mean_computed": sum(st.computed) / steps if steps else 1.0,

@@ -1,6 +1,6 @@
 """time-anchor's policy for models with a ``block-stack``: skip the deep blocks once they settle.
 
-Blocks are grouped by depth (``run.info.depths``): a down block and its up counterpart share
+Blocks are grouped by depth (``run.info.stack.depths``): a down block and its up counterpart share
 depth d, the middle is deepest. At depth d, the up block's output (the middle's at the bottom) is
 what the shallower computed blocks read. At each call, below the shallowest depth (from
 ``min_depth``) whose output block is anchored in every row (a block runs on the whole batch, both
@@ -75,7 +75,7 @@ class BlockPolicy:
 
     def _init(self, st: BlockStackState, run, rows: int, device, dtype: torch.dtype = torch.float32) -> None:
         cfg = self.config
-        names, depth, kinds = run.info.layers, run.info.depths, run.info.kinds
+        names, depth, kinds = run.info.layers, run.info.stack.depths, run.info.stack.kinds
         L = len(names)
         # depth d (from min_depth): the block whose output the shallower computed blocks read
         # (up block of depth d; the middle at the bottom) and every block of depth >= d below it
@@ -155,9 +155,7 @@ class BlockPolicy:
         out = layer.run_tail(hidden, st.tail_h, self._tail_start(layer))
         st.hits += st.keys.shape[0]
         st.tailed += 1
-        c = run.counters  # the block ran, partly; its entry is not rewritten (the deep path was not)
-        c.layers_computed += 1
-        c.positions_computed += run.positions_per_layer
+        run.tally.computed_outside()  # the block ran, partly; its entry is not rewritten (the deep path was not)
         return out
 
     def _record(self, st: BlockStackState, j: int, step: int, main: torch.Tensor) -> None:

@@ -96,7 +96,7 @@ class TimeAnchor:
         m = self.metrics(states, run)
         policy.add_metrics(m, states, run)
         run.metrics[self.name] = m
-        run.counters.cache_hits += m["hits"]
+        run.tally.cache_hits(m["hits"])
 
     # -- reporting ---------------------------------------------------------------------------
     def metrics(self, states: list[AnchorState], run) -> dict[str, Any]:

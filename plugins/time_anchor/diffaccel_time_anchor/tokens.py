@@ -70,7 +70,7 @@ class TokenPolicy:
 
     def run_start(self, run) -> None:
         if self.clusters is not None:
-            n, have = (run.info.length or 0), len(self.clusters["assign"])
+            n, have = (run.info.tokens.length or 0), len(self.clusters["assign"])
             if n > have:
                 raise ConfigValueError("clusters", f"the file assigns {have} positions but the run generates {n}")
 

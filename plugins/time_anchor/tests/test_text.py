@@ -267,7 +267,7 @@ class PlanSpy:
             return None
         from diffaccel import StepPlan
 
-        mask = torch.zeros(run.batch_size, run.info.length, dtype=torch.bool)
+        mask = torch.zeros(run.batch_size, run.info.tokens.length, dtype=torch.bool)
         mask[:, self.narrow] = True
         return StepPlan(positions=mask)
 

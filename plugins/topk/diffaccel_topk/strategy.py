@@ -138,7 +138,7 @@ class TopK:
     @hookimpl
     def diffaccel_denoiser_output(self, run, output: torch.Tensor) -> Any:
         c = self.config
-        sample = c.at_steps and run.info.sampler == "masked"  # only the masked sampler commits tokens
+        sample = c.at_steps and run.info.tokens.sampler == "masked"  # only the masked sampler commits tokens
         if not (c.k_keep or sample):
             return None
         t0 = time.perf_counter()
@@ -160,7 +160,7 @@ class TopK:
         # truncated: hand the sampler the k_keep (values, indices) themselves; it samples from them
         # without ever building the (B, N, V) tensor (-inf elsewhere) that a dense answer would be
         # the adapter's truncated-logits type (token-logits): values and indices, no dense tensor
-        out = run.info.truncated_logits(vals, idx, output.shape[-1]) if dense else output.scatter(-1, idx, vals)
+        out = run.info.tokens.truncated_logits(vals, idx, output.shape[-1]) if dense else output.scatter(-1, idx, vals)
         st.values, st.indices = vals, idx
         st.steps += 1
         st.held += vals.numel()
@@ -176,7 +176,7 @@ class TopK:
         drawn = 0
         if c.at_finalize and final.tokens is None:  # an earlier strategy's choice stands
             todo = ~final.fixed
-            if run.info.sampler == "masked":
+            if run.info.tokens.sampler == "masked":
                 # committed tokens stay: the model's outputs at unmasked inputs are not trained
                 todo &= final.draft == final.mask_id
             if bool(todo.any()):
@@ -187,7 +187,7 @@ class TopK:
         steps = max(st.steps, 1)
         m: dict[str, Any] = {
             "k": c.k, "k_keep": c.k_keep or None, "temperature": c.temperature,
-            "vocab_size": run.info.vocab_size, "steps_truncated": st.steps, "steps_sampled": st.steps_sampled,
+            "vocab_size": run.info.tokens.vocab_size, "steps_truncated": st.steps, "steps_sampled": st.steps_sampled,
             "finalize_drawn": drawn, "held_values_per_step": st.held // steps, "full_values_per_step": st.full // steps,
             "held_bytes_per_step": st.held_bytes // steps, "full_bytes_per_step": st.full_bytes // steps,
             "held_ratio": st.full_bytes / st.held_bytes if st.held_bytes else 1.0, "seconds": st.seconds,

@@ -2,12 +2,12 @@
 vocabulary against top-k truncation (``k_keep``).
 
 One sampling step is the sampler's work on logits (positions, vocab): draw a token per position
-at temperature 1 and rank by confidence (the sampler's own draw, ``run.info.draw_tokens``), plus
+at temperature 1 and rank by confidence (the sampler's own draw, ``run.info.tokens.draw_tokens``), plus
 the top-1 and its probability that ``post_step`` gets. Two variants, interleaved:
 
 * full: on the dense logits, as without truncation;
 * truncated: this strategy's ``diffaccel_denoiser_output`` (top-k_keep, handed over as the
-  adapter's truncated logits, ``run.info.truncated_logits``), then the same work on the k_keep
+  adapter's truncated logits, ``run.info.tokens.truncated_logits``), then the same work on the k_keep
   values: what a run with truncation pays, the hook included.
 
 The draw and the truncated type come from the config's model (one step of it runs, to read its
@@ -80,17 +80,17 @@ def one_step(info: Any, vocab: int, positions: int, k_keep: int, repeats: int) -
     logits = torch.randn(1, positions, vocab, generator=torch.Generator().manual_seed(0)) * 3
     topk = TopK(TopKConfig(k_keep=k_keep, at_finalize=False))
     run = RunState(adapter="text", num_steps=1, batch_size=1)
-    run.info.set(seeds=[0], vocab_size=vocab, sampler="masked", truncated_logits=info.truncated_logits)
+    run.info.set(seeds=[0], vocab_size=vocab, sampler="masked", truncated_logits=info.tokens.truncated_logits)
     topk.diffaccel_run_start(run)
     gen, every = torch.Generator().manual_seed(1), torch.arange(positions)
 
     def full() -> None:
-        info.draw_tokens(logits[0], 1.0, gen)
+        info.tokens.draw_tokens(logits[0], 1.0, gen)
         logits.float().softmax(-1).max(-1)
 
     def truncated() -> None:
         tk = topk.diffaccel_denoiser_output(run=run, output=logits)
-        info.draw_tokens(tk.rows(0, every), 1.0, gen)
+        info.tokens.draw_tokens(tk.rows(0, every), 1.0, gen)
         tk.top1()
 
     variants = {"full": full, "truncated": truncated}
@@ -117,10 +117,10 @@ def run(args: argparse.Namespace) -> int:
     tables = [e.config for e in config.strategies if e.name == "topk"]
     k_keep = args.k_keep or (tables[0].k_keep if tables and tables[0].k_keep else 128)
     info = sampler_info(config)
-    if info is None or info.draw_tokens is None or info.truncated_logits is None:
+    if info is None or info.tokens.draw_tokens is None or info.tokens.truncated_logits is None:
         raise ConfigError(f"{args.config}: its model's sampler hands strategies no draw_tokens and truncated_logits "
                           f"(text models with token-logits do)")
-    for vocab in args.vocab or [info.vocab_size]:
+    for vocab in args.vocab or [info.tokens.vocab_size]:
         if k_keep > vocab:
             raise ConfigError(f"--k-keep {k_keep} is above the vocabulary ({vocab})")
         r = one_step(info, vocab, args.positions, k_keep, args.repeats)

@@ -1,5 +1,5 @@
 """``diffaccel topk-truncation``: the memory a step holds with and without truncation, through the
-sampler's draw the text adapter hands strategies (``run.info.draw_tokens``)."""
+sampler's draw the text adapter hands strategies (``run.info.tokens.draw_tokens``)."""
 
 from __future__ import annotations
 
@@ -23,16 +23,16 @@ def info(tmp_path_factory):
 def test_the_text_sampler_hands_strategies_its_draw(info):
     """At temperature 0 the draw is the argmax with the special tokens banned, on dense logits
     and on their truncated form alike."""
-    vocab = info.vocab_size
+    vocab = info.tokens.vocab_size
     logits = torch.randn(5, vocab, generator=torch.Generator().manual_seed(0))
     logits[:, 0] = 100.0  # a special token ([PAD], [MASK]...) is never drawn, however likely
-    conf, tok = info.draw_tokens(logits, 0.0, torch.Generator())
+    conf, tok = info.tokens.draw_tokens(logits, 0.0, torch.Generator())
     banned = logits.clone()
     banned[:, 0] = -float("inf")
     assert torch.equal(tok, banned.argmax(-1))
     vals, idx = logits.topk(8, dim=-1)
-    tk = info.truncated_logits(vals[None], idx[None], vocab)
-    _, tok_k = info.draw_tokens(tk.rows(0, torch.arange(5)), 0.0, torch.Generator())
+    tk = info.tokens.truncated_logits(vals[None], idx[None], vocab)
+    _, tok_k = info.tokens.draw_tokens(tk.rows(0, torch.arange(5)), 0.0, torch.Generator())
     assert torch.equal(tok_k, tok)
 
 
