@@ -24,7 +24,7 @@ def test_bad_options_are_one_line_and_exit_2(tmp_path, monkeypatch, capsys, args
     monkeypatch.chdir(tmp_path)
     (tmp_path / "text.toml").write_text(MODEL)
     loaded = []
-    monkeypatch.setattr("diffaccel.serve.engine.get_adapter", lambda name: loaded.append(name))  # the model's loading
+    monkeypatch.setattr("diffaccel.runtime.runs.get_adapter", lambda name: loaded.append(name))  # the model's loading
     assert main(["serve", "text.toml", "--port", "0", *args]) == 2  # port 0: whatever listens on 8000 here
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0] and err[0].startswith("diffaccel: error: ")
@@ -35,7 +35,7 @@ def test_a_preset_of_another_model_is_refused_naming_its_file(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     (tmp_path / "text.toml").write_text(MODEL)
     (tmp_path / "other.toml").write_text(MODEL.replace("length = 32", "length = 64"))
-    monkeypatch.setattr("diffaccel.serve.engine.get_adapter", lambda name: pytest.fail("the model was loaded"))
+    monkeypatch.setattr("diffaccel.runtime.runs.get_adapter", lambda name: pytest.fail("the model was loaded"))
     assert main(["serve", "text.toml", "--port", "0", "--preset", "long=other.toml"]) == 2
     err = capsys.readouterr().err
     assert "other.toml: [model] differs from text.toml's; a preset must serve the same model" in err
@@ -46,7 +46,7 @@ def test_a_port_in_use_is_one_line_and_exit_2_before_the_model_loads(tmp_path, m
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "text.toml").write_text(MODEL)
-    monkeypatch.setattr("diffaccel.serve.engine.get_adapter", lambda name: pytest.fail("the model was loaded"))
+    monkeypatch.setattr("diffaccel.runtime.runs.get_adapter", lambda name: pytest.fail("the model was loaded"))
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
