@@ -72,6 +72,10 @@ TUNES: dict[str, list[str]] = {
     # the sudoku task model (docs/task-benchmarks.md benches it beside the steps-N line)
     "tune-sudoku": ["configs/sudoku-tune.toml", "--budget", "acc>=-0.01", "--model-space", "steps=41,31,27,20,14,10",
                     "--out", "configs/sudoku-fast.toml", "--trials", "27", "--heldout", "256"],
+    # the arith task model: 16 searched trials, then 2 points enqueued by hand (parallel alone at
+    # threshold 0.999, 43 and 29 steps; docs/task-models.md), validated with --candidates 3
+    "tune-arith": ["configs/arith-tune.toml", "--budget", "acc>=-0.01", "--model-space", "steps=86,64,43,29,22",
+                   "--out", "configs/arith-fast.toml", "--trials", "18", "--candidates", "3", "--heldout", "256"],
     "tune-text": ["configs/text-tune.toml", "--budget", "gen_ppl<=+5%", "--budget", "distinct2>=-5%",
                   "--out", "configs/text-tuned.toml", "--trials", "12", "--tune-seeds", "4", "--heldout", "128", "--candidates", "2"],
 }
