@@ -42,11 +42,13 @@ def test_configs_may_differ_in_steps_and_scheduler_only(paths, tmp_path):
 def test_a_config_written_for_another_batch_is_compared_when_bench_sets_the_batch(paths, tmp_path):
     """A tune writes its config at the batch it tuned (e.g. 8): ``--batch`` makes it one model."""
     other = tmp_path / "b8.toml"
-    other.write_text(MODEL.format(steps=4, scheduler="dpm++2m").replace("batch = 2", "batch = 8") + ANCHOR)
+    other.write_text(MODEL.format(steps=4, scheduler="dpm++2m").replace("batch = 2", "batch = 8\nseed = 5") + ANCHOR)
     with pytest.raises(ConfigError):
         load_bench_configs([paths["base"], str(other)], Registry())
-    configs = load_bench_configs([paths["base"], str(other)], Registry(), batch=1)
-    assert [c.model.batch for c in configs] == [1, 1] and configs[1].model.steps == 4
+    with pytest.raises(ConfigError):  # the seed differs too
+        load_bench_configs([paths["base"], str(other)], Registry(), batch=1)
+    configs = load_bench_configs([paths["base"], str(other)], Registry(), batch=1, seed=0)
+    assert [(c.model.batch, c.model.seed) for c in configs] == [(1, 0), (1, 0)] and configs[1].model.steps == 4
 
 
 def test_solver_line_and_a_cache_on_a_solver_judged_against_both(paths):

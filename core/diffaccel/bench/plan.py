@@ -57,9 +57,7 @@ def plan_configs(paths: list[str], o: BenchOptions, registry: Registry) -> Bench
     grid = o.grid
     if grid and all(isinstance(a, str) for a in grid):  # as typed after --grid: "tau=0.01,0.5"
         grid = parse_grid(list(grid))
-    configs = load_bench_configs(paths, registry, grid, o.batch)
-    if o.seed is not None:
-        configs = [with_seed(c, o.seed) for c in configs]
+    configs = load_bench_configs(paths, registry, grid, o.batch, o.seed)
     adapter = get_adapter(configs[0].model.adapter)
     configs, variants, alone, homes = add_peers(configs, adapter, o.solver_line, entry_name)
     base = configs[0]
@@ -92,14 +90,17 @@ def with_batch(config: RunConfig, batch: int) -> RunConfig:
 
 
 def load_bench_configs(paths: list[str], registry: Registry, grid: list[Any] | None = None,
-                       batch: int | None = None) -> list[RunConfig]:
+                       batch: int | None = None, seed: int | None = None) -> list[RunConfig]:
     """The configs of ``paths``, each config with strategies expanded over ``grid`` (``grid.Axis``
-    list, ``bench --grid``) and ``[model] batch`` set to ``batch`` when given (``--batch``: so
-    configs written for another batch size, such as a tune's output, still share one model), all
-    validated; one ``ConfigError`` line for the first problem."""
+    list, ``bench --grid``) and ``[model] batch`` and ``seed`` set when given (``--batch``,
+    ``--seed``: set before the same-model check, so configs written for another batch or seed,
+    such as a tune's output, still share one model), all validated; one ``ConfigError`` line for
+    the first problem."""
     configs = [load_config(p, registry) for p in paths]
     if batch is not None:
         configs = [with_batch(c, batch) for c in configs]
+    if seed is not None:
+        configs = [with_seed(c, seed) for c in configs]
     if grid:
         configs = [g for c, p in zip(configs, paths) for g in (expand(p, grid, registry) if c.strategies else [c])]
     first = configs[0]

@@ -82,15 +82,13 @@ def _set_up(paths: list[str], prompts: str, o: BenchOptions) -> _Shared:
     from ..runtime.jobs import check_job_config, load_problem, on_own_device, process_state, raise_if_any, read_items
     from ..runtime.registry import Registry
     from ..runtime.runs import Run
-    from .plan import _peer_entries, entry_name, load_bench_configs, with_seed
+    from .plan import _peer_entries, entry_name, load_bench_configs
     from .scoring import _load_judge
 
     base = problem = configs = items = adapter = None
     try:  # bad input: every process raises the same line together (jobs.raise_if_any)
         registry = Registry()
-        configs = load_bench_configs(paths, registry)
-        if o.seed is not None:
-            configs = [with_seed(c, o.seed) for c in configs]
+        configs = load_bench_configs(paths, registry, seed=o.seed)
         base = configs[0]
         items = read_items(prompts, base.model.seed)
         empty = [it.line + 1 for it in items if not it.prompt.strip()]
