@@ -69,7 +69,8 @@ class Task:
 
 
 def _strategy_configs(task: str) -> tuple[str, ...]:
-    return tuple(f"configs/{task}-{s}.toml" for s in ("swd", "time-anchor", "swd-time-anchor", "parallel", "parallel-swd-time-anchor"))
+    return tuple(f"configs/{task}-{s}.toml" for s in ("swd", "time-anchor", "swd-time-anchor", "parallel", "parallel-factor",
+                                                              "parallel-entropy", "parallel-swd-time-anchor", "topk"))
 
 
 TASKS = {
