@@ -38,7 +38,7 @@ BENCHES: dict[str, list[str]] = {
     "text-masked-b1": [*TEXT, "--seeds", "8"],
     "text-masked-b8": [*TEXT, "--seeds", "1", "--batch", "8"],
     "digits-dct": ["configs/digits-dct.toml", "--seeds", "1"],  # 10 images per seed; DeepCache peers in the config
-    "digits-time-anchor": ["configs/digits-time-anchor.toml", "--seeds", "1"],
+    "digits-time-anchor": ["configs/digits.toml", "configs/digits-time-anchor.toml", "--seeds", "1"],  # on DDIM-35: DDIM-50 first
     "sd-medium-dct-fast": ["configs/sd-medium.toml", "configs/sd-medium-dct-fast.toml", "--seeds", "1"],  # + DeepCache i3
     "text-continuous-b1": [*CONTINUOUS, "--seeds", "2", "--judge", "none"],
     "text-continuous-b8": [*CONTINUOUS, "--seeds", "1", "--batch", "8", "--judge", "none"],

@@ -290,6 +290,9 @@ def test_dct_anchor_extrapolates_the_kept_residual_on_dit():
     assert torch.equal(extrapolated([(2, a), (4, b)], 5), torch.tensor([2.5, 6.5]))  # slope over 2 steps, 1 ahead
     pair = extrapolated([(0, (a, None)), (1, (b, None))], 3)
     assert torch.equal(pair[0], torch.tensor([4.0, 11.0])) and pair[1] is None
+    # reach: at most that many spans (s2 - s1) past s2, then held
+    assert torch.equal(extrapolated([(0, a), (1, b)], 3, reach=1.0), torch.tensor([3.0, 8.0]))
+    assert torch.equal(extrapolated([(2, a), (4, b)], 5, reach=1.0), torch.tensor([2.5, 6.5]))  # within reach: unchanged
     seen = {}
     for flag in (False, True):
         cfg = diffaccel.parse_config(_dct_config(threshold=10.0, blocks=LAYERS[1:3], max_reuse=3, extrapolate=flag))

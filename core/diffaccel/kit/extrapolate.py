@@ -14,11 +14,18 @@ from typing import Any
 import torch
 
 
-def extrapolated(kept: list[tuple[int, Any]], step: int) -> Any:
+def extrapolated(kept: list[tuple[int, Any]], step: int, reach: float | None = None) -> Any:
     """``v2 + (v2 - v1) * (step - s2) / (s2 - s1)`` for ``kept = [(s1, v1), (s2, v2)]`` (s1 < s2),
-    element by element for a tuple (entries that are not tensors in both are taken from v2)."""
+    element by element for a tuple (entries that are not tensors in both are taken from v2).
+
+    ``reach``: extend the line at most this many times its measured span ``s2 - s1`` past s2, and
+    hold it there (None: no bound). A slope measured between two adjacent steps (the last two of
+    a warm-up) and carried a whole refresh interval ahead multiplies the early, fast change by the
+    interval: with reach 1 a slope is never used further than the span it was measured over."""
     (s1, v1), (s2, v2) = kept
     k = (step - s2) / (s2 - s1)
+    if reach is not None:
+        k = min(k, reach)
 
     def one(a, b):
         return b + (b - a) * k if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) else b

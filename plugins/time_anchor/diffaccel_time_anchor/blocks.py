@@ -42,6 +42,8 @@ class BlockStackState(AnchorState):
     """With tail_layers: the up block that runs its tail alone."""
     tail_h: torch.Tensor | None = None
     """The features entering its tail at its last full run."""
+    tail_kept: list = attrs.Factory(list)
+    """With extrapolate: (step, the features entering the tail) at its last two full runs."""
     tailed: int = 0
     kept: dict[int, list] = attrs.Factory(dict)
     """With extrapolate: per block, (step, what it kept) at its last two computations."""
@@ -67,7 +69,7 @@ class BlockPolicy:
         pass
 
     def finish(self, st: BlockStackState) -> None:
-        st.kept = {}  # the kept block values are not needed after the run
+        st.kept, st.tail_kept = {}, []  # the kept values are not needed after the run
 
     def add_metrics(self, m: dict[str, Any], states: list[BlockStackState], run) -> None:
         m["skipped_per_block"] = [sum(s.skipped[j] for s in states if s.skipped) for j in range(len(m["layers"]))]
@@ -131,6 +133,8 @@ class BlockPolicy:
             with layer.capture_tail(hidden, start) as got:
                 out = layer.compute(hidden)
             st.tail_h = got.get("h")
+            if self.config.extrapolate and st.tail_h is not None:
+                st.tail_kept = keep(st.tail_kept, run.step, st.tail_h)
         else:
             out = layer.compute(hidden)
             if self.config.extrapolate:
@@ -152,7 +156,9 @@ class BlockPolicy:
         that entered them at its last full run (None when there are none: it is computed)."""
         if st.tail_h is None or not layer.can_run_tail(hidden):
             return None
-        out = layer.run_tail(hidden, st.tail_h, self._tail_start(layer))
+        # extrapolated no further than the span of its last two full runs (kit.extrapolate's reach)
+        h = extrapolated(st.tail_kept, run.step, reach=1.0) if len(st.tail_kept) == 2 else st.tail_h
+        out = layer.run_tail(hidden, h, self._tail_start(layer))
         st.hits += st.keys.shape[0]
         st.tailed += 1
         run.tally.computed_outside()  # the block ran, partly; its entry is not rewritten (the deep path was not)

@@ -71,7 +71,7 @@ class TimeAnchorConfig:
     tail_layers: int = attrs.field(default=0, validator=non_negative)
     """UNet, with min_depth 0: when the outermost depth is anchored, the last up block runs only its last tail_layers layers, on the features that entered them at its last full run and the fresh skip samples (DeepCache's shallow branch); every other block is skipped. 0: it is served whole (the model's output is reused)."""
     extrapolate: bool = False
-    """Block stack: serve a skipped block from the first-order extrapolation of what it kept (a DiT block: its residual) through its last two computed steps instead of the last one alone (``diffaccel.kit.extrapolate``). Not with tail_layers' tail runs."""
+    """Block stack: serve a skipped block from the first-order extrapolation of what it kept (a DiT block: its residual) through its last two computed steps instead of the last one alone (``diffaccel.kit.extrapolate``); with tail_layers, the features entering the tail likewise (DeepCache's cached deep features, extended along their last two full runs)."""
     sketch: int = attrs.field(default=1024, validator=in_range(16, 65536))
     """UNet: coordinates per row sampled from a block's output for the change test (the reference states the cache holds)."""
 

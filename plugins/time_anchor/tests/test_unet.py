@@ -165,3 +165,37 @@ def test_bench_plot_writes_a_png(pipe, tmp_path):
     s.diffaccel_bench_plot([rep, rep], tmp_path / "plot.png")
     data = (tmp_path / "plot.png").read_bytes()
     assert data[:4] == b"\x89PNG" and len(data) < 200_000
+
+
+def test_extrapolate_extends_the_tail_features_no_further_than_their_last_span(pipe):
+    """extrapolate with tail_layers: at a tail-only step t the tail reads v2 + (v2 - v1) * k, the
+    line through the features entering it at its last two full runs (s1, v1), (s2, v2), with
+    k = (t - s2) / (s2 - s1) held at 1 (kit.extrapolate's reach): a slope taken over adjacent
+    warm-up steps is never carried a whole refresh interval ahead."""
+    last = pipe.unet.up_blocks[-1]
+    h_ch = last.resnets[-2].out_channels  # the tail's input is (features, skip sample)
+    full, calls = [False], []
+
+    def tail_input(_module, args):  # returns None: the arguments are left as they are
+        calls.append((full[0], args[0][:, :h_ch].clone()))
+        full[0] = False
+
+    hooks = [last.resnets[0].register_forward_pre_hook(lambda _m, _a: full.__setitem__(0, True)),
+             last.resnets[-1].register_forward_pre_hook(tail_input)]
+    try:
+        _, rep = generate(pipe, [anchor(min_depth=0, tail_layers=1, threshold=0.9, warmup=3, max_age=5, extrapolate=True)])
+    finally:
+        for h in hooks:
+            h.remove()
+    assert rep["strategies"]["time-anchor"]["tail_only"] > 0
+    runs, capped, moved = [], 0, 0
+    for t, (was_full, h) in enumerate(calls):
+        if was_full:
+            runs.append((t, h))
+            continue
+        (s1, v1), (s2, v2) = runs[-2:]
+        k = (t - s2) / (s2 - s1)
+        capped += k > 1
+        torch.testing.assert_close(h, v2 + (v2 - v1) * min(k, 1.0))
+        moved += not torch.equal(h, v2)
+    assert capped > 0 and moved > 0  # the bound was reached, and the features were not merely held
