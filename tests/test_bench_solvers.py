@@ -51,6 +51,16 @@ def test_a_config_written_for_another_batch_is_compared_when_bench_sets_the_batc
     assert [(c.model.batch, c.model.seed) for c in configs] == [(1, 0), (1, 0)] and configs[1].model.steps == 4
 
 
+def test_batch_and_seed_reach_every_grid_point(paths):
+    """--grid builds its points from the config file: --batch and --seed are set on them too (a
+    threshold sweep at batch 8 of a batch-1 config was refused as another model)."""
+    from diffaccel.bench.grid import parse_grid
+
+    configs = load_bench_configs([paths["base"], paths["fast"]], Registry(), grid=parse_grid(["threshold=0.3,0.6"]),
+                                 batch=8, seed=7)
+    assert len(configs) == 3 and {(c.model.batch, c.model.seed) for c in configs} == {(8, 7)}
+
+
 def test_solver_line_and_a_cache_on_a_solver_judged_against_both(paths):
     result = run_bench([paths["base"], paths["fast"], paths["dpm"]],
                        BenchOptions(seeds=2, solver_line=True, progress=False, noise_floor=False))

@@ -97,12 +97,12 @@ def load_bench_configs(paths: list[str], registry: Registry, grid: list[Any] | N
     such as a tune's output, still share one model), all validated; one ``ConfigError`` line for
     the first problem."""
     configs = [load_config(p, registry) for p in paths]
+    if grid:  # first: a grid point is built from its file, so --batch and --seed must reach it after
+        configs = [g for c, p in zip(configs, paths) for g in (expand(p, grid, registry) if c.strategies else [c])]
     if batch is not None:
         configs = [with_batch(c, batch) for c in configs]
     if seed is not None:
         configs = [with_seed(c, seed) for c in configs]
-    if grid:
-        configs = [g for c, p in zip(configs, paths) for g in (expand(p, grid, registry) if c.strategies else [c])]
     first = configs[0]
     for c in (c for c in configs[1:] if model_differs(first, c)):  # steps and scheduler may differ (bench_variants)
         check_same_model(first, c, get_adapter(first.model.adapter))
