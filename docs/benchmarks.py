@@ -130,6 +130,8 @@ HEADLINE: list[tuple[str, str, list[Figure]]] = [
       Figure("WordNet masked", "text-swd-time-anchor", "text-masked-b1", "text-masked-b8")]),
     ("[`parallel`](plugins/parallel)", "commits every masked position a rule finds confident: fewer steps, not cheaper ones (text)",
      [Figure("sudoku (threshold 0.9)", "sudoku-parallel", "sudoku-b1", "sudoku-b8"),
+      Figure("factor rule 1", "sudoku-parallel-factor", "sudoku-b1", "sudoku-b8"),
+      Figure("entropy rule 0.1", "sudoku-parallel-entropy", "sudoku-b1", "sudoku-b8"),
       Figure("+ swd + time-anchor", "sudoku-parallel-swd-time-anchor", "sudoku-b1", "sudoku-b8"),
       Figure("WordNet masked", "text-parallel", "text-parallel-b1", "text-parallel-b8"),
       Figure("+ swd + time-anchor", "text-parallel-swd-time-anchor", "text-parallel-b1", "text-parallel-b8")]),
@@ -141,7 +143,8 @@ HEADLINE: list[tuple[str, str, list[Figure]]] = [
      "against DDIM-50, and against the solver alone",
      [Figure("digits", "digits-fast", "digits-solvers-b1", "digits-solvers-b10", solvers=("digits-solvers-b1", "digits-solvers-b10")),
       Figure("digits DiT", "dit-digits-fast", "dit-digits-solvers-b1", "dit-digits-solvers-b10", solvers=("dit-digits-solvers-b1", "dit-digits-solvers-b10"))]),
-    ("[`topk`](plugins/topk)", "top-k sampling and top-k logit truncation (text)", []),
+    ("[`topk`](plugins/topk)", "top-k sampling and top-k logit truncation (text): a sampling rule, not a speedup",
+     [Figure("sudoku (k 5 at temperature 0.5)", "sudoku-topk", "sudoku-b1", "sudoku-b8")]),
     ("[`bert-cond`](plugins/bert_cond)", "a pretrained BERT picks key terms of a source; the masked sampler writes around them (text)",
      [Figure("conditional model", "text-bert-cond", "text-bert-cond-b8")]),
 ]
