@@ -65,7 +65,7 @@ BENCHES.update(SOLVERS)
 # Each is ``diffaccel tune`` as recorded (its report folder is added); long (minutes to most of an
 # hour on this 2-core machine), so not part of a plain run. Their held-out seeds start at 100000.
 TUNES: dict[str, list[str]] = {
-    "tune-digits": ["configs/digits-tune.toml", "--budget", "psnr>=30", "--budget", "acc>=-0.02",
+    "tune-digits": ["configs/digits-tune.toml", "--budget", "psnr>=30", "--budget", "acc>=-0.02", "--model-space", "steps=50,40,35,30",
                     "--out", "configs/digits-tuned.toml", "--trials", "24", "--tune-seeds", "2", "--heldout", "40"],
     "tune-dit-digits": ["configs/dit-digits-tune.toml", "--budget", "psnr>=30", "--budget", "acc>=-0.02",
                         "--out", "configs/dit-digits-tuned.toml", "--trials", "24", "--tune-seeds", "4", "--heldout", "64"],
