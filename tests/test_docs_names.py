@@ -90,3 +90,21 @@ def test_a_stale_name_is_caught(tmp_path):
                    "`diffaccel.contract.capabilities.TOKEN_LOGITS`, the group `diffaccel.commands`.")
     assert stale_names([doc]) == ["stale.md: diffaccel.bench.run_bench", "stale.md: diffaccel.contract.state.NoSuchThing",
                                   "stale.md: diffaccel.hookspecs", "stale.md: diffaccel.nowhere.at_all"]
+
+
+PATH = re.compile(r"`((?:adapters|core|plugins|scripts|docs|tests|configs)/[A-Za-z0-9_./-]+)`")
+
+
+def test_every_backticked_repository_path_exists():
+    """A backticked path in README.md, docs/*.md or a plugin's README (``adapters/diffusers/dit``,
+    ``configs/x.toml``) names a file or folder that exists: from the repository root, or in a
+    plugin's README from the plugin's folder too (its ``configs/...``). Files moved by a
+    restructure leave no stale path behind."""
+    readmes = sorted(ROOT.glob("plugins/*/README.md"))
+    missing = []
+    for doc in [*DOCS, *readmes]:
+        bases = [ROOT] + ([doc.parent] if doc in readmes else [])
+        for path in PATH.findall(doc.read_text()):
+            if not any((base / path.rstrip("/")).exists() for base in bases):
+                missing.append(f"{doc.relative_to(ROOT)}: {path}")
+    assert not missing, "paths that do not exist:\n" + "\n".join(missing)
