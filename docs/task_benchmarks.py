@@ -76,6 +76,8 @@ def _strategy_configs(task: str) -> tuple[str, ...]:
 TASKS = {
     "sudoku": Task("sudoku", "cells_acc", _strategy_configs("sudoku"), "6x6 sudoku, 12 to 20 blanks: solved rate (a valid grid keeping "
                    "the givens) and cells_acc (blank cells equal to the reference)"),
+    "sudoku9": Task("sudoku9", "cells_acc", _strategy_configs("sudoku9"), "9x9 sudoku (the 9x9 model; the 6x6 one above carries "
+                    "the tuned config): solved rate and cells_acc, as for 6x6"),
     "arith": Task("arith", "steps_acc", _strategy_configs("arith"), "miniature GSM8K, 2 to 4 operations: final answer exact, and "
                   "steps_acc (equations written as the reference writes them)"),
 }

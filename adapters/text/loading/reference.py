@@ -17,7 +17,8 @@ from ..sampling.tokenizer import TextTokenizer
 
 ASSETS = Path(__file__).parents[1] / "assets"
 SHIPPED = {"wordnet-masked": "wordnet-masked", "default": "wordnet-masked", "wordnet-continuous": "wordnet-continuous",
-           "wordnet-masked-cond": "wordnet-masked-cond", "arith": "arith", "sudoku": "sudoku"}
+           "wordnet-masked-cond": "wordnet-masked-cond", "arith": "arith", "sudoku": "sudoku",
+           "sudoku9": "sudoku9"}
 
 
 def shipped_path(name: str) -> Path:
