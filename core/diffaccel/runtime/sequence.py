@@ -111,10 +111,7 @@ class Tally:
         """A layer call a strategy answered by running part of the layer itself, outside
         ``Layer.compute`` (a block's tail, ``layer.run_tail``): a computed layer over ``positions``
         (default ``run.positions_per_layer``)."""
-        c = self.run.counters
-        c.layers_computed += 1
-        c.positions_computed += self.run.positions_per_layer if positions is None else positions
-        self.core += 1
+        self.unhooked(self.run.positions_per_layer if positions is None else positions)
 
     def unhooked(self, positions: int) -> None:
         """A layer the adapter computed outside ``layer_output`` and ``Layer.compute``: computed, but
