@@ -299,3 +299,30 @@ def test_the_sudoku_tune_searches_parallels_threshold_up_to_0_999_and_its_rules(
     space = tunable_space(load_config("configs/sudoku-tune.toml", registry), registry)
     assert set(space) == {"swd", "time-anchor", "parallel"}
     assert max(space["parallel"]["tau"].choices) == 0.999 and set(space["parallel"]["rule"].choices) == {"threshold", "factor", "entropy"}
+
+
+def test_hard_sudoku_split_searches_grids_and_keeps_its_range():
+    spec = task_spec("sudoku-hard", 9)
+    assert spec.key == "sudoku9-hard" and spec.max_len == task_spec("sudoku", 9).max_len  # the sudoku9 model runs it
+    held = [spec.heldout(i) for i in range(40)]
+    assert all(is_held_out(p.prompt) for p in held) and held == [spec.heldout(i) for i in range(40)]
+    assert all(50 <= p.prompt.count("0") <= 58 for p in held)
+    grids = [np.array([int(c) for c in p.answer]).reshape(9, 9) for p in held]
+    assert all(sudoku.valid(g) for g in grids)
+    assert all(spec.score(p, ["".join(map(str, r)) for r in g]) == {"acc": 1.0, "cells_acc": 1.0} for p, g in zip(held, grids))
+    # a searched grid is not a relabelled base pattern: in _grid's, the first rows of a band's three
+    # boxes hold the same three digit sets cyclically, which a searched grid seldom keeps
+    def cyclic(g):
+        return all({frozenset(g[r, 3 * b:3 * b + 3]) for r in range(3 * band, 3 * band + 3)} ==
+                   {frozenset(g[3 * band, 3 * b2:3 * b2 + 3]) for b2 in range(3)} for band in range(3) for b in range(3))
+    base = [sudoku.generate(np.random.default_rng(s), 9) for s in range(20)]
+    assert all(cyclic(np.array([int(c) for c in p.answer]).reshape(9, 9)) for p in base)
+    assert sum(cyclic(g) for g in grids) < 5
+
+
+def test_hard_sudoku_is_9x9_only(tmp_path, capsys):
+    cfg = _config(tmp_path, tmp_path / "no-such-model", "sudoku")
+    cfg.write_text(cfg.read_text().replace('task = "sudoku"', 'task = "sudoku-hard"'))
+    assert main(["check", str(cfg)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "key 'grid'" in err and "sudoku-hard grid 6: allowed 9" in err

@@ -46,7 +46,7 @@ class TextOptions:
     diffusion), so their keys and values are computed once per block instead of every step;
     exact for that attention pattern. Needs ``length`` a multiple of ``block_size``."""
     task: str | None = None
-    """A task model's task (``arith`` or ``sudoku``): row r of seed s solves held-out problem s + r
+    """A task model's task (``arith``, ``ledger`` or ``sudoku``): row r of seed s solves held-out problem s + r
     (or the ``prompts``, which must be problems of the task), and quality is the task's accuracy
     (``acc``) and second metric; ``length`` and the default steps are the task's; no judge."""
     grid: int = 9

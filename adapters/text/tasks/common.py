@@ -1,6 +1,6 @@
 """What the task models share: the problem record, the held-out split, the word-level tokenizer.
 
-A task (``arith``, ``sudoku``) makes a problem from a seed, deterministically. A content hash of
+A task (``arith``, ``ledger``, ``sudoku``) makes a problem from a seed, deterministically. A content hash of
 the problem's prompt decides its split: one problem in ``HELD_OUT_EVERY`` is held out, and
 training never sees one (``training_problem`` rejects them). The bench's seed ``s`` is held-out
 problem s (``heldout_problem``), so any seed range is a set of unseen problems.
@@ -47,10 +47,24 @@ def seed_rng(task: str, *seed: int) -> np.random.Generator:
     return np.random.default_rng([int.from_bytes(task.encode(), "big") % (2**32), *seed])
 
 
+_HELD: dict[tuple[str, int], Problem] = {}
+
+
 def heldout_problem(task: str, draw: Callable[[np.random.Generator], Problem], index: int) -> Problem:
     """Held-out problem ``index`` of ``task``: the first held-out one of the problems drawn from
     the streams (index, 0), (index, 1), ... (about ``HELD_OUT_EVERY`` draws; no scan over the
-    indices before it, so any seed is as quick as seed 0)."""
+    indices before it, so any seed is as quick as seed 0). Kept once drawn (a few thousand at
+    most): a bench draws the same problems for every entry, inside its timed runs, and a
+    searched sudoku grid costs milliseconds."""
+    if (task, index) in _HELD:
+        return _HELD[task, index]
+    if len(_HELD) > 8192:
+        _HELD.clear()
+    _HELD[task, index] = p = _first_held_out(task, draw, index)
+    return p
+
+
+def _first_held_out(task: str, draw: Callable[[np.random.Generator], Problem], index: int) -> Problem:
     j = 0
     while True:
         p = draw(seed_rng(task, index, j))

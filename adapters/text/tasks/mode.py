@@ -1,4 +1,4 @@
-"""The text adapter's task mode (``[model] task = "arith"`` or ``"sudoku"``).
+"""The text adapter's task mode (``[model] task = "arith"``, ``"ledger"`` or ``"sudoku"``).
 
 Row r of a run with seed s solves held-out problem s + r (``TaskSpec.heldout``), or the user's
 own problems (``prompts``, checked against the task's format when the config loads, before any
@@ -29,7 +29,10 @@ def check_options(options) -> None:
         raise ConfigValueError("task", f"must be one of {', '.join(map(repr, TASKS))}, got {options.task!r}")
     if options.grid not in GRIDS:
         raise ConfigValueError("grid", f"must be one of {', '.join(map(str, GRIDS))} (a sudoku's size), got {options.grid!r}")
-    spec = spec_of(options)
+    try:
+        spec = spec_of(options)
+    except ValueError as exc:  # a grid the task has no split of (sudoku-hard: 9x9 only)
+        raise ConfigValueError("grid", str(exc)) from None
     for i, prompt in enumerate(options.prompts):
         if not prompt.strip():
             continue  # an empty prompt: the row's own held-out problem

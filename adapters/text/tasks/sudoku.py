@@ -20,6 +20,8 @@ NAME = "sudoku"
 BOXES = {9: (3, 3), 6: (2, 3), 4: (2, 2)}
 #: blanks per puzzle, as a share of the cells (drawn uniformly in this range)
 BLANKS = {9: (30, 45), 6: (12, 20), 4: (5, 10)}
+#: the hard split (``task = "sudoku-hard"``): 9x9 only, 23 to 31 givens, grids from a randomized search
+HARD_BLANKS = {9: (50, 58)}
 WORDS: list[str] = []  # digits and the space marker are in every task tokenizer
 
 
@@ -38,6 +40,49 @@ def _grid(rng: np.random.Generator, n: int) -> np.ndarray:
 def generate(rng: np.random.Generator, n: int = 9) -> Problem:
     grid = _grid(rng, n)
     lo, hi = BLANKS[n]
+    blanks = rng.choice(n * n, size=int(rng.integers(lo, hi + 1)), replace=False)
+    puzzle = grid.reshape(-1).copy()
+    puzzle[blanks] = 0
+    return Problem(prompt="".join(map(str, puzzle)), solution=[[*"".join(map(str, row))] for row in grid],
+                   answer="".join(map(str, grid.reshape(-1))))
+
+
+def search_grid(rng: np.random.Generator, n: int = 9) -> np.ndarray:
+    """A valid n x n grid drawn by a randomized depth-first search (each cell tries the digits it
+    may take in a random order): any valid grid can come out, not only relabellings and
+    permutations of one base pattern as ``_grid``'s. Rows, columns and boxes keep bit masks of
+    their digits (plain ints: numpy per cell made a 9x9 grid cost tens of milliseconds)."""
+    bh, bw = BOXES[n]
+    g = [0] * (n * n)
+    rows, cols, boxes = [0] * n, [0] * n, [0] * n
+    orders = [[int(d) + 1 for d in rng.permutation(n)] for _ in range(n * n)]
+
+    def fill(k: int) -> bool:
+        if k == n * n:
+            return True
+        r, c = divmod(k, n)
+        b = (r // bh) * (n // bw) + c // bw
+        used = rows[r] | cols[c] | boxes[b]
+        for d in orders[k]:
+            bit = 1 << d
+            if not used & bit:
+                g[k] = d
+                rows[r] |= bit; cols[c] |= bit; boxes[b] |= bit  # noqa: E702
+                if fill(k + 1):
+                    return True
+                rows[r] ^= bit; cols[c] ^= bit; boxes[b] ^= bit  # noqa: E702
+        return False
+
+    fill(0)
+    return np.array(g).reshape(n, n)
+
+
+def generate_hard(rng: np.random.Generator, n: int = 9) -> Problem:
+    """A puzzle of the hard split: a searched grid with ``HARD_BLANKS`` blanks."""
+    if n not in HARD_BLANKS:
+        raise ValueError(f"the hard sudoku split is {', '.join(f'{k}x{k}' for k in HARD_BLANKS)} only, not {n}x{n}")
+    grid = search_grid(rng, n)
+    lo, hi = HARD_BLANKS[n]
     blanks = rng.choice(n * n, size=int(rng.integers(lo, hi + 1)), replace=False)
     puzzle = grid.reshape(-1).copy()
     puzzle[blanks] = 0

@@ -32,6 +32,7 @@ from ..sampling.model import TextDiffusionConfig, TextDiffusionLM
 from . import TaskSpec, task_spec
 from .common import HELD_OUT_EVERY, eos_id, is_held_out, solution_ids
 from .evaluate import solve
+from .grow import grow_from
 
 
 @attrs.frozen(kw_only=True)
@@ -59,7 +60,16 @@ class TaskTrainConfig:
     the row's mask rate. At a low rate its operands are then visible while it is scored: with
     t ~ U(0, 1) alone a result is scored with both operands visible in about 1 row in 5."""
     init: str | None = None
-    """Start from this folder's weights (a stage-one model; not its optimiser or history)."""
+    """Start from this folder's weights (a stage-one model; not its optimiser or history). A model of
+    another task, length or depth is carried over by meaning (``grow.grow_from``)."""
+    init_layers: tuple[int, ...] | None = None
+    """With ``init`` of fewer blocks: which of the new model's blocks take the source's (default: the first)."""
+    trim: bool = False
+    """Cut each batch 16 positions after its longest problem (``trim``): a curriculum's short problems
+    cost their own length."""
+    top_share: float = 0.0
+    """Chance that a training problem is drawn at the curriculum's current cap rather than uniformly
+    below it (ledger: so the full-size prompt is not one draw in twelve at the end)."""
     bf16: bool = True
     """Forward and backward under bfloat16 autocast (weights and optimiser stay float32): a
     CPU with AMX or AVX512-BF16 runs the matrix products faster."""
@@ -95,6 +105,15 @@ def encode(spec: TaskSpec, tok, problems) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, gen
 
 
+def trim(ids: torch.Tensor, gen: torch.Tensor, eos: int, slack: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch cut ``slack`` positions after its longest prompt and solution: a curriculum's short
+    problems (ledger's few facts) cost their own length, not the model's; the rows keep an [EOS]
+    tail as long as the task's at full size. A batch that fills the model is returned whole."""
+    used = int(((ids != eos) | ~gen).long().cumsum(1).argmax(1).max()) + 1  # last non-[EOS] position + 1
+    n = min(ids.shape[1], used + slack)
+    return ids[:, :n], gen[:, :n]
+
+
 def masked_loss(model: TextDiffusionLM, ids: torch.Tensor, gen: torch.Tensor, g: torch.Generator,
                 focus: torch.Tensor | None = None, focus_p: float = 0.0) -> torch.Tensor:
     B = ids.shape[0]
@@ -120,13 +139,14 @@ def level_cap(spec: TaskSpec, cfg: TaskTrainConfig, step: int) -> int:
 class Sampler:
     """Training problems: drawn from ``rng``, never a held-out one; counts what it rejected."""
 
-    def __init__(self, spec: TaskSpec, seed: int):
+    def __init__(self, spec: TaskSpec, seed: int, top_share: float = 0.0):
         self.spec, self.rng = spec, np.random.default_rng([seed, 0x7A5C])
         self.drawn = self.rejected = 0
+        self.top_share = top_share
 
     def draw(self, cap: int):
         while True:
-            level = int(self.rng.integers(1, cap + 1))
+            level = cap if self.top_share and self.rng.random() < self.top_share else int(self.rng.integers(1, cap + 1))
             p = self.spec.generate(self.rng, level)
             self.drawn += 1
             if not is_held_out(p.prompt):
@@ -156,7 +176,11 @@ def train_task(cfg: TaskTrainConfig) -> Path:
     model = TextDiffusionLM(TextDiffusionConfig(vocab_size=tok.vocab_size, kind="masked", max_len=spec.max_len, dim=cfg.dim,
                                                 n_layers=cfg.layers, n_heads=cfg.heads, mask_id=tok.mask_id, pad_id=tok.pad_id))
     if cfg.init:
-        model.load_state_dict(TextDiffusionLM.load(cfg.init).state_dict())
+        src = TextDiffusionLM.load(cfg.init)
+        if src.config == model.config:
+            model.load_state_dict(src.state_dict())
+        else:  # another task's model: carried over by meaning
+            print(f"grown from {cfg.init}: {grow_from(model, tok, cfg.init, list(cfg.init_layers) if cfg.init_layers else None)}")
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.98))
     warmup = max(1, cfg.steps // 50)
     began, before = time.time(), 0.0
@@ -170,7 +194,7 @@ def train_task(cfg: TaskTrainConfig) -> Path:
     def set_lr(step: int) -> None:  # linear warm-up, cosine decay to 5% of the peak
         for group in opt.param_groups:
             group["lr"] = cfg.lr * min(1.0, (step + 1) / warmup) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress(step))))
-    sampler, g = Sampler(spec, cfg.seed), torch.Generator().manual_seed(cfg.seed)
+    sampler, g = Sampler(spec, cfg.seed, cfg.top_share), torch.Generator().manual_seed(cfg.seed)
     history = {"loss": [], "eval": []}  # eval: (step, minutes, acc, second metric)
     start = 0
     ckpt = out / "ckpt.pt"
@@ -188,6 +212,8 @@ def train_task(cfg: TaskTrainConfig) -> Path:
     for step in bar:
         model.train()
         ids, gen = encode(spec, tok, [sampler.draw(level_cap(spec, cfg, step)) for _ in range(cfg.batch)])
+        if cfg.trim:
+            ids, gen = trim(ids, gen, eos_id(tok))
         focus = result_positions(tok, ids, gen) if cfg.focus else None
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
             loss = masked_loss(model, ids, gen, g, focus, cfg.focus)
