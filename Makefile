@@ -93,10 +93,10 @@ train-text: setup
 # (the text adapter writes its training lines to a file, which bert-cond's encoder reads: neither imports the other)
 train-text-cond: setup
 	$(BIN)/diffaccel text-corpus --split train --out runs/conditions/train-lines.txt
-	$(BIN)/python -m diffaccel_bert_cond.conditions --lines-from runs/conditions/train-lines.txt --out runs/conditions/shard0.safetensors --lines 2240
-	$(BIN)/python -m diffaccel_bert_cond.conditions --lines-from runs/conditions/train-lines.txt --out runs/conditions/shard1.safetensors --lines 2304 --offset 20000
-	$(BIN)/python -m diffaccel_bert_cond.conditions --lines-from runs/conditions/train-lines.txt --out runs/conditions/shard2.safetensors --lines 2304 --offset 40000
-	$(BIN)/python -m diffaccel_bert_cond.conditions --out runs/conditions/wordnet-cond.safetensors --merge runs/conditions/shard*.safetensors
+	$(BIN)/diffaccel bert-cond-conditions --lines-from runs/conditions/train-lines.txt --out runs/conditions/shard0.safetensors --lines 2240
+	$(BIN)/diffaccel bert-cond-conditions --lines-from runs/conditions/train-lines.txt --out runs/conditions/shard1.safetensors --lines 2304 --offset 20000
+	$(BIN)/diffaccel bert-cond-conditions --lines-from runs/conditions/train-lines.txt --out runs/conditions/shard2.safetensors --lines 2304 --offset 40000
+	$(BIN)/diffaccel bert-cond-conditions --out runs/conditions/wordnet-cond.safetensors --merge runs/conditions/shard*.safetensors
 	$(BIN)/diffaccel train text --out runs/text-masked-cond --init wordnet-masked --conditions runs/conditions/wordnet-cond.safetensors \
 		--cond-only --cond-line-weight 4 --cond-term-weight 8 --cond-term-mask 0.5 --steps 800 --max-minutes 30 --batch 16 --lr 3e-3 --threads 1
 	$(BIN)/python -c "from diffaccel.adapters.text.training.train import export_fp16 as e; e('runs/text-masked-cond', 'adapters/text/assets/wordnet-masked-cond')"

@@ -5,13 +5,13 @@ In 0.2 the diffusers adapters and what they share moved into ``diffaccel.adapter
 text adapter's flat modules into ``sampling``, ``loading``, ``families``, ``training`` and ``evaluation``.
 ``MOVED`` (in this file: the contract "the core imports no adapter" counts this package module among
 the core's modules, so it imports no submodule of its own) is registered with the core's finder
-(``diffaccel._moved.register``): an old path gives the very module object of its new path, with a
+(``diffaccel.adapterkit.register_moved``): an old path gives the very module object of its new path, with a
 DeprecationWarning naming it, until 0.3. ``diffaccel.adapters.text.loading`` became a package: its old
-names resolve through ``diffaccel._moved.old_names``; ``diffaccel.adapters.text.protocol`` stays the
+names resolve through ``diffaccel.adapterkit.old_names``; ``diffaccel.adapters.text.protocol`` stays the
 public path of the text-model protocol. scripts/dtype_matrix.py was ``diffaccel.adapters.dtype_matrix``.
 """
 
-from diffaccel import _moved as _core_moved
+from diffaccel.adapterkit import register_moved
 
 _A = "diffaccel.adapters."
 _T = _A + "text."
@@ -83,4 +83,4 @@ MOVED = {
 }
 """Old module path -> new module path, until 0.3."""
 
-_core_moved.register(MOVED)
+register_moved(MOVED)

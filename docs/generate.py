@@ -312,10 +312,28 @@ def text_protocol() -> str:
     return "\n".join(parts) + "\n"
 
 
+def adapter_kit() -> str:
+    """The names of ``diffaccel.adapterkit``, each with the first sentence of its docstring (of a
+    constant: the string below it in its module)."""
+    import importlib
+
+    from diffaccel import adapterkit
+
+    homes = {getattr(adapterkit, n).__module__ for n in adapterkit.__all__ if callable(getattr(adapterkit, n))}
+    constants = {k: v for m in sorted(homes) for k, v in _module_docs(importlib.import_module(m))}
+    parts = []
+    for name in adapterkit.__all__:
+        obj = getattr(adapterkit, name)
+        doc = _oneline(inspect.getdoc(obj) if callable(obj) else constants.get(name))
+        parts.append(f"* `{name}`" + (f": {doc.split('. ')[0].rstrip('.')}" if doc else ""))
+    return "\n".join(parts) + "\n"
+
+
 def render_adapter_guide() -> str:
     example = EXAMPLE.read_text()
     text_example = TEXT_EXAMPLE.read_text()
     return (ADAPTER_TEMPLATE.read_text().replace("{{EXAMPLE}}\n", f"```python\n{example}```\n")
+            .replace("{{ADAPTER_KIT}}\n", adapter_kit())
             .replace("{{TEXT_PROTOCOL}}\n", text_protocol())
             .replace("{{TEXT_EXAMPLE}}\n", f"```python\n{text_example}```\n")
             .replace("{{REFERENCE}}\n", adapter_reference()))

@@ -1,12 +1,10 @@
 """The adapters' tools as registered commands (issue 45 item 3): each is declared in the package's
-metadata, answers --help, and refuses a bad input with one line and exit 2; ``python -m`` of its
-old module still runs it, with a DeprecationWarning naming the command."""
+metadata, answers --help, and refuses a bad input with one line and exit 2. (``python -m`` of their
+old modules is gone in 0.2: issue 58.)"""
 
 from __future__ import annotations
 
 import importlib.metadata as md
-import subprocess
-import sys
 
 import pytest
 
@@ -74,11 +72,3 @@ def test_dit_digits_training_defaults_are_the_configs():
     fields = attrs.fields_dict(TrainDiTConfig)
     assert args.lr == fields["lr"].default and args.batch == fields["batch"].default
 
-
-def test_python_m_of_a_tool_runs_its_command_with_a_deprecation_warning(tmp_path):
-    out = tmp_path / "lines.txt"
-    done = subprocess.run([sys.executable, "-m", "diffaccel.adapters.text.loading.corpus", "--split", "heldout",
-                           "--out", str(out)], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert "deprecated" in done.stderr and "'diffaccel text-corpus'" in done.stderr
-    assert out.read_text().count("\n") > 10 and f"wrote {out}" in done.stdout

@@ -72,3 +72,12 @@ def test_a_plugin_importing_the_run_machinery_breaks_its_contract(staged):
     strategy.write_text(strategy.read_text() + "\nfrom diffaccel.runtime.adapters_registry import get_adapter  # noqa\n")
     report = _broken(layers.lint_imports(staged))
     assert "plugins use only the public API" in report and "diffaccel_topk.strategy -> diffaccel.runtime.adapters_registry" in report
+
+
+def test_an_adapter_importing_the_run_machinery_breaks_its_contract(staged):
+    # what an adapter drives of it (RunSequence, StepModel, torch_dtype, ...) is public in diffaccel.adapterkit
+    masked = staged / "diffaccel" / "adapters" / "text" / "sampling" / "masked.py"
+    masked.write_text(masked.read_text() + "\n\ndef _late():\n    from diffaccel.runtime.registry import _names  # noqa\n")
+    report = _broken(layers.lint_imports(staged))
+    assert "adapters use only the public API" in report
+    assert "diffaccel.adapters.text.sampling.masked -> diffaccel.runtime.registry" in report

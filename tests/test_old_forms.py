@@ -495,3 +495,44 @@ def test_the_text_model_protocol_keeps_its_public_path_without_a_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)
         assert importlib.import_module("diffaccel.adapters.text.protocol") is protocol
+
+
+def test_tunable_moved_to_the_contract_and_its_old_path_warns_once():
+    # a hook returns it, so it lives in the contract (issue 58); the tuner's module still gives it until 0.3
+    import diffaccel
+    from diffaccel.contract.tunable import Tunable
+    from diffaccel.tuning import search
+
+    from diffaccel._moved import moved_names
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # once per process: another test may have asked first
+        assert search.Tunable is Tunable is diffaccel.Tunable
+    getattr_ = moved_names("diffaccel.tuning.search", {"Tunable": "diffaccel.contract.tunable"})  # search's, afresh
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert getattr_("Tunable") is getattr_("Tunable") is Tunable
+    messages = [str(w.message) for w in seen if issubclass(w.category, DeprecationWarning)]
+    assert len(messages) == 1 and "diffaccel.tuning.search.Tunable moved to diffaccel.contract.tunable.Tunable" in messages[0]
+    assert "until diffaccel 0.3" in messages[0]
+    with pytest.raises(AttributeError, match="NoSuchName"):
+        search.NoSuchName  # noqa: B018
+
+
+def test_the_adapter_kit_names_the_run_machinerys_own_objects():
+    from diffaccel import adapterkit
+    from diffaccel.runtime import placement, registry, sequence
+
+    assert adapterkit.RunSequence is sequence.RunSequence and adapterkit.StepModel is sequence.StepModel
+    assert adapterkit.NULL is sequence.NULL and adapterkit.torch_dtype is placement.torch_dtype
+    assert adapterkit.env_allows is registry.env_allows
+
+
+def test_env_allows_reads_the_block_and_allow_lists(monkeypatch):
+    from diffaccel.adapterkit import env_allows
+
+    monkeypatch.delenv("DIFFACCEL_PLUGINS", raising=False)
+    monkeypatch.setenv("DIFFACCEL_BLOCK_PLUGINS", "swd, topk")
+    assert not env_allows("swd") and not env_allows("topk", shipped=True) and env_allows("parallel")
+    monkeypatch.setenv("DIFFACCEL_PLUGINS", "parallel")
+    assert env_allows("parallel") and not env_allows("dct-anchor") and env_allows("unet", shipped=True)

@@ -164,8 +164,46 @@ def test_strategies_table_follows_the_bench_json(tmp_path):
     swd["speedup"] = 9.87
     path.write_text(json.dumps(result))
     after = bench.headline_table(tmp_path)
-    assert "masked 9.87x / -" in after and "9.87x" not in before
-    assert "not measured yet (bench `digits-solvers-b1`)" in after  # a missing bench is said, not invented
+    assert "[9.87x / -](docs/benchmarks.md#wordnet-masked-text-batch-1) (batch 1 / -)" in after and "9.87x" not in before
+    assert "not measured yet (bench `digits-solvers-b10`)" in after  # a missing bench is said, not invented
+
+
+def _rows(table: str) -> list[list[str]]:
+    lines = [line for line in table.splitlines() if line.startswith("| ")]
+    return [[c.strip() for c in line.strip("|").split(" | ")] for line in lines[2:]]
+
+
+def test_the_strategies_table_has_one_row_per_strategy_and_short_cells():
+    bench = _benchmarks_script()
+    table = bench.headline_table()
+    rows = _rows(table)
+    assert len(rows) == len(bench.HEADLINE) and all(len(r) == 3 + len(bench.FAMILIES) for r in rows)
+    for row in rows:
+        for cell in row:
+            assert len(bench.visible(cell)) <= bench.CELL_MAX, cell
+    # image figures are at batch 10, text ones at batch 8: each cell names its N
+    digits = rows[1][2 + bench.FAMILIES.index(bench.UNET)]
+    assert "(batch 1 / 10)" in digits and "(batch 1 / 8)" in rows[0][2]
+
+
+def test_the_strategies_table_links_resolve_to_headings_of_the_records():
+    bench = _benchmarks_script()
+
+    def anchors(page: Path) -> set[str]:
+        seen: dict[str, int] = {}
+        out = set()
+        for line in page.read_text().splitlines():
+            if line.startswith("#"):
+                slug = bench._slug(line.lstrip("#").strip())
+                out.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+                seen[slug] = seen.get(slug, 0) + 1
+        return out
+
+    pages = {name: anchors(README.parent / name) for name in ("docs/benchmarks.md", "docs/task-benchmarks.md")}
+    links = re.findall(r"\]\((docs/[^)#]+)#([^)]+)\)", bench.headline_table())
+    assert len(links) > 10
+    for page, anchor in links:
+        assert anchor in pages[page], f"{page}#{anchor}"
 
 
 def test_readme_without_the_table_markers_is_refused():
@@ -181,10 +219,15 @@ def test_a_tune_that_found_nothing_is_said_on_the_rows_of_the_strategies_it_sear
     (tmp_path / "tune-text").mkdir()
     (tmp_path / "tune-text" / "tune.json").write_text(json.dumps(
         {"budgets": ["gen_ppl<=+5%"], "chosen": None, "figures": {}, "trials": 12}))
-    rows = {r.split(" | ")[0]: r.split(" | ")[-1] for r in bench.headline_table(tmp_path).splitlines()[2:]}
-    searched = [k for k, cell in rows.items() if "no setting within gen_ppl<=+5%" in cell]
+    rows = {r[0]: r[-1] for r in _rows(bench.headline_table(tmp_path))}
+    searched = [k for k, cell in rows.items() if "[text](docs/benchmarks.md#tune-text-tuned-to-a-budget): none" in cell]
     assert [k.split("`")[1] if "`" in k else k for k in searched] == ["swd", "time-anchor", "swd", "parallel"]
-    assert not any("no setting" in cell for k, cell in rows.items() if "dct-anchor" in k)
+    assert not any("none" in cell for k, cell in rows.items() if "dct-anchor" in k)
+
+
+def _cell(table: str, strategy: str, family: str, bench) -> str:
+    row = next(r for r in _rows(table) if strategy in r[0])
+    return row[2 + bench.FAMILIES.index(family)]
 
 
 def test_an_image_strategy_below_the_solver_line_is_said_in_the_table(tmp_path):
@@ -202,29 +245,47 @@ def test_an_image_strategy_below_the_solver_line_is_said_in_the_table(tmp_path):
                peer("dpm++2m-17", 3.0, 25.0, 1.0, "dpm++2m"), peer("dpm++2m-10", 5.0, 24.5, 1.0, "dpm++2m"),
                {"name": "digits-time-anchor", "speedup": 3.0, "quality": {"psnr": 26.0, "cond_acc": 1.0}},
                {"name": "digits-dct", "speedup": 3.0, "quality": {"psnr": 28.0, "cond_acc": 1.0}}]
-    (tmp_path / "digits-solvers-b10" / "bench.json").write_text(json.dumps({"entries": entries}))
+    (tmp_path / "digits-solvers-b10" / "bench.json").write_text(json.dumps({"model": {"batch": 10}, "entries": entries}))
     table = bench.headline_table(tmp_path)
     # at 3x the fewer-steps line is at 27 dB (between 30 at 2x and 24 at 4x), above DPM-Solver++'s 25
-    assert "vs the best solver line at 3.00x (`digits-solvers-b10`): PSNR -1.0 dB, accuracy +0.00, **below it by PSNR**" in table
-    assert "vs the best solver line at 3.00x (`digits-solvers-b10`): PSNR +1.0 dB, accuracy +0.00, above it" in table
-    assert "solver line: not measured yet (bench `digits-solvers-b1`)" in table
+    assert _cell(table, "time-anchor", bench.UNET, bench).endswith(
+        "(batch - / 10); PSNR 26.0 dB, acc 1.00 vs 0.90; **below the steps line**")
+    assert _cell(table, "dct-anchor", bench.UNET, bench).endswith("PSNR 28.0 dB, acc 1.00 vs 0.90; above the steps line")
+    assert "[- / 3.00x](docs/benchmarks.md#" in _cell(table, "dct-anchor", bench.UNET, bench)
 
 
 def test_an_image_strategy_off_either_end_of_the_solver_line_is_said_in_the_table(tmp_path):
     import json
 
     bench = _benchmarks_script()
-    (tmp_path / "dit-digits-solvers-b1").mkdir()
+    (tmp_path / "dit-digits-solvers-b10").mkdir()
     steps = [{"name": n, "speedup": x, "quality": {"psnr": y, "cond_acc": 0.2},
               "peer": {"use": "steps", "steps": 0, "scheduler": None, "name": None}}
              for n, x, y in (("steps-25", 2.0, 37.0), ("steps-10", 5.0, 25.0))]
     entries = [{"name": "baseline", "speedup": 1.0, "quality": {"psnr": float("inf"), "cond_acc": 0.2}}, *steps,
                {"name": "dit-digits-time-anchor", "speedup": 1.5, "quality": {"psnr": 40.0, "cond_acc": 0.2}},
-               {"name": "dit-digits-dct", "speedup": 6.0, "quality": {"psnr": 20.0, "cond_acc": 0.2}}]
-    (tmp_path / "dit-digits-solvers-b1" / "bench.json").write_text(json.dumps({"entries": entries}))
+               {"name": "dit-digits-dct", "speedup": 6.0, "quality": {"psnr": 20.0, "cond_acc": 0.2}},
+               {"name": "dit-digits-fast", "speedup": 0.8, "quality": {"psnr": 50.0, "cond_acc": 0.2}}]
+    (tmp_path / "dit-digits-solvers-b10" / "bench.json").write_text(json.dumps({"entries": entries}))
     table = bench.headline_table(tmp_path)
-    # slower than every solver setting: compared with the slowest, and no verdict (the line would rise above it)
-    assert ("vs the best solver line slower than its slowest point (2.00x) (`dit-digits-solvers-b1`): PSNR +3.0 dB, "
-            "accuracy +0.00, no solver setting measured as slow") in table
-    assert ("vs the best solver line faster than its fastest point (5.00x) (`dit-digits-solvers-b1`): PSNR -5.0 dB, "
-            "accuracy +0.00, no solver setting measured as fast") in table
+    # off the line's ends: no verdict against its end points (the line would go on), said as such
+    assert _cell(table, "time-anchor", bench.DIT, bench).endswith("; slower than any steps setting")
+    assert _cell(table, "dct-anchor", bench.DIT, bench).endswith("; faster than any steps setting")
+    assert _cell(table, "cache on a solver", bench.DIT, bench).endswith("; slower than the baseline")
+
+
+def test_a_text_strategy_is_read_against_its_steps_line_in_its_own_quality(tmp_path):
+    import json
+
+    bench = _benchmarks_script()
+    (tmp_path / "text-masked-b8").mkdir()
+    steps = [{"name": n, "speedup": x, "quality": {"gen_ppl": y}, "peer": {"use": "steps", "steps": 0, "name": None}}
+             for n, x, y in (("steps-64", 2.0, 1000.0), ("steps-32", 4.0, 2000.0))]
+    entries = [{"name": "baseline", "speedup": 1.0, "quality": {"gen_ppl": 500.0}}, *steps,
+               {"name": "text-swd", "speedup": 3.0, "quality": {"gen_ppl": 1400.0}},  # line: 1500 at 3x
+               {"name": "text-time-anchor", "speedup": 3.0, "quality": {"gen_ppl": 1600.0}}]
+    (tmp_path / "text-masked-b8" / "bench.json").write_text(json.dumps({"model": {"batch": 8}, "entries": entries}))
+    table = bench.headline_table(tmp_path)
+    # gen_ppl: lower is better, so 1400 under the line's 1500 is above it
+    assert _cell(table, "swd`](", bench.WORDNET, bench).endswith("(batch - / 8); gen_ppl +180%; above the steps line")
+    assert _cell(table, "time-anchor`](", bench.WORDNET, bench).endswith("gen_ppl +220%; **below the steps line**")

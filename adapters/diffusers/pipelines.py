@@ -20,8 +20,8 @@ from typing import Any
 import attrs
 import torch
 
+from diffaccel.adapterkit import torch_dtype
 from diffaccel.contract.errors import ConfigError, ModelLoadError
-from diffaccel.runtime.placement import torch_dtype
 from diffaccel.contract.state import RunState
 
 from ..checkpoints import check_component_files, check_module_finite, precheck_folder, quiet_loading

@@ -9,9 +9,9 @@ from typing import Any
 
 import attrs
 
+from diffaccel.adapterkit import torch_dtype
 from diffaccel.contract.capabilities import MASK_CONFIDENCES, PINNED_TOKENS, TOKEN_LOGITS, TOKEN_POSITIONS
 from diffaccel.contract.errors import ConfigError, ConfigValueError, DiffaccelError
-from diffaccel.runtime.placement import torch_dtype
 from diffaccel.contract.validators import in_range, one_of, positive
 
 from . import commands

@@ -31,7 +31,7 @@ def _arguments(t: argparse.ArgumentParser) -> None:
     t.add_argument("--init", metavar="FOLDER", help="continue from this model's weights (a folder or shipped name, its tokenizer too)")
     t.add_argument("--lr", type=float, help="peak learning rate (default 3e-3)")
     t.add_argument("--batch", type=int, help="sequences per step (default 32)")
-    t.add_argument("--conditions", metavar="FILE", help="masked: per-line condition vectors (python -m diffaccel_bert_cond.conditions)")
+    t.add_argument("--conditions", metavar="FILE", help="masked: per-line condition vectors (diffaccel bert-cond-conditions)")
     t.add_argument("--cond-dropout", type=float, default=0.15, help="share of sequences trained without their condition")
     t.add_argument("--cond-only", action="store_true", help="with --init and --conditions, train the condition path alone")
     t.add_argument("--cond-line-weight", type=float, default=1.0, help="loss weight of the conditioned line (1 elsewhere)")

@@ -39,13 +39,13 @@ from .contract.errors import (ConfigError, ConfigValueError, DiffaccelError, Mod
 from .contract.hookspecs import hookimpl
 from .contract.state import Counters, Layer, RunInfo, RunState, StepPlan
 from .contract.strategy import Strategy
+from .contract.tunable import Tunable
 from .runtime.accelerator import Accelerator, Applied, apply, build_strategies
 from .runtime.config import ModelConfig, RunConfig, load_config, parse_config
 from .runtime.guard import GuardConfig
 from .runtime.jobs import generate_job
 from .runtime.registry import BrokenPlugin, PluginWarning, Registry
 from .runtime.sequence import NullAccelerator, RunSequence, StepModel
-from .tuning.search import Tunable
 
 _LAZY = {
     # what plugins' own commands (sweeps, calibration) use of the run machinery and the bench; public

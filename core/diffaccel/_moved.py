@@ -131,6 +131,25 @@ def old_names(package: str, module: str) -> Callable[[str], Any]:
     return __getattr__
 
 
+def moved_names(module: str, table: dict[str, str]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` for ``module``, some of whose names moved to other modules (``table``:
+    name -> its new module; ``Tunable`` left ``diffaccel.tuning.search`` for ``diffaccel.contract.tunable``):
+    each resolves with a DeprecationWarning naming the new place, once per name and process, as
+    ``old_names`` does. The module must not hold the name itself (import it under another name)."""
+
+    warned: set[str] = set()
+
+    def __getattr__(name: str) -> Any:
+        if name not in table:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        if name not in warned:
+            warned.add(name)
+            warn(f"{module}.{name}", f"{table[name]}.{name}")
+        return getattr(importlib.import_module(table[name]), name)
+
+    return __getattr__
+
+
 def register(table: dict[str, str]) -> None:
     """Add a package's own old -> new module paths (``diffaccel.adapters`` registers its moves from its
     ``__init__``): the one finder serves them, with the same warning, until the same release."""

@@ -22,7 +22,6 @@ accuracy of both is one measure:
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import attrs
@@ -145,16 +144,3 @@ def run_accuracy(args) -> int:
     """``diffaccel dit-digits-accuracy``: the conditioning accuracy of a digits DiT, per class and overall."""
     torch.set_num_threads(args.threads)
     return run_eval(args, load_checkpoint)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Deprecated until 0.3: ``python -m`` of this module's ``train`` and ``eval`` are
-    ``diffaccel train dit-digits`` and ``diffaccel dit-digits-accuracy``."""
-    from ..._python_m import deprecated_main
-
-    return deprecated_main({"train": ["train", "dit-digits"], "eval": ["dit-digits-accuracy"]}, argv,
-                           "diffaccel.adapters.diffusers.dit.digits")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -38,7 +38,7 @@ back by ``detach``; nothing of the pipeline's code changes):
   strategy reads steps); at the last timestep ``finalize`` gets a ``UNetFinal`` whose ``latents``
   become the scheduler's result, then ``run_end``.
 
-The hook order is the core's (``diffaccel.runtime.sequence.RunSequence``); these wrappers call it from
+The hook order is the core's (``diffaccel.adapterkit.RunSequence``); these wrappers call it from
 inside the pipeline's own loop, so any pipeline whose loop is "denoiser call(s), then
 ``scheduler.step``" works unchanged (DDPM, DDIM, Stable Diffusion, PixArt ...).
 

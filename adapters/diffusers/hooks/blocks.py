@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
+from diffaccel.adapterkit import StepModel
 from diffaccel.contract.state import Layer, RunState
-from diffaccel.runtime.sequence import StepModel
 
 
 class _Patch:

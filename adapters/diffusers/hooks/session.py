@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
+from diffaccel.adapterkit import RunSequence
 from diffaccel.contract.state import RunState
-from diffaccel.runtime.sequence import RunSequence
 
 from .blocks import DenoiserBlock, _DenoiserCall, _Patch
 from .outputs import UNetFinal, UNetStepOutput, _scalar, _solver_clean_estimate

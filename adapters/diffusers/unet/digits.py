@@ -15,7 +15,6 @@ folder; ``diffaccel digits-accuracy`` measures the conditioning accuracy.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import attrs
@@ -102,14 +101,3 @@ def run_accuracy(args) -> int:
         s = cross_val_score(SVC(gamma=0.001, C=10.0), to_8x8((x + 1) / 2), y, cv=5)
         print(f"classifier 5-fold accuracy on load_digits (8->32->8 round trip): {s.mean():.3f}")
     return run_eval(args, load_checkpoint)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Deprecated until 0.3: ``python -m`` of this module's ``eval`` is ``diffaccel digits-accuracy``."""
-    from ..._python_m import deprecated_main
-
-    return deprecated_main({"eval": ["digits-accuracy"]}, argv, "diffaccel.adapters.diffusers.unet.digits")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

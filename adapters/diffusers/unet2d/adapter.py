@@ -21,9 +21,9 @@ from typing import Any
 import attrs
 import torch
 
+from diffaccel.adapterkit import torch_dtype
 from diffaccel.contract.capabilities import BLOCK_STACK, IMAGE_STEPS, SPATIAL_FEATURES
 from diffaccel.contract.errors import DiffaccelError, ModelLoadError
-from diffaccel.runtime.placement import torch_dtype
 from diffaccel.contract.state import RunState
 from diffaccel.contract.validators import in_range, one_of, positive
 

@@ -9,11 +9,10 @@ from typing import Any
 
 import torch
 
+from diffaccel.adapterkit import NULL
 from diffaccel.contract.state import RunState, StepPlan
 
 from . import metrics
-from diffaccel.runtime.sequence import NULL
-
 from .judge import judge_lines
 from ..sampling.pipeline import _RunContext
 

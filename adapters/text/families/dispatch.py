@@ -80,12 +80,11 @@ def installed_kinds() -> dict[str, Loader]:
     """The third-party model kinds (entry points of ``KINDS_GROUP``) the environment does not
     block, loaded, by name in sorted order. A kind that fails to load is one ``PluginError``
     naming it and its distribution."""
-    from diffaccel.runtime.registry import _names
+    from diffaccel.adapterkit import env_allows
 
-    allowed, blocked = _names("DIFFACCEL_PLUGINS"), _names("DIFFACCEL_BLOCK_PLUGINS") or set()
     found: dict[str, Loader] = {}
     for ep in sorted(md.entry_points(group=KINDS_GROUP), key=lambda e: e.name):
-        if ep.name in found or ep.name in blocked or (allowed is not None and ep.name not in allowed):
+        if ep.name in found or not env_allows(ep.name):
             continue
         if ep.name not in _kinds:
             dist = ep.dist.metadata["name"] if ep.dist else "?"

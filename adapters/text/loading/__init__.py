@@ -4,6 +4,6 @@ GGUF files (``gguf``), diffaccel's reference checkpoints (``reference``) and the
 its names resolve here too, as they did from the old module ``diffaccel.adapters.text.loading``,
 with a DeprecationWarning until 0.3."""
 
-from diffaccel._moved import old_names
+from diffaccel.adapterkit import old_names
 
 __getattr__ = old_names("diffaccel.adapters.text.loading", "diffaccel.adapters.text.families.dispatch")

@@ -19,7 +19,7 @@ CORPUS_EXAMPLES = """
       diffaccel text-corpus --split train --out runs/conditions/train-lines.txt
       diffaccel text-corpus --split heldout --out runs/conditions/heldout-lines.txt
     Writes the text corpus's lines (WordNet glosses; heldout: the shipped held-out lines), one per
-    line, for a strategy's condition encoder (python -m diffaccel_bert_cond.conditions --lines-from FILE)."""
+    line, for a strategy's condition encoder (diffaccel bert-cond-conditions --lines-from FILE)."""
 
 
 def diffaccel_register_commands(commands) -> None:

@@ -87,21 +87,10 @@ def source_lines(split: str) -> list[str]:
 
 def run(args) -> int:
     """``diffaccel text-corpus --split train --out FILE``: the lines, one per line, for a strategy's
-    condition encoder (bert-cond: ``python -m diffaccel_bert_cond.conditions --lines-from FILE``),
+    condition encoder (bert-cond: ``diffaccel bert-cond-conditions --lines-from FILE``),
     which reads text files and no adapter."""
     lines = source_lines(args.split)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(f"wrote {args.out}: {len(lines)} {args.split} lines")
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Deprecated until 0.3: ``python -m`` of this module is ``diffaccel text-corpus``."""
-    from ..._python_m import deprecated_main
-
-    return deprecated_main(["text-corpus"], argv, "diffaccel.adapters.text.loading.corpus")
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

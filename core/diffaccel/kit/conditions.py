@@ -3,7 +3,7 @@
 A model with a condition input (``run.info.tokens.cond_dim`` > 0, the ``pinned-tokens``
 capability's ``run.condition``) is trained on the vectors a strategy's encoder gives its training
 lines, so that what it sees in training is what the strategy feeds it at generation. The
-strategy writes them (bert-cond: ``python -m diffaccel_bert_cond.conditions``), the adapter's
+strategy writes them (bert-cond: ``diffaccel bert-cond-conditions``), the adapter's
 training reads them (``diffaccel train text --conditions FILE``); this module is the format both
 share, so neither imports the other.
 

@@ -46,12 +46,9 @@ def _distribution(ep: md.EntryPoint) -> str:
 def _blocked_name(name: str, dist: str) -> bool:
     """Whether the environment blocks adapter ``name`` of distribution ``dist`` (see the module
     docstring); read at every use, as the plugins' registry reads it."""
-    from .registry import _names
+    from .registry import env_allows
 
-    allowed, blocked = _names("DIFFACCEL_PLUGINS"), _names("DIFFACCEL_BLOCK_PLUGINS") or set()
-    if name in blocked:
-        return True
-    return allowed is not None and name not in allowed and dist != SHIPPED
+    return not env_allows(name, shipped=dist == SHIPPED)
 
 
 def _blocked(ep: md.EntryPoint) -> bool:

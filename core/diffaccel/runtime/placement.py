@@ -17,6 +17,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 
 def torch_dtype(name: str) -> Any:
+    """``bfloat16`` (a ``[model] dtype`` value) -> ``torch.bfloat16``."""
     import torch
 
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]

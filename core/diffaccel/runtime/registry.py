@@ -52,15 +52,25 @@ def _names(env: str) -> set[str] | None:
     return {n.strip() for n in value.split(",") if n.strip()}
 
 
+def env_allows(name: str, shipped: bool = False) -> bool:
+    """Whether the environment lets entry point ``name`` (a plugin, an adapter, a text model kind)
+    load: not in ``DIFFACCEL_BLOCK_PLUGINS``, and in ``DIFFACCEL_PLUGINS`` when that is set, unless
+    ``shipped`` (diffaccel's own adapters: the allow list names third parties). Read at every call,
+    so a test's or a process's change of the variables counts. The one place for this rule."""
+    if name in (_names("DIFFACCEL_BLOCK_PLUGINS") or set()):
+        return False
+    allowed = _names("DIFFACCEL_PLUGINS")
+    return allowed is None or name in allowed or shipped
+
+
 def blocked_distributions() -> set[str]:
     """Distributions whose every plugin (entry point of the ``diffaccel`` group) the environment
     blocks: their commands are left out too. From the metadata only; nothing is imported."""
-    allowed, blocked = _names("DIFFACCEL_PLUGINS"), _names("DIFFACCEL_BLOCK_PLUGINS") or set()
     state: dict[str, bool] = {}  # distribution -> whether all its plugins so far are blocked
     for ep in md.entry_points(group=GROUP):
         if ep.dist is None:
             continue
-        off = ep.name in blocked or (allowed is not None and ep.name not in allowed)
+        off = not env_allows(ep.name)
         name = ep.dist.metadata["name"]
         state[name] = state.get(name, True) and off
     return {name for name, off in state.items() if off}
@@ -108,9 +118,8 @@ class Registry:
             self._load_entrypoints()
 
     def _load_entrypoints(self) -> None:
-        allowed, blocked = _names("DIFFACCEL_PLUGINS"), _names("DIFFACCEL_BLOCK_PLUGINS") or set()
         for ep in md.entry_points(group=GROUP):
-            if ep.name in blocked or (allowed is not None and ep.name not in allowed):
+            if not env_allows(ep.name):
                 self.pm.set_blocked(ep.name)
                 continue
             if self.pm.get_plugin(ep.name) is not None or ep.name in self.broken:

@@ -13,7 +13,8 @@ from typing import Any
 import attrs
 
 from ..contract.errors import ConfigError, ConfigValueError
-from .search import MODEL, Tunable
+from ..contract.tunable import Tunable
+from .search import MODEL
 
 KEYS = ("steps", "scheduler")
 

@@ -1,7 +1,7 @@
 """The search behind ``diffaccel tune``: optuna over the strategies' tunable parameters.
 
 The space is each strategy of a config switched on or off (composition is part of the search)
-and, when on, its tunable parameters (``Tunable``: declared by the strategy's plugin through the
+and, when on, its tunable parameters (``diffaccel.Tunable``: declared by the strategy's plugin through the
 ``diffaccel_tunables`` hook). A trial is measured by ``evaluate(params, seeds)``, which returns its
 speedup and its quality beside the baseline's on those seeds; the study is multi-objective
 (speedup, and each budgeted metric in the budget's direction) with the budgets as optuna
@@ -24,45 +24,19 @@ from typing import Any
 
 import attrs
 
+from .._moved import moved_names
+from ..contract.tunable import Tunable as _Tunable
 from .budget import Budget
+
+__getattr__ = moved_names(__name__, {"Tunable": "diffaccel.contract.tunable"})
+"""``Tunable`` lived here until 0.2 (``diffaccel.contract.tunable`` now, or ``diffaccel.Tunable``): the old
+path gives it, with a DeprecationWarning, until 0.3."""
 
 STUDY = "tune"
 """The study's name inside ``study.db``."""
 
 
-@attrs.frozen(kw_only=True)
-class Tunable:
-    """One parameter of a strategy that ``tune`` may set (returned from ``diffaccel_tunables``)."""
-
-    key: str
-    """The strategy's config key."""
-    low: float | None = None
-    """Lowest value (numeric parameters)."""
-    high: float | None = None
-    """Highest value (numeric parameters)."""
-    choices: tuple[Any, ...] | None = None
-    """The values to choose among (categorical parameters); then ``low``/``high`` are unused."""
-    log: bool = False
-    """Sample on a log scale (thresholds spanning decades)."""
-    integer: bool = False
-    """An integer parameter (intervals, windows, block counts)."""
-
-    def __attrs_post_init__(self) -> None:
-        if self.choices is None and (self.low is None or self.high is None or self.low > self.high):
-            raise ValueError(f"tunable '{self.key}': give choices, or low <= high")
-        if self.log and self.choices is None and self.low <= 0:
-            raise ValueError(f"tunable '{self.key}': a log scale needs low > 0")
-
-    def suggest(self, trial: Any, name: str) -> Any:
-        if self.choices is not None:
-            return trial.suggest_categorical(name, list(self.choices))
-        if self.integer:
-            return trial.suggest_int(name, int(self.low), int(self.high), log=self.log)
-        # three significant digits: the value measured is the value a TUNED.toml writes
-        return float(f"{trial.suggest_float(name, float(self.low), float(self.high), log=self.log):.3g}")
-
-
-Space = Mapping[str, Mapping[str, Tunable]]
+Space = Mapping[str, Mapping[str, _Tunable]]
 """Strategy name (config order) -> its tunables by key; ``MODEL``: the ``[model]`` keys searched."""
 MODEL = "[model]"
 """The space's and a point's entry for ``[model]`` keys (``tune --model-space``): never switched off."""

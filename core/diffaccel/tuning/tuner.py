@@ -34,6 +34,7 @@ from ..bench.results import BenchResult
 from ..bench.runner import _load_judge, judge_for, run_bench
 from ..contract.adapter import JudgesSamples, ReportsQuality
 from ..contract.errors import ConfigError, DiffaccelError
+from ..contract.tunable import Tunable
 from ..runtime.adapters_registry import get_adapter
 from ..runtime.config import RunConfig, load_config, parse_config, read_toml
 from ..runtime.registry import Registry
@@ -41,7 +42,7 @@ from ..runtime.runs import Run
 from .budget import parse_all
 from .model_space import model_tunables
 from .options import DEFAULT_HELDOUT_SEED, TuneOptions  # noqa: F401
-from .search import MODEL, Space, Tunable, feasible_front, open_study
+from .search import MODEL, Space, feasible_front, open_study
 from .toml_out import dumps
 from .trials import _own_quality, _skipped, _Trials, search, with_point  # noqa: F401 - importable from here as before
 from .tune_report import write_report

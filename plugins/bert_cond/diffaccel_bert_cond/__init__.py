@@ -33,6 +33,14 @@ def diffaccel_register(register):
                       description="two-stage BERT conditioning: key terms of a source extracted by a BERT, pinned in the generated text"))
 
 
+@hookimpl
+def diffaccel_register_commands(commands):
+    """``diffaccel bert-cond-conditions`` (``conditions.py``): the training lines' conditions."""
+    from . import conditions
+
+    conditions.register(commands)
+
+
 __all__ = ["BERT_FAMILY", "MINILM", "BertCond", "BertCondConfig", "Candidate", "Condition", "Encoder", "TermsDoNotFit",
-           "__version__", "always_candidates", "candidates", "diffaccel_register", "extract", "mmr", "pin_row", "present",
-           "presence", "recall", "spread", "term_token_ids", "word_continuations"]
+           "__version__", "always_candidates", "candidates", "diffaccel_register", "diffaccel_register_commands", "extract", "mmr",
+           "pin_row", "present", "presence", "recall", "spread", "term_token_ids", "word_continuations"]

@@ -10,7 +10,7 @@ reads. Sources and candidates are embedded in batches, a candidate text once per
 come from a text file (one per line), which the text adapter writes from its corpus:
 
     diffaccel text-corpus --split train --out /tmp/cond/train-lines.txt
-    python -m diffaccel_bert_cond.conditions --lines-from /tmp/cond/train-lines.txt \\
+    diffaccel bert-cond-conditions --lines-from /tmp/cond/train-lines.txt \\
         --out /tmp/cond/wordnet-cond.safetensors --lines 12000
 """
 
@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from diffaccel.contract.errors import ConfigError
 from diffaccel.kit.conditions import load, save
 
 from .candidates import candidates
@@ -63,8 +64,18 @@ def compute(lines: list[str], encoder: Encoder, *, batch: int = 64, max_terms: i
     return kept, terms, torch.stack(vectors)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+HELP = "stage-one conditions (key terms, MiniLM vectors) of training lines, for diffaccel train text --conditions"
+EXAMPLES = """
+examples:
+  diffaccel text-corpus --split train --out /tmp/cond/train-lines.txt
+  diffaccel bert-cond-conditions --lines-from /tmp/cond/train-lines.txt --out /tmp/cond/wordnet-cond.safetensors --lines 12000
+  diffaccel bert-cond-conditions --out /tmp/cond/all.safetensors --merge /tmp/cond/shard0.safetensors /tmp/cond/shard1.safetensors
+Draws --lines lines of 6 to 20 words from --lines-from, gives each the key terms and condition vector
+bert-cond's extractor gives it at generation, and writes them (safetensors, diffaccel.kit.conditions);
+--offset draws a different shard, --merge joins shards."""
+
+
+def arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", required=True, help="safetensors file to write (keep it out of git)")
     ap.add_argument("--lines-from", metavar="FILE",
                     help="text file of the lines to draw from, one per line (diffaccel text-corpus)")
@@ -77,25 +88,38 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--merge", nargs="+", metavar="FILE", help="instead: join these files (shards) into --out")
-    a = ap.parse_args(argv)
+
+
+def precheck(a: argparse.Namespace) -> None:
+    """The options and files, before torch or MiniLM loads: one line naming the option."""
+    if not a.merge and not a.lines_from:
+        raise ConfigError("--lines-from: required (unless --merge): the text file of lines to draw from")
+    for flag, path in [("--lines-from", a.lines_from)] + [("--merge", f) for f in a.merge or []]:
+        if path and not Path(path).is_file():
+            raise ConfigError(f"{flag}: {path}: no such file")
+    if a.lines < 1 or a.offset < 0 or a.threads < 1:
+        raise ConfigError(f"--lines, --threads: 1 or more, --offset: 0 or more; got {a.lines}, {a.threads}, {a.offset}")
+
+
+def run(a: argparse.Namespace) -> int:
+    """``diffaccel bert-cond-conditions``: compute (or ``--merge``) a conditions file."""
     if a.merge:
         parts = [load(f, with_terms=True) for f in a.merge]
         save(Path(a.out), [x for p in parts for x in p[0]], [x for p in parts for x in p[2]], torch.cat([p[1] for p in parts]),
              {"merged": a.merge})
         print(f"wrote {a.out}: {sum(len(p[0]) for p in parts)} lines")
         return 0
-    if not a.lines_from:
-        ap.error("--lines-from is required (unless --merge)")
     torch.set_num_threads(a.threads)
     source = Path(a.lines_from).read_text(encoding="utf-8").split("\n")
     pool = sorted({s for s in source if eligible(s, a.min_words, a.max_words)})
     random.Random(a.seed).shuffle(pool)
     t0 = time.time()
     lines, terms, vectors = compute(pool[a.offset:a.offset + a.lines], Encoder(a.bert), minutes=a.minutes)
-    save(Path(a.out), lines, terms, vectors, {**vars(a), "eligible": len(pool), "minutes_taken": (time.time() - t0) / 60})
+    recipe = {k: v for k, v in vars(a).items() if not callable(v)}  # the options (the command line's own entries are functions)
+    save(Path(a.out), lines, terms, vectors, {**recipe, "eligible": len(pool), "minutes_taken": (time.time() - t0) / 60})
     print(f"wrote {a.out}: {len(lines)} lines in {(time.time() - t0) / 60:.1f} min")
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def register(commands) -> None:
+    commands.add("bert-cond-conditions", help=HELP, arguments=arguments, run=run, precheck=precheck, examples=EXAMPLES)

@@ -27,7 +27,7 @@ import attrs
 import torch
 
 from diffaccel import Accelerator, Layer, RunState
-from diffaccel.runtime.sequence import RunSequence, StepModel
+from diffaccel.adapterkit import RunSequence, StepModel
 from diffaccel.contract.capabilities import BLOCK_STACK
 from diffaccel.contract.errors import DiffaccelError
 from diffaccel.contract.validators import positive

@@ -73,14 +73,3 @@ def run(args) -> int:
     n = sum(t.numel() for t in load_file(str(path / "model.safetensors")).values())
     print(f"{path}: random DiffusionGemma '{args.size}', {n / 1e6:.1f}M stored parameters, seed {args.seed}", file=sys.stderr)
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Deprecated until 0.3: ``python -m`` of this module is ``diffaccel diffusion-gemma-build``."""
-    from ...._python_m import deprecated_main
-
-    return deprecated_main(["diffusion-gemma-build"], argv, "diffaccel.adapters.text.families.diffusion_gemma.build")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -12,10 +12,10 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from diffaccel.adapterkit import RunSequence, StepModel
 from diffaccel.contract.adapter import Committed
 from diffaccel.contract.capabilities import TOKEN_LOGITS, TOKEN_POSITIONS
 from diffaccel.contract.state import RunState
-from diffaccel.runtime.sequence import RunSequence, StepModel
 
 from ...sampling.logits import TopKLogits, most_probable
 from ...sampling.outputs import CommitProposal, TextFinal

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from diffaccel.runtime.sequence import RunSequence
+from diffaccel.adapterkit import RunSequence
 from diffaccel.kit.hygiene import deliberate
 
 from ...sampling.outputs import TextOutput, TextStepOutput
