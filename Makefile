@@ -1,4 +1,4 @@
-# make demo   : set up .venv (torch CPU, diffaccel, every plugin) and run the default models
+# make demo   : set up .venv (torch CPU, diffaccel, every plugin), then sudoku and digits, plain and fast, with quality
 # make test   : same set-up, then every test suite (core and plugins)
 # make test-plugin PLUGIN=topk : one plugin's tests
 # make soak   : 500 generations in one process (memory, determinism); writes docs/reliability.md
@@ -37,11 +37,17 @@ $(VENV)/.installed: pyproject.toml $(addsuffix /pyproject.toml,$(PLUGIN_DIRS))
 
 setup: $(VENV)/.installed
 
+# the main job on the embedded models, offline: a text task (6x6 sudoku, 32 held-out puzzles) and the
+# digits model (10 images), each run plainly and with its shipped fast config, interleaved, beside the
+# fewer-steps line (configs/*-steps.toml; the digits' with DPM-Solver++): speedup, quality (acc; PSNR, digit accuracy)
+# and the line's quality at the fast config's speed; each bench's report page (table, speed against
+# quality plot, image grid or samples) under runs/demo/. One thread, as the recorded benches.
+DEMO_SUDOKU := configs/sudoku.toml configs/sudoku-fast.toml configs/sudoku-steps.toml --seeds 4 --batch 8
+DEMO_DIGITS := configs/digits.toml configs/digits-fast.toml configs/digits-steps.toml --seed 1000 --seeds 1
 demo: setup
-	$(BIN)/diffaccel plugins
-	$(BIN)/diffaccel generate configs/text-default.toml
-	$(BIN)/diffaccel generate configs/text-continuous.toml
-	$(BIN)/diffaccel generate configs/digits.toml --out runs/demo/digits.png
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/diffaccel bench $(DEMO_SUDOKU) --no-noise-floor --no-progress --report runs/demo/sudoku
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/diffaccel bench $(DEMO_DIGITS) --no-noise-floor --no-progress --report runs/demo/digits
+	@echo "report pages (open offline): runs/demo/sudoku/index.html, runs/demo/digits/index.html"
 
 test: setup
 	$(BIN)/python -m pytest tests $(addsuffix /tests,$(PLUGIN_DIRS)) -q
