@@ -43,7 +43,8 @@ def check_same_model(first: RunConfig, other: RunConfig, adapter: Any) -> None:
     keys = [k for k in ("scheduler", *getattr(adapter, "VARIANT_OPTIONS", ())) if k in attrs.fields_dict(type(o))]
     o = attrs.evolve(o, **{k: getattr(first.options, k) for k in keys})
     if (attrs.evolve(other.model, steps=first.model.steps), o) != (first.model, first.options):
-        shown = " and ".join(["steps", *keys])
+        names = ["steps", *keys]
+        shown = ", ".join(names[:-1]) + " and " + names[-1]
         raise ConfigError(f"{other.source}: [model] differs from {first.source}'s in keys other than {shown}; "
                           f"bench compares configs that share one [model] ({shown} may differ)")
 
