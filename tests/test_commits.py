@@ -147,3 +147,31 @@ def _toml(text):
     import tomllib
 
     return tomllib.loads(text)
+
+
+def test_bench_configs_may_differ_in_the_masked_samplers_blocks(tmp_path):
+    """A config in blocks (or with the exact prefix cache) is benched beside one without: its model
+    runs as a steps peer carrying its blocks, its strategies on that model; another key still differs."""
+    from diffaccel.bench.plan import load_bench_configs
+    from diffaccel.bench.variants import add_peers
+    from diffaccel.runtime.registry import Registry
+
+    files = {"base": TEXT, "blocks": TEXT + "block_size = 16\n", "prefix": TEXT + "block_size = 16\nprefix_cache = true\n",
+             "other": TEXT.replace("length = 64", "length = 48")}
+    paths = {}
+    for name, text in files.items():
+        (tmp_path / f"{name}.toml").write_text(text)
+        paths[name] = str(tmp_path / f"{name}.toml")
+    configs = load_bench_configs([paths["base"], paths["blocks"], paths["prefix"]], Registry())
+    peer = TextAdapter.variant_peer(configs[0], configs[2])
+    assert (peer.steps, peer.block_size, peer.prefix_cache) == (32, 16, True)
+    run_cfg = TextAdapter.peer_run_config(configs[0], peer)
+    assert (run_cfg.options.block_size, run_cfg.options.prefix_cache) == (16, True)
+    assert TextAdapter.peer_name(PeerEntry(name="steps", index=0, config=peer)) == "steps-32-b16-prefix"
+    back = TextAdapter.variant_peer(configs[1], configs[0])  # no blocks: one block of the whole length
+    assert TextAdapter.peer_run_config(configs[1], back).options.block_size == 64
+    assert TextAdapter.variant_peer(configs[0], configs[0]) == StepsPeer(steps=32)
+    merged, variants, alone, _ = add_peers(configs, TextAdapter, False, lambda c: c.source.rsplit("/", 1)[-1][:-5])
+    assert [TextAdapter.peer_name(p) for p in merged[0].peers] == ["blocks", "prefix"] and not variants
+    with pytest.raises(ConfigError, match="keys other than steps, block_size and prefix_cache"):
+        load_bench_configs([paths["base"], paths["other"]], Registry())

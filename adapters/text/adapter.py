@@ -75,6 +75,11 @@ class StepsPeer:
     """Denoising steps of this entry; below the config's own ``steps``."""
     name: str | None = None
     """Entry name in bench (default: steps-<steps>)."""
+    block_size: int | None = attrs.field(default=None, validator=positive)
+    """The masked sampler's blocks of this entry (None: the config's own ``block_size``); a bench
+    config whose ``[model]`` differs in it runs as such a peer (``VARIANT_OPTIONS``)."""
+    prefix_cache: bool | None = None
+    """The exact prefix cache of this entry (None: the config's own ``prefix_cache``)."""
 
 
 class TextAdapter:
@@ -88,6 +93,9 @@ class TextAdapter:
     """``mask-confidences`` only on runs of the masked sampler (``run.capabilities`` says)."""
     diffaccel_register_commands = staticmethod(commands.diffaccel_register_commands)  # diffaccel train text
     PEERS: dict[str, type] = {"steps": StepsPeer}
+    VARIANT_OPTIONS = ("block_size", "prefix_cache")
+    """``[model]`` keys in which a bench's configs may differ from the first's (beside ``steps``):
+    each such model runs as a ``steps`` peer carrying them (``variant_peer``)."""
     layer_types = (TextLayer, GemmaLayer)
 
     @staticmethod
@@ -273,19 +281,32 @@ class TextAdapter:
 
     @staticmethod
     def peer_name(entry) -> str:
-        return entry.config.name or f"steps-{entry.config.steps}"
+        c = entry.config
+        blocks = "" if c.block_size is None else f"-b{c.block_size}" + ("-prefix" if c.prefix_cache else "")
+        return c.name or f"steps-{c.steps}{blocks}"
 
     @staticmethod
     def peer_run_config(config, peer):
-        """The config a peer entry runs: ``config`` with the peer's steps."""
-        return attrs.evolve(config, model=attrs.evolve(config.model, steps=peer.steps))
+        """The config a peer entry runs: ``config`` with the peer's steps (and its blocks, where it sets them)."""
+        options = config.options
+        if peer.block_size is not None:
+            options = attrs.evolve(options, block_size=peer.block_size)
+        if peer.prefix_cache is not None:
+            options = attrs.evolve(options, prefix_cache=peer.prefix_cache)
+        return attrs.evolve(config, model=attrs.evolve(config.model, steps=peer.steps), options=options)
 
     @staticmethod
     def variant_peer(base, config) -> StepsPeer:
         """The steps peer that runs ``config``'s model (its ``[model]`` differs from ``base``'s in
-        ``steps`` only) on ``base``'s pipeline: ``bench`` runs configs at other step counts side by
-        side and ``tune --model-space steps=...`` searches the step count with the strategies."""
-        return StepsPeer(steps=config.model.steps or config.options.length)
+        ``steps``, ``block_size`` and ``prefix_cache`` only) on ``base``'s pipeline: ``bench`` runs
+        configs at other step counts or blocks side by side and ``tune --model-space steps=...``
+        searches the step count with the strategies."""
+        o, b = config.options, base.options
+        steps = config.model.steps or o.length
+        if (o.block_size, o.prefix_cache) == (b.block_size, b.prefix_cache):
+            return StepsPeer(steps=steps)
+        # one block of the whole length is no blocks: a peer of other blocks always names its own
+        return StepsPeer(steps=steps, block_size=o.block_size or o.length, prefix_cache=o.prefix_cache)
 
     @staticmethod
     @contextmanager

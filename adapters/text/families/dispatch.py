@@ -162,4 +162,6 @@ def text_facts(config: Any) -> dict[str, Any] | None:
     check_options(config, f.kind, f.max_len, f.time_conditioned)
     return {"adapter": "text", "vocab_size": f.vocab_size, "n_layers": f.n_layers, "kind": f.kind, "max_len": f.max_len,
             "time_conditioned": f.time_conditioned, "layers": [f"block.{i}" for i in range(f.n_layers)], "cond_dim": f.cond_dim,
-            "capabilities": sorted(run_capabilities("masked" if f.kind == "masked" else "hybrid"))}
+            "capabilities": sorted(run_capabilities("masked" if f.kind == "masked" else "hybrid")),
+            # the masked sampler's options, which a strategy may need before any weights load
+            "block_size": config.options.block_size, "length": config.options.length, "prefix_cache": config.options.prefix_cache}

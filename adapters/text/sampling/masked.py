@@ -38,6 +38,27 @@ def commit_most_confident_(x: torch.Tensor, candidates: torch.Tensor, confs: tor
     x[chosen] = choices[chosen]
 
 
+def block_steps(steps: int, todo: list[int]) -> list[int]:
+    """Steps per semi-autoregressive block, in proportion to the positions it has to fill
+    (``todo``), largest remainders first and ties to the earlier block; a block with nothing to
+    fill (the prompt's) gets none, every other block at least one while ``steps`` allow. Equal
+    blocks get ``steps // nb`` each and one more for the first ``steps % nb``."""
+    total = sum(todo)
+    if total == 0:
+        return [0] * len(todo)
+    share = [steps * n / total for n in todo]
+    out = [int(s) for s in share]
+    order = sorted(range(len(todo)), key=lambda b: (-(share[b] - out[b]), b))
+    for b in order[: steps - sum(out)]:
+        out[b] += 1
+    for b in (b for b in range(len(todo)) if todo[b] and not out[b]):  # a tiny block: one step from the largest
+        richest = max(range(len(out)), key=lambda i: out[i])
+        if out[richest] > 1:
+            out[richest] -= 1
+            out[b] = 1
+    return out
+
+
 def masked_loop(pipe, ctx, seq: RunSequence, x, fixed, steps, temperature, block_size, gens, bar, prefix_cache=False):
     """The masked sampler on ``x`` (B, N) in place (``fixed``: the prompt's and pinned positions); returns ``x``."""
     run = ctx.run
@@ -45,8 +66,10 @@ def masked_loop(pipe, ctx, seq: RunSequence, x, fixed, steps, temperature, block
     mask_id = ctx.den.mask_id
     block_size = block_size or N
     nb = -(-N // block_size)
-    per_block = [steps // nb + (1 if b < steps % nb else 0) for b in range(nb)]
     block_of = (torch.arange(N, device=x.device) // block_size)[None, :].expand(B, N)
+    # the most masked positions any row has in each block: a block of the prompt alone gets no step
+    todo = torch.zeros(B, nb, dtype=torch.long, device=x.device).scatter_add_(1, block_of, (x == ctx.den.mask_id).long())
+    per_block = block_steps(steps, todo.amax(0).tolist())
     # Each row walks the blocks on its own: it leaves a block when the block's steps are spent
     # or, when a strategy chooses commits, as soon as nothing in it is masked. Without such a
     # strategy every row commits on the same schedule, so the rows move in step.

@@ -299,6 +299,8 @@ class TextDiffusionPipeline:
         for r, ids in enumerate(prompt_ids):
             base[r, : len(ids)] = torch.tensor(ids, dtype=torch.long)
             fixed[r, : len(ids)] = True
+        blocks = sampler == "masked" and block_size is not None and block_size < length
+        run.info.set(block_size=block_size if blocks else None)  # semi-autoregressive blocks, before run_start
         seq = RunSequence(self.accelerator, run)
         ctx.seq, ctx.step_model = seq, _TextStep(self, ctx, seq.accel)
         pinned = seq.start()

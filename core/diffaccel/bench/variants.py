@@ -6,7 +6,8 @@ adapters: ``solver_peers``, ``variant_peer``, ``peer_run_config``).
   (``dpm++2m-N``), each judged like any entry (PSNR and SSIM against the baseline, and the
   task metric, digit accuracy, where the model has one).
 * configs whose ``[model]`` differs from the first's in ``steps`` and ``scheduler`` only (a
-  cache on a solver) run on the same pipeline, that model set up by the adapter's steps peer
+  cache on a solver), or in the option keys the adapter lists in ``VARIANT_OPTIONS`` (the text adapter:
+  the masked sampler's ``block_size`` and ``prefix_cache``), run on the same pipeline, that model set up by the adapter's steps peer
   (``variant_peer``); the model alone joins the bench as a peer (``dpm++2m-12``) if no entry
   runs it yet, and each such entry also gets ``vs_model``: its speedup and quality against that
   model alone (the cache judged against its solver's own output).
@@ -39,11 +40,13 @@ def check_same_model(first: RunConfig, other: RunConfig, adapter: Any) -> None:
     if not hasattr(adapter, "variant_peer"):
         raise ConfigError(f"{other.source}: [model] differs from {first.source}'s; bench compares configs that share one [model]")
     o = other.options
-    if "scheduler" in attrs.fields_dict(type(o)):
-        o = attrs.evolve(o, scheduler=first.options.scheduler)
+    keys = [k for k in ("scheduler", *getattr(adapter, "VARIANT_OPTIONS", ())) if k in attrs.fields_dict(type(o))]
+    o = attrs.evolve(o, **{k: getattr(first.options, k) for k in keys})
     if (attrs.evolve(other.model, steps=first.model.steps), o) != (first.model, first.options):
-        raise ConfigError(f"{other.source}: [model] differs from {first.source}'s in keys other than steps and scheduler; "
-                          "bench compares configs that share one [model] (steps and scheduler may differ)")
+        names = ["steps", *keys]
+        shown = ", ".join(names[:-1]) + " and " + names[-1]
+        raise ConfigError(f"{other.source}: [model] differs from {first.source}'s in keys other than {shown}; "
+                          f"bench compares configs that share one [model] ({shown} may differ)")
 
 
 def add_peers(configs: list[RunConfig], adapter: Any, solver_line: bool,

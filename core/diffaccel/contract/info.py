@@ -39,6 +39,10 @@ class TokenFacts:
     """The sampler of this run (``masked``, ``ddim``, ``ddpm``, ``hybrid``, ``block``)."""
     temperature: float | None = None
     """The sampling temperature."""
+    block_size: int | None = None
+    """The masked sampler's semi-autoregressive blocks: block b is positions ``b * block_size`` to
+    ``(b + 1) * block_size`` (the last one may be shorter), filled in order, a row's active block
+    the one holding its first masked position; None: one block."""
     tokenizer: Any = None
     """The tokenizer (``encode(text)``, ``decode(ids)``)."""
     prompt_lengths: list[int] | None = None
