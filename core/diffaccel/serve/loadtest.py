@@ -13,6 +13,9 @@ errors by kind, batch sizes and the servers' RSS, and checks:
 * the batching server's RSS grows by at most ``--rss-limit-mb`` from after its first requests to
   the end.
 
+``--faults`` runs the load test with misbehaving clients instead (``faults``: one server with an API
+key and limits, well-behaved requests with and without faulty ones alongside).
+
 The exit code is 0 when every check passes, 1 otherwise. ``--json`` writes the figures,
 ``--markdown FILE`` a section of FILE (between its markers, ``markers``) generated from them. Bounded: a fixed number of
 requests, ``--time-limit`` seconds per pass (requests not done by then count as ``timeout``).
@@ -54,10 +57,16 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--markdown", help="write a Markdown section generated from the figures (docs/serve.md)")
     p.add_argument("--section", help="--markdown's section name (default: the config file's stem)")
     p.add_argument("--note", default="", help="recorded with the figures (e.g. that the machine was shared)")
+    p.add_argument("--faults", action="store_true",
+                   help="with faulty clients: half of --requests well-behaved, half faulty (docs/serve.md)")
+    p.add_argument("--fault-clients", type=int, default=8, help="--faults: concurrent faulty connections (default 8)")
+    p.add_argument("--request-timeout", type=float, default=30.0, help="--faults: the server's --request-timeout (default 30)")
     a = p.parse_args(argv)
-    for name in ("requests", "clients", "max_batch", "rounds"):
+    for name in ("requests", "clients", "max_batch", "rounds", "fault_clients"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')}: must be 1 or more")
+    if a.faults and (a.requests < 20 or a.request_timeout <= 0):
+        p.error("--faults: needs --requests 20 or more and a --request-timeout above 0")
     return a
 
 
@@ -66,7 +75,8 @@ def request_bodies(kind: str, prompts: list[str], seed: int, count: int) -> list
     return [{"prompt": prompts[i % len(prompts)], "n": 1, "seed": seed + i} for i in range(count)]
 
 
-async def drive(url: str, path: str, bodies: list[dict[str, Any]], clients: int, time_limit: float) -> dict[str, Any]:
+async def drive(url: str, path: str, bodies: list[dict[str, Any]], clients: int, time_limit: float,
+                headers: dict[str, str] | None = None) -> dict[str, Any]:
     """Post every body from ``clients`` concurrent clients; per request: status, latency, payload."""
     import httpx
 
@@ -87,7 +97,7 @@ async def drive(url: str, path: str, bodies: list[dict[str, Any]], clients: int,
             except (httpx.HTTPError, ValueError) as exc:
                 results[i] = {"status": None, "seconds": time.perf_counter() - t0, "error": type(exc).__name__, "payload": None}
 
-    async with httpx.AsyncClient(base_url=url, timeout=time_limit, limits=limits) as http:
+    async with httpx.AsyncClient(base_url=url, timeout=time_limit, limits=limits, headers=headers) as http:
         t0 = time.perf_counter()
         tasks = [asyncio.ensure_future(client(http)) for _ in range(clients)]
         done, pending = await asyncio.wait(tasks, timeout=time_limit)
@@ -264,14 +274,21 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     a = _args(argv)
     command = "python -m diffaccel.serve.loadtest " + shlex.join(argv)
-    report = {"command": command, **run(a)}
+    if a.faults:
+        from . import faults
+
+        report = {"command": command, **faults.run(a)}
+    else:
+        report = {"command": command, **run(a)}
     text = json.dumps(report, indent=2)
     if a.json_path:
         Path(a.json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json_path).write_text(text + "\n", encoding="utf-8")
     if a.markdown:
-        write_section(Path(a.markdown), a.section or Path(a.config).stem,
-                      markdown(report, command))
+        from . import faults
+
+        write = faults.markdown if a.faults else markdown
+        write_section(Path(a.markdown), a.section or Path(a.config).stem, write(report, command))
     print(text)
     return 0 if report["checks"]["passed"] else 1
 
