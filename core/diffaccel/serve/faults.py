@@ -35,7 +35,7 @@ from typing import Any
 import attrs
 
 from .launch import HOST, start_server
-from .loadtest import drive, offline_payloads, request_bodies, rss_mb
+from .loadclients import drive, offline_payloads, request_bodies, rss_mb
 from .metrics import parse
 
 SLACK_S = 5.0
