@@ -113,7 +113,7 @@ def _write(config, text):
 BAD = [
     ({"prompt": "", "nonsense": 1}, "nonsense", "unknown field"),
     ({"n": 0}, "n", "greater than or equal to 1"),
-    ({"n": 9}, "n", "--max-batch 8"),
+    ({"n": 9}, "n", "limit of 8 (--max-n)"),  # --max-n defaults to --max-batch
     ({"n": "2"}, "n", "valid integer"),
     ({"seed": -1}, "seed", "greater than or equal to 0"),
     ({"temperature": -0.5}, "temperature", "greater than or equal to 0"),

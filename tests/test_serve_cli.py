@@ -19,6 +19,16 @@ MODEL = '[model]\nadapter = "text"\ncheckpoint = "wordnet-masked"\nlength = 32\n
     (["--preset", "fast"], "--preset fast: write NAME=CONFIG.toml"),
     (["--preset", "none=x.toml"], "--preset none=x.toml: 'none' is taken"),
     (["--preset", "a=missing.toml"], "missing.toml"),
+    (["--max-body-bytes", "-1"], "--max-body-bytes: must be 1 or more, got -1"),
+    (["--max-n", "0"], "--max-n: must be 1 or more, got 0"),
+    (["--max-n", "9"], "--max-n: 9 exceeds --max-batch 8"),
+    (["--max-prompt-bytes", "-5"], "--max-prompt-bytes: must be 0 or more, got -5"),
+    (["--max-prompt-tokens", "-1"], "--max-prompt-tokens: must be 0 or more, got -1"),
+    (["--max-streams-per-client", "0"], "--max-streams-per-client: must be 1 or more, got 0"),
+    (["--request-timeout", "-2"], "--request-timeout: must be more than 0 seconds, got -2"),
+    (["--request-timeout", "0"], "--request-timeout: must be more than 0 seconds, got 0"),
+    (["--api-key", ""], "--api-key (number 1): an empty key"),
+    (["--api-key", "ok", "--api-key", "has space"], "--api-key (number 2): a key must be printable ASCII"),
 ])
 def test_bad_options_are_one_line_and_exit_2(tmp_path, monkeypatch, capsys, args, message):
     monkeypatch.chdir(tmp_path)
@@ -72,3 +82,33 @@ def test_metrics_render_parses_and_parse_refuses_garbage():
     assert s['diffaccel_request_latency_seconds_count{endpoint="/v1/completions"}'] == 2
     with pytest.raises(ValueError, match="not a sample line"):
         parse('diffaccel_x{a="1" 3\n')
+
+
+def test_an_empty_key_in_the_environment_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "text.toml").write_text(MODEL)
+    monkeypatch.setenv("DIFFACCEL_API_KEY", "")
+    monkeypatch.setattr("diffaccel.runtime.runs.get_adapter", lambda name: pytest.fail("the model was loaded"))
+    assert main(["serve", "text.toml", "--port", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "DIFFACCEL_API_KEY (key 1 of its comma-separated list): an empty key" in err[0]
+
+
+@pytest.mark.parametrize("extra,warned", [([], True), (["--api-key", "k1"], False)])
+def test_a_public_address_without_a_key_warns_once_before_the_model_loads(tmp_path, monkeypatch, capsys, extra, warned):
+    from diffaccel.contract.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "text.toml").write_text(MODEL)
+    monkeypatch.delenv("DIFFACCEL_API_KEY", raising=False)
+
+    def load(name):
+        raise ConfigError("stopped where the model would load")
+
+    monkeypatch.setattr("diffaccel.runtime.runs.get_adapter", load)
+    assert main(["serve", "text.toml", "--host", "0.0.0.0", "--port", "0", *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    warnings = [line for line in err if "warning" in line]
+    assert warnings == ([f"diffaccel: warning: serving on 0.0.0.0 without an API key: whoever reaches this port can "
+                         "generate (--api-key KEY or DIFFACCEL_API_KEY)"] if warned else [])
+    assert err[-1] == "diffaccel: error: stopped where the model would load"

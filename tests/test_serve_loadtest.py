@@ -60,3 +60,39 @@ def test_the_checks_fail_on_a_mixed_row_a_5xx_or_memory_growth():
     assert not finish(a, _report(rows, rows, growth=150.0), [], "text")["checks"]["passed"]
     md = markdown(good, "python -m diffaccel.serve.loadtest x.toml")
     assert "Batching raises throughput 3.00x over one request at a time" in md and "shared" in md
+
+
+def test_a_small_fault_run_answers_every_request_and_leaves_the_outputs_unchanged(tmp_path):
+    """``--faults`` with 40 requests: 20 well-behaved ones twice, and each faulty kind at least once."""
+    config = tmp_path / "blocks.toml"
+    config.write_text(CONFIG.replace("steps = 16\n", "steps = 8\nblock_size = 8\n"))
+    out = tmp_path / "faults.json"
+    cmd = [sys.executable, "-m", "diffaccel.serve.loadtest", str(config), "--faults", "--requests", "40", "--clients", "4",
+           "--fault-clients", "4", "--max-batch", "4", "--batch-window-ms", "50", "--offline", "2",
+           "--request-timeout", "30", "--time-limit", "400", "--json", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
+    report = json.loads(out.read_text())
+    from diffaccel.serve.faults import KINDS
+
+    assert set(report["kinds"]) == set(KINDS) and sum(k["sent"] for k in report["kinds"].values()) == 20
+    assert report["kinds"]["stalled_body"]["statuses"] == {"408": 1}
+    assert report["kinds"]["wrong_key"]["statuses"] == {"401": 2}
+    assert report["server_answers"].get("413") == report["kinds"]["oversized"]["sent"]
+    c = report["checks"]
+    assert c["same_with_faults"] == 20 and c["offline_equal"] == 2 and c["none_lost"] and c["none_hung"] and c["passed"]
+    assert report["mixed"]["ok"] == report["clean"]["ok"] == 20
+
+
+def test_a_fault_answered_with_another_status_or_none_is_counted_unexpected():
+    from diffaccel.serve.faults import fault_kinds, tally
+
+    kinds = fault_kinds(1000, seed=1)
+    assert len(kinds) == 1000 and kinds.count("disconnect_waiting") == 200 and kinds.count("stalled_body") == 40
+    got = tally([{"kind": "oversized", "status": 413, "error": None, "seconds": 0.1},
+                 {"kind": "oversized", "status": 400, "error": None, "seconds": 0.2},
+                 {"kind": "stalled_body", "status": None, "error": "TimeoutError", "seconds": 35.0},
+                 {"kind": "disconnect_waiting", "status": None, "error": None, "seconds": 0.3}])
+    assert got["oversized"] == {"sent": 2, "statuses": {"413": 1, "400": 1}, "max_s": 0.2, "unexpected": 1}
+    assert got["stalled_body"]["unexpected"] == 1 and got["stalled_body"]["statuses"] == {"TimeoutError": 1}
+    assert got["disconnect_waiting"]["unexpected"] == 0 and got["disconnect_waiting"]["statuses"] == {"closed": 1}

@@ -2,9 +2,10 @@
 
 The model and the config's strategies load once; requests that arrive within ``--batch-window-ms``
 are generated together, up to ``--max-batch`` rows, each row with its own seed and strategy state
-(``engine``), behind a bounded queue (``batcher``), on FastAPI and uvicorn (``app``). Needs the
-``serve`` extra: ``pip install diffaccel[serve]``. The load test is ``python -m
-diffaccel.serve.loadtest``.
+(``engine``), behind a bounded queue (``batcher``), on FastAPI and uvicorn (``app``), behind API
+keys (``auth``) and per-request limits (``limits``). Needs the ``serve`` extra: ``pip install
+diffaccel[serve]``. The load test is ``python -m diffaccel.serve.loadtest`` (``--faults``: with
+misbehaving clients, ``faults``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ PRESET = re.compile(r"^([A-Za-z0-9_.-]+)=(.+)$")
 
 
 def check_args(args: Any) -> dict[str, str]:
-    """The options, checked before the model loads (one line each); returns the presets."""
+    """The options, checked before the model loads (one line each); returns the presets. The
+    limits and keys are checked here too (``limits.from_args``, ``auth.keys_from``)."""
     for option, value, low in (("--max-batch", args.max_batch, 1), ("--queue", args.queue, 1), ("--port", args.port, 0),
                                ("--batch-window-ms", args.batch_window_ms, 0), ("--shutdown-timeout", args.shutdown_timeout, 0)):
         if value < low:
@@ -37,6 +39,10 @@ def check_args(args: Any) -> dict[str, str]:
             raise ConfigError(f"--preset {spec}: preset '{m.group(1)}' given twice")
         presets[m.group(1)] = m.group(2)
     check_address(args.host, args.port)
+    from . import auth, limits
+
+    limits.from_args(args)
+    auth.keys_from(args.api_key)
     return presets
 
 
@@ -79,17 +85,23 @@ def main(args: Any) -> int:
     import uvicorn
 
     from .app import create_app
+    from .auth import ENV, keys_from
     from .engine import Engine
+    from .limits import from_args
 
+    keys, limits = keys_from(args.api_key), from_args(args)
+    if not keys and not _loopback(args.host):  # said before minutes of loading
+        _say(f"diffaccel: warning: serving on {args.host} without an API key: whoever reaches this port can generate "
+             f"(--api-key KEY or {ENV})")
     engine = Engine(args.config, presets, batch_inexact=args.batch_inexact, max_batch=args.max_batch)
-    app = create_app(engine, max_batch=args.max_batch, window_s=args.batch_window_ms / 1000, queue=args.queue)
+    app = create_app(engine, max_batch=args.max_batch, window_s=args.batch_window_ms / 1000, queue=args.queue,
+                     limits=limits, keys=keys, public_metrics=args.public_metrics)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.log_level == "debug",
                             timeout_graceful_shutdown=args.shutdown_timeout, lifespan="on")
     server = _server(config, app)
-    if not _loopback(args.host):
-        _say(f"diffaccel: warning: serving on {args.host}: other machines can reach this server, and it has no authentication")
     _say(f"diffaccel: serving {engine.model_id} ({engine.kind}; presets: {', '.join(sorted(engine.presets))}) on "
-         f"http://{args.host}:{args.port} (max batch {args.max_batch}, window {args.batch_window_ms:g} ms, queue {args.queue}"
+         f"http://{args.host}:{args.port} (max batch {args.max_batch}, window {args.batch_window_ms:g} ms, queue {args.queue}, "
+         f"timeout {limits.request_timeout_s:g} s; {f'{len(keys)} API key(s)' if keys else 'no API key'}"
          f"{'' if engine.cross_batch else '; one request per batch: ' + _why_alone(engine)})")
     server.run()
     return 0

@@ -16,7 +16,9 @@ response is what ``diffaccel generate --seed SEED`` gives with ``batch = n`` and
 keys. Errors are OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``: 400 for
 bad input (naming the field), 503 with ``Retry-After`` when the queue is full or the server is
 shutting down, 500 for a batch whose strategy raised (``strategy_error``, ``code``: the
-strategy) or whose output was not finite (``non_finite_output``).
+strategy) or whose output was not finite (``non_finite_output``). With API keys (``auth``) every
+route but ``/health`` needs one (401); the per-request limits (``limits``) answer 413, 400, 429,
+408 and 504 before any work starts, or when the request's time is up.
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from . import stream
+from .auth import Keys, RequireKey
 from .batcher import Batcher, Job
+from .limits import BodyLimit, Limits, StreamSlots, check_n, check_prompt
 from .engine import FIELDS, NO_STRATEGIES, Engine, RequestError, Work
 from .metrics import Metrics
 
@@ -83,13 +87,19 @@ class ImageRequest(BaseModel):
     diffaccel: Knobs | None = None
 
 
-def create_app(engine: Engine, *, max_batch: int, window_s: float, queue: int) -> FastAPI:
+def create_app(engine: Engine, *, max_batch: int, window_s: float, queue: int, limits: Limits | None = None,
+               keys: tuple[str, ...] = (), public_metrics: bool = False) -> FastAPI:
+    """The app; ``keys``: the accepted API keys (none: open to whoever reaches the port)."""
+    limits = limits or Limits(max_n=max_batch)
+    limits = attrs.evolve(limits, max_n=min(limits.max_n, max_batch))  # a request's rows run in one batch
     metrics = Metrics(max_batch)
     state: dict[str, Batcher] = {}
+    slots = StreamSlots(limits.max_streams_per_client)
+    tokenizer = engine.info.get("tokenizer") if hasattr(engine.info.get("tokenizer"), "encode") else None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        batcher = Batcher(engine, metrics, max_batch=max_batch, window_s=window_s, queue=queue)
+        batcher = Batcher(engine, metrics, max_batch=max_batch, window_s=window_s, queue=queue, timeout_s=limits.request_timeout_s)
         batcher.start()
         state["batcher"] = app.state.batcher = batcher
         yield
@@ -97,16 +107,20 @@ def create_app(engine: Engine, *, max_batch: int, window_s: float, queue: int) -
 
     app = FastAPI(title="diffaccel serve", lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
     app.state.metrics = metrics
-    app.add_middleware(_Observe, metrics=metrics)
+    app.add_middleware(BodyLimit, limits=limits)  # innermost: an unauthenticated body is never read
+    if keys:
+        app.add_middleware(RequireKey, keys=Keys(keys), public_metrics=public_metrics)
+    app.add_middleware(_Observe, metrics=metrics)  # outermost: it counts every answer, refusals included
     _add_error_handlers(app)
     _add_info_routes(app, engine, state, metrics, max_batch)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        _check_common(engine, "text", body.model, body.n, max_batch, "/v1/completions")
+        _check_common(engine, "text", body.model, body.n, limits, "/v1/completions")
+        check_prompt(limits, body.prompt, tokenizer)
         options = _completion_options(engine, body)
         if body.stream:
-            return await _stream(request, state["batcher"], engine, body, options)
+            return await _stream(request, state["batcher"], engine, body, options, slots)
         if body.stream_options is not None:
             raise RequestError(400, "stream_options: allowed only with stream: true", "invalid_request_error",
                                param="stream_options")
@@ -119,7 +133,8 @@ def create_app(engine: Engine, *, max_batch: int, window_s: float, queue: int) -
 
     @app.post("/v1/images/generations")
     async def images(body: ImageRequest, request: Request):
-        _check_common(engine, "image", body.model, body.n, max_batch, "/v1/images/generations")
+        _check_common(engine, "image", body.model, body.n, limits, "/v1/images/generations")
+        check_prompt(limits, body.prompt, None)
         if body.size is not None:
             served = f"{engine.image_shape[2]}x{engine.image_shape[1]}"
             if body.size != served:
@@ -191,10 +206,11 @@ def _completion_options(engine: Engine, body: CompletionRequest) -> dict[str, An
 
 
 async def _stream(request: Request, batcher: Batcher, engine: Engine, body: CompletionRequest,
-                  options: dict[str, Any]) -> StreamingResponse:
-    """A streamed completion: refused (400, ``stream``) unless the run commits blocks in order.
-    Waits for the first committed block (or the end) before answering, so that a request
-    refused or failed before then gets its error status, as without ``stream``."""
+                  options: dict[str, Any], slots: StreamSlots) -> StreamingResponse:
+    """A streamed completion: refused (400, ``stream``) unless the run commits blocks in order,
+    and (429) past the client's open streams. Waits for the first committed block (or the end)
+    before answering, so that a request refused or failed before then gets its error status, as
+    without ``stream``."""
     try:
         engine.check_keys({}, options)
     except ValueError:
@@ -208,7 +224,14 @@ async def _stream(request: Request, batcher: Batcher, engine: Engine, body: Comp
                            "invalid_request_error", param="stream")
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     queue: asyncio.Queue = asyncio.Queue()
-    job, t0 = _enqueue(batcher, engine, "text", body.prompt, body.n, body.seed, body.diffaccel, options, stream=queue)
+    client = request.client.host if request.client else "?"
+    slots.take(client, batcher.retry_after())
+    try:
+        job, t0 = _enqueue(request, batcher, engine, "text", body.prompt, body.n, body.seed, body.diffaccel, options, stream=queue)
+    except BaseException:
+        slots.give(client)
+        raise
+    slots.hold_until_done(client, job.future)
     first = asyncio.ensure_future(queue.get())
     try:
         await _await(request, batcher, job, first)
@@ -224,7 +247,7 @@ async def _stream(request: Request, batcher: Batcher, engine: Engine, body: Comp
                                          finish, include_usage))
 
 
-def _check_common(engine: Engine, kind: str, model: str | None, n: int, max_batch: int, path: str) -> None:
+def _check_common(engine: Engine, kind: str, model: str | None, n: int, limits: Limits, path: str) -> None:
     if engine.kind != kind:
         other = "/v1/completions" if engine.kind == "text" else "/v1/images/generations"
         raise RequestError(400, f"{path}: this server serves the {engine.kind} model '{engine.model_id}'; use {other}",
@@ -232,9 +255,7 @@ def _check_common(engine: Engine, kind: str, model: str | None, n: int, max_batc
     if model is not None and model != engine.model_id:
         raise RequestError(404, f"model: '{model}' is not served; allowed: '{engine.model_id}'", "invalid_request_error",
                            param="model", code="model_not_found")
-    if n > max_batch:
-        raise RequestError(400, f"n: {n} rows exceed the server's --max-batch {max_batch}; allowed: 1 to {max_batch}",
-                           "invalid_request_error", param="n")
+    check_n(limits, n)
 
 
 def _option(engine: Engine, key: str, field: str) -> None:
@@ -243,9 +264,10 @@ def _option(engine: Engine, key: str, field: str) -> None:
                            "invalid_request_error", param=field)
 
 
-def _enqueue(batcher: Batcher, engine: Engine, kind: str, prompt: str, n: int, seed: int | None, knobs: Knobs | None,
-             options: dict[str, Any], stream: asyncio.Queue | None = None) -> tuple[Job, float]:
-    """The request checked (preset, keys, seeds) and queued; the job and when it was queued."""
+def _enqueue(request: Request, batcher: Batcher, engine: Engine, kind: str, prompt: str, n: int, seed: int | None,
+             knobs: Knobs | None, options: dict[str, Any], stream: asyncio.Queue | None = None) -> tuple[Job, float]:
+    """The request checked (preset, keys, seeds) and queued, due at its deadline (``BodyLimit``
+    set it from its arrival); the job and when it was queued."""
     preset = (knobs.preset if knobs else None) or "default"
     if preset not in engine.presets:
         raise RequestError(400, f"diffaccel.preset: unknown preset '{preset}'; allowed: {', '.join(sorted(engine.presets))}",
@@ -262,7 +284,8 @@ def _enqueue(batcher: Batcher, engine: Engine, kind: str, prompt: str, n: int, s
         raise RequestError(400, f"seed: {seed} + n - 1 exceeds {MAX_SEED}", "invalid_request_error", param="seed")
     work = Work(kind, preset, tuple(sorted(model.items())), tuple(sorted(options.items())))
     t0 = time.perf_counter()
-    return batcher.submit(work, [prompt] * n, [seed + i for i in range(n)], stream=stream), t0
+    deadline = getattr(request.state, "deadline", None)
+    return batcher.submit(work, [prompt] * n, [seed + i for i in range(n)], stream=stream, deadline=deadline), t0
 
 
 async def _await(request: Request, batcher: Batcher, job: Job, first: asyncio.Future | None = None) -> None:
@@ -285,7 +308,7 @@ async def _await(request: Request, batcher: Batcher, job: Job, first: asyncio.Fu
 
 async def _submit(request: Request, batcher: Batcher, engine: Engine, kind: str, prompt: str, n: int, seed: int | None,
                   knobs: Knobs | None, options: dict[str, Any]) -> tuple[Job, float]:
-    job, t0 = _enqueue(batcher, engine, kind, prompt, n, seed, knobs, options)
+    job, t0 = _enqueue(request, batcher, engine, kind, prompt, n, seed, knobs, options)
     await _await(request, batcher, job)
     return job, time.perf_counter() - t0
 

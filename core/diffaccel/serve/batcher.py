@@ -14,8 +14,11 @@ A request whose client went away before its batch starts is dropped from the que
 never computed). Once its batch runs, an adapter run cannot give back single rows: if every
 request of the running batch has gone away, the batch stops at its next step (``run.stop``, the
 steps left are never computed); if some remain, the gone requests' rows finish with the batch and
-are discarded. ``drain`` (SIGTERM) refuses every queued request
-with 503 ``shutting_down`` and lets the running batch finish and answer.
+are discarded. A request still waiting or running at its deadline (``--request-timeout`` after it
+arrived) is answered 504 and leaves the same way: dropped from the queue, or its rows discarded
+from the running batch (the others' rows are computed as before: a row never depends on the
+batch's other rows), and the batch stopped if nobody else waits on it. ``drain`` (SIGTERM) refuses
+every queued request with 503 ``shutting_down`` and lets the running batch finish and answer.
 
 A streamed request (``stream: true``, ``stream.py``) is batched like any other; its job carries a
 queue, and the batch runs with an observer (``engine.StreamCommits``) that puts each of its rows'
@@ -58,9 +61,10 @@ class Job:
 
 
 class Batcher:
-    def __init__(self, engine: Engine, metrics: Metrics, *, max_batch: int, window_s: float, queue: int):
+    def __init__(self, engine: Engine, metrics: Metrics, *, max_batch: int, window_s: float, queue: int,
+                 timeout_s: float | None = None):
         self.engine, self.metrics = engine, metrics
-        self.max_batch, self.window_s, self.queue = max_batch, window_s, queue
+        self.max_batch, self.window_s, self.queue, self.timeout_s = max_batch, window_s, queue, timeout_s
         self.pending: list[Job] = []
         self.draining = False
         self.running: list[Job] = []
@@ -86,14 +90,23 @@ class Batcher:
                 pass
         self._executor.shutdown(wait=True)
 
-    def submit(self, work: Work, prompts: list[str], seeds: list[int], stream: asyncio.Queue | None = None) -> Job:
+    def submit(self, work: Work, prompts: list[str], seeds: list[int], stream: asyncio.Queue | None = None,
+               deadline: float | None = None) -> Job:
+        """Queue a request (503 past ``queue``). At ``deadline`` (``time.monotonic()``; default:
+        ``timeout_s`` from now) a job not yet answered is answered 504 (``expire``)."""
         if self.draining:
             raise RequestError(503, "the server is shutting down; retry on another instance", "server_shutting_down",
                                code="shutting_down")
         if len(self.pending) >= self.queue:
             raise RequestError(503, f"the queue is full ({self.queue} requests waiting); retry after the Retry-After seconds",
                                "server_overloaded", code="queue_full", headers={"Retry-After": str(self.retry_after())})
-        job = Job(work, prompts, seeds, asyncio.get_running_loop().create_future(), stream=stream)
+        loop = asyncio.get_running_loop()
+        job = Job(work, prompts, seeds, loop.create_future(), stream=stream)
+        if deadline is None and self.timeout_s is not None:
+            deadline = job.arrived + self.timeout_s
+        if deadline is not None:  # one timer per request, cancelled when it is answered
+            timer = loop.call_later(max(0.0, deadline - time.monotonic()), self.expire, job)
+            job.future.add_done_callback(lambda _: timer.cancel())
         self.pending.append(job)
         self.metrics.queue_depth = len(self.pending)
         self._wake.set()
@@ -104,18 +117,34 @@ class Batcher:
         ahead = sum(j.rows for j in self.pending) / self.max_batch + 1
         return max(1, math.ceil(ahead * self.last_batch_s + self.window_s))
 
-    def cancel(self, job: Job) -> None:
-        """The client went away: drop the job's rows if its batch has not started."""
+    def cancel(self, job: Job, error: RequestError | None = None) -> None:
+        """The client went away (or, with ``error``, the job timed out and is answered with it):
+        drop the job's rows if its batch has not started, discard them if it runs, and stop the
+        batch at its next step if none of its jobs is still waiting."""
         if job in self.pending:
             self.pending.remove(job)
             self.metrics.queue_depth = len(self.pending)
             self.metrics.dropped_rows += job.rows
         if not job.future.done():
-            job.future.cancel()
+            if error is None:
+                job.future.cancel()
+            else:
+                job.future.set_exception(error)
         if job in self.running and all(j.future.done() for j in self.running) and not self._stop.is_set():
             self._stop.set()
             self.metrics.stopped_batches += 1
             self.metrics.dropped_rows += sum(j.rows for j in self.running)
+
+    def expire(self, job: Job) -> None:
+        """The job's deadline passed before its answer: 504, and its rows leave (``cancel``)."""
+        if job.future.done():
+            return
+        self.metrics.timed_out_requests += 1
+        waited = time.monotonic() - job.arrived
+        where = "running" if job in self.running else "waiting for a batch"
+        limit = f" (--request-timeout {self.timeout_s:g} s)" if self.timeout_s is not None else ""
+        self.cancel(job, RequestError(504, f"the request was still {where} after {waited:.1f} s{limit}; its rows were "
+                                      "dropped", "timeout_error", code="request_timeout"))
 
     def drain(self) -> None:
         """Refuse every queued request and every new one; the running batch finishes."""
@@ -200,7 +229,8 @@ class Batcher:
             # the adapter refused an input: find whose by running each request alone, so that one
             # bad request does not fail the others
             for job in jobs:
-                await self._run(loop, [job])
+                if not job.future.done():  # a job that timed out (or whose client left) meanwhile is not rerun
+                    await self._run(loop, [job])
             return
         if self._stop.is_set():  # stopped part-way: nobody is left to answer
             return

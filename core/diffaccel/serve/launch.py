@@ -53,10 +53,11 @@ class Server:
         self.stop()
 
 
-def start_server(config: str | Path, *options: str, env: dict[str, str] | None = None, timeout: float = 180.0,
+def start_server(config: str | Path, *options: str, env: dict[str, str] | None = None, timeout: float = 600.0,
                  log: str | Path | None = None) -> Server:
     """``diffaccel serve CONFIG --port P OPTIONS...`` on 127.0.0.1; returns once ``/health`` answers
-    200. Raises ``DiffaccelError`` with the log's tail if it exits or does not answer in ``timeout``."""
+    200. Raises ``DiffaccelError`` with the log's tail if it exits or does not answer in ``timeout``
+    (10 minutes: the warm-up's batch checks took over 3 on a shared CPU under a training run)."""
     import httpx
 
     port = free_port()

@@ -13,6 +13,9 @@ errors by kind, batch sizes and the servers' RSS, and checks:
 * the batching server's RSS grows by at most ``--rss-limit-mb`` from after its first requests to
   the end.
 
+``--faults`` runs the load test with misbehaving clients instead (``faults``: one server with an API
+key and limits, well-behaved requests with and without faulty ones alongside).
+
 The exit code is 0 when every check passes, 1 otherwise. ``--json`` writes the figures,
 ``--markdown FILE`` a section of FILE (between its markers, ``markers``) generated from them. Bounded: a fixed number of
 requests, ``--time-limit`` seconds per pass (requests not done by then count as ``timeout``).
@@ -28,11 +31,11 @@ import platform
 import shlex
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from .launch import start_server
+from .loadclients import drive, offline_payloads, request_bodies, rss_mb  # noqa: F401 - the tests import offline_payloads here
 from .metrics import parse
 
 
@@ -54,54 +57,17 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--markdown", help="write a Markdown section generated from the figures (docs/serve.md)")
     p.add_argument("--section", help="--markdown's section name (default: the config file's stem)")
     p.add_argument("--note", default="", help="recorded with the figures (e.g. that the machine was shared)")
+    p.add_argument("--faults", action="store_true",
+                   help="with faulty clients: half of --requests well-behaved, half faulty (docs/serve.md)")
+    p.add_argument("--fault-clients", type=int, default=8, help="--faults: concurrent faulty connections (default 8)")
+    p.add_argument("--request-timeout", type=float, default=30.0, help="--faults: the server's --request-timeout (default 30)")
     a = p.parse_args(argv)
-    for name in ("requests", "clients", "max_batch", "rounds"):
+    for name in ("requests", "clients", "max_batch", "rounds", "fault_clients"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')}: must be 1 or more")
+    if a.faults and (a.requests < 20 or a.request_timeout <= 0):
+        p.error("--faults: needs --requests 20 or more and a --request-timeout above 0")
     return a
-
-
-def request_bodies(kind: str, prompts: list[str], seed: int, count: int) -> list[dict[str, Any]]:
-    prompts = prompts or [""]
-    return [{"prompt": prompts[i % len(prompts)], "n": 1, "seed": seed + i} for i in range(count)]
-
-
-async def drive(url: str, path: str, bodies: list[dict[str, Any]], clients: int, time_limit: float) -> dict[str, Any]:
-    """Post every body from ``clients`` concurrent clients; per request: status, latency, payload."""
-    import httpx
-
-    results: list[dict[str, Any] | None] = [None] * len(bodies)
-    next_index = iter(range(len(bodies)))
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-
-    async def client(http: httpx.AsyncClient) -> None:
-        for i in next_index:
-            t0 = time.perf_counter()
-            try:
-                r = await http.post(path, json=bodies[i])
-                body = r.json()
-                kind = body["error"]["type"] if r.status_code >= 400 and isinstance(body, dict) and "error" in body else None
-                results[i] = {"status": r.status_code, "seconds": time.perf_counter() - t0, "error": kind,
-                              "payload": _payload(body) if r.status_code == 200 else None,
-                              "batch_rows": body.get("diffaccel", {}).get("batch_rows") if r.status_code == 200 else None}
-            except (httpx.HTTPError, ValueError) as exc:
-                results[i] = {"status": None, "seconds": time.perf_counter() - t0, "error": type(exc).__name__, "payload": None}
-
-    async with httpx.AsyncClient(base_url=url, timeout=time_limit, limits=limits) as http:
-        t0 = time.perf_counter()
-        tasks = [asyncio.ensure_future(client(http)) for _ in range(clients)]
-        done, pending = await asyncio.wait(tasks, timeout=time_limit)
-        for t in pending:
-            t.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        wall = time.perf_counter() - t0
-    return {"wall_s": wall, "results": [r or {"status": None, "seconds": None, "error": "timeout", "payload": None} for r in results]}
-
-
-def _payload(body: dict[str, Any]) -> Any:
-    if "choices" in body:
-        return [c["text"] for c in body["choices"]]
-    return [d["b64_json"] for d in body["data"]]
 
 
 def summarize(run: dict[str, Any], rss: tuple[float, float], metrics: dict[str, float]) -> dict[str, Any]:
@@ -119,34 +85,6 @@ def summarize(run: dict[str, Any], rss: tuple[float, float], metrics: dict[str, 
             "status_5xx": sum(1 for r in res if r["status"] is not None and r["status"] >= 500),
             "mean_batch_rows": rows / batches if batches else None,
             "rss_mb_after_warmup": rss[0], "rss_mb_end": rss[1], "rss_growth_mb": rss[1] - rss[0]}
-
-
-def rss_mb(pid: int) -> float:
-    """Resident memory of a process (Linux /proc), in MB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for process {pid}")
-
-
-def offline_payloads(config: str, kind: str, bodies: list[dict[str, Any]]) -> list[Any]:
-    """What ``diffaccel generate --seed SEED`` gives for each body (batch 1, the config's strategies)."""
-    import attrs
-
-    from ..runtime.runs import Run
-    from .app import png_bytes
-
-    import base64
-
-    run = Run(config)
-    cfg = run.config
-    out = []
-    for b in bodies:
-        c = attrs.evolve(cfg, model=attrs.evolve(cfg.model, batch=b["n"], seed=b["seed"]),
-                         options=attrs.evolve(cfg.options, prompts=[b["prompt"]]))
-        o = run.generate(b["seed"], config=c)
-        out.append(list(o.texts) if kind == "text" else [base64.b64encode(png_bytes(img)).decode("ascii") for img in o.images])
-    return out
 
 
 def run(a: argparse.Namespace) -> dict[str, Any]:
@@ -264,14 +202,21 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     a = _args(argv)
     command = "python -m diffaccel.serve.loadtest " + shlex.join(argv)
-    report = {"command": command, **run(a)}
+    if a.faults:
+        from . import faults
+
+        report = {"command": command, **faults.run(a)}
+    else:
+        report = {"command": command, **run(a)}
     text = json.dumps(report, indent=2)
     if a.json_path:
         Path(a.json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json_path).write_text(text + "\n", encoding="utf-8")
     if a.markdown:
-        write_section(Path(a.markdown), a.section or Path(a.config).stem,
-                      markdown(report, command))
+        from . import faults
+
+        write = faults.markdown if a.faults else markdown
+        write_section(Path(a.markdown), a.section or Path(a.config).stem, write(report, command))
     print(text)
     return 0 if report["checks"]["passed"] else 1
 

@@ -51,6 +51,7 @@ class Metrics:
         self.compute: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.dropped_rows = 0
         self.stopped_batches = 0
+        self.timed_out_requests = 0
 
     def request_done(self, endpoint: str, status: int, seconds: float, error_type: str | None = None) -> None:
         self.requests[(endpoint, status)] += 1
@@ -82,11 +83,14 @@ class Metrics:
         family("diffaccel_rows_in_flight", "gauge", "Rows of the batch being generated")
         out.append(f"diffaccel_rows_in_flight {self.rows_in_flight}")
         family("diffaccel_dropped_rows_total", "counter",
-               "Rows dropped before or during generation: their client disconnected")
+               "Rows dropped before or during generation: their client disconnected or their request timed out")
         out.append(f"diffaccel_dropped_rows_total {self.dropped_rows}")
         family("diffaccel_stopped_batches_total", "counter",
-               "Batches stopped part-way: every client of the batch disconnected")
+               "Batches stopped part-way: every request of the batch was gone (disconnected or timed out)")
         out.append(f"diffaccel_stopped_batches_total {self.stopped_batches}")
+        family("diffaccel_timed_out_requests_total", "counter",
+               "Requests answered 504: still waiting or running after --request-timeout seconds")
+        out.append(f"diffaccel_timed_out_requests_total {self.timed_out_requests}")
         family("diffaccel_batch_rows", "histogram", "Rows per generated batch")
         out.extend(self.batch_rows.lines("diffaccel_batch_rows"))
         family("diffaccel_request_latency_seconds", "histogram", "Seconds from a request's arrival to its response")
