@@ -168,7 +168,7 @@ def test_fixed_prompt_positions_are_not_recomputed(masked_pipe):
 
 
 def test_committed_positions_are_recomputed_at_the_next_step():
-    s = swd(tau=0.01, K=1, R=0, early_stop=False)
+    s = swd(tau=0.01, K=1, R=0, early_stop=False, fresh_commits=False)
     run = RunState(adapter="text", capabilities=TEXT, num_steps=4, batch_size=1)
     run.info.set(sampler="masked", time_conditioned=False)
     s.diffaccel_run_start(run)
@@ -186,7 +186,7 @@ def test_committed_positions_are_recomputed_at_the_next_step():
 def _window_after_a_flip(R: int, widen_committed: bool) -> list[int]:
     """The next step's positions on a masked row where positions 0 and 4 were committed earlier and
     position 2 (masked) flips its top-1 at the last of three steps."""
-    s = swd(tau=0.01, K=2, R=R, early_stop=False, widen_committed=widen_committed)
+    s = swd(tau=0.01, K=2, R=R, early_stop=False, widen_committed=widen_committed, fresh_commits=False)
     run = RunState(adapter="text", capabilities=TEXT, num_steps=4, batch_size=1)
     run.info.set(sampler="masked", time_conditioned=False)
     s.diffaccel_run_start(run)
