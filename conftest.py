@@ -4,6 +4,9 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# the text caches' cost gate decides from the clock (diffaccel.kit.paygate): pinned on, tests are
+# the same on a busy machine and a quiet one (the gate's own tests hand it a fake clock)
+os.environ.setdefault("DIFFACCEL_COST_GATE", "on")
 
 import torch  # noqa: E402
 

@@ -127,15 +127,20 @@ class Run:
 
     def summary(self, out: Any = None) -> str:
         """One line: the checkpoint, the steps run, the strategies and what they computed and
-        skipped (of ``out``'s report, default the last generation's; the strategies named are
+        skipped, then each strategy's ``summary`` metric where it reports one (of ``out``'s
+        report, default the last generation's; the strategies named are
         those of the last ``generate``)."""
         report = out.report if out is not None else self.last_report
         if report is None:
             raise ValueError("Run.summary: nothing has run yet; call generate() first")
         c = report["counters"]
         names = ", ".join(s.name for s in (self._used if self._used is not None else self.strategies)) or "none"
-        return (f"{self.config.model.checkpoint}, {report['steps_run']} steps, strategies: {names}; layers computed "
+        line = (f"{self.config.model.checkpoint}, {report['steps_run']} steps, strategies: {names}; layers computed "
                 f"{c['layers_computed']}, skipped {c['layers_skipped']}, positions computed {c['fraction_computed']:.0%}")
+        # a strategy's own one-line account of the run (a cost gate's verdict), where it left one
+        notes = [m["summary"] for m in report.get("strategies", {}).values()
+                 if isinstance(m, dict) and isinstance(m.get("summary"), str)]
+        return "; ".join([line, *notes])
 
     def __repr__(self) -> str:
         loaded = "loaded" if self._pipe is not None else "not loaded"

@@ -30,6 +30,7 @@ from diffaccel.contract.capabilities import TOKEN_LOGITS, TOKEN_POSITIONS
 from diffaccel.contract.errors import ConfigError
 from diffaccel.contract.state import StepPlan
 from diffaccel.contract.validators import in_range, one_of
+from diffaccel.kit.paygate import MODES, PayGate, describe
 
 from .plot import stability_curve
 
@@ -67,7 +68,11 @@ class SWDConfig:
     widen_committed: bool = False
     """Masked sampler: the R-widening around an unstable position also recomputes committed neighbours. false (default): only masked neighbours; a committed token is recomputed at the step after its commit (so its keys and values see it), and not again because a neighbour moved (its prediction is the token)."""
     max_age: int | None = attrs.field(default=None, validator=in_range(0, None))
-    """A position whose logits are max_age steps old counts as unstable and is computed again (0: no limit). Masked sampler: committed tokens are exempt (their estimate is the token). Default per sampler: masked 8, ddim/ddpm/hybrid 0."""
+    """A position whose logits are max_age steps old counts as unstable and is computed again (0: no limit). Masked sampler: committed tokens are exempt (their estimate is the token), except with fresh_commits, where they are context whose keys and values this refreshes. Default per sampler: masked 8, ddim/ddpm/hybrid 0."""
+    fresh_commits: bool = True
+    """Masked sampler: every masked position is computed at every step, so no token is ever committed from a prediction made before the last commit (stable positions are skipped as context only: committed and prompt positions keep their keys and values, refreshed the step after their commit and every max_age steps). false: a stable masked position keeps its last prediction, which the sampler may commit (the rule before 2026-12-07)."""
+    cost_gate: str = attrs.field(default="auto", validator=one_of(MODES))
+    """Whether partial steps pay on this model and batch: auto times 3 plain steps and 4 steps with swd at the first run (real steps) and runs full steps from then on where swd's steps are not faster; on: always swd; off: never (full steps). The verdict is kept for the instance's later runs of the same model, batch and length; the run summary says it in one line."""
 
 
 def update_stability(run_len: torch.Tensor, probs: torch.Tensor, prev_top1: torch.Tensor, top1: torch.Tensor,
@@ -139,6 +144,10 @@ class SWDState:
     """Per step, the share of positions stable."""
     reused: int = 0
     stopped_at: int | None = None
+    gate: Any = None
+    """The run's cost gate (``diffaccel.kit.paygate.GateRun``)."""
+    fresh: bool = False
+    """fresh_commits, for the masked sampler."""
 
 
 class SWD:
@@ -148,6 +157,7 @@ class SWD:
 
     def __init__(self, config: SWDConfig | None = None):
         self.config = config or SWDConfig()
+        self.paygate = PayGate(mode=self.config.cost_gate)
 
     def resolved(self, sampler: str) -> dict[str, Any]:
         """tau, K, R, R_end and max_age for a sampler: the config's values, else the sampler's defaults
@@ -160,7 +170,11 @@ class SWD:
 
     @hookimpl
     def diffaccel_new_state(self, run) -> SWDState:
-        return SWDState(**self.resolved(run.info.tokens.sampler or "masked"))
+        info = run.info.tokens
+        sampler = info.sampler or "masked"
+        # one gate per run and guidance branch; its verdict is the instance's, per model, batch and length
+        gate = self.paygate.start((run.info.checkpoint, info.length, sampler, run.batch_size, run.num_steps))
+        return SWDState(**self.resolved(sampler), gate=gate, fresh=self.config.fresh_commits and sampler == "masked")
 
     @hookimpl
     def diffaccel_run_start(self, run) -> None:
@@ -173,6 +187,10 @@ class SWD:
     @hookimpl
     def diffaccel_pre_step(self, run) -> StepPlan | None:
         st = run.state(self)
+        st.gate.tick(run.step)
+        if not st.gate.active:
+            st.next, st.top1 = None, None  # full steps; should it act again, it starts afresh
+            return None
         if st.next is None:
             return StepPlan()  # first step: every position
         # positions too when reusing: if another strategy's plan does not reuse, the merge computes these
@@ -182,6 +200,10 @@ class SWD:
     @hookimpl
     def diffaccel_post_step(self, run, output) -> None:
         st, c = run.state(self), self.config
+        if not st.gate.active:
+            st.computed.append(1.0)
+            st.stable.append(0.0)
+            return
         top1, B, N = output.top1, *output.top1.shape
         masked_sampler = output.masked is not None
         computed = _computed_mask(output.computed, B, N, top1.device)
@@ -218,11 +240,14 @@ class SWD:
         if st.max_age:
             st.age = torch.where(computed, 0, st.age + 1)
             old = st.age >= st.max_age
-            stable &= ~(old & output.masked) if masked_sampler else ~old
+            # fresh commits: committed and prompt positions are context, refreshed when old
+            stable &= ~(old & output.masked) if masked_sampler and not st.fresh else ~old
         st.first_stable.masked_fill_(stable & (st.first_stable < 0), run.step)
         nxt = widen(~stable, radius_at(run.step + 1, run.num_steps, st.R, st.R_end))
         if masked_sampler and not c.widen_committed:
             nxt = (nxt & output.masked) | ~stable  # the widening reaches masked neighbours only
+        if st.fresh:
+            nxt = nxt | output.masked  # every prediction the sampler may commit is made at that step
         st.next = nxt
         st.reuse = bool(c.exact_skip and input_changed is not None and run.info.time_conditioned is False
                            and not input_changed.any() and not (top1_changed & computed).any())
@@ -258,7 +283,11 @@ class SWD:
             "steps_reused": st.reused,
             "stopped_at": st.stopped_at,
             "first_stable_step": st.first_stable.tolist() if st.first_stable is not None else [],
+            "fresh_commits": st.fresh,
         }
+        verdict = st.gate.finish()
+        run.metrics[self.name]["cost_gate"] = None if verdict is None else attrs.asdict(verdict)
+        run.metrics[self.name]["summary"] = describe(self.name, self.config.cost_gate, verdict)
 
     @hookimpl
     def diffaccel_run_end(self, run) -> None:

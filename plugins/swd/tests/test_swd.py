@@ -168,7 +168,7 @@ def test_fixed_prompt_positions_are_not_recomputed(masked_pipe):
 
 
 def test_committed_positions_are_recomputed_at_the_next_step():
-    s = swd(tau=0.01, K=1, R=0, early_stop=False)
+    s = swd(tau=0.01, K=1, R=0, early_stop=False, fresh_commits=False)
     run = RunState(adapter="text", capabilities=TEXT, num_steps=4, batch_size=1)
     run.info.set(sampler="masked", time_conditioned=False)
     s.diffaccel_run_start(run)
@@ -186,7 +186,7 @@ def test_committed_positions_are_recomputed_at_the_next_step():
 def _window_after_a_flip(R: int, widen_committed: bool) -> list[int]:
     """The next step's positions on a masked row where positions 0 and 4 were committed earlier and
     position 2 (masked) flips its top-1 at the last of three steps."""
-    s = swd(tau=0.01, K=2, R=R, early_stop=False, widen_committed=widen_committed)
+    s = swd(tau=0.01, K=2, R=R, early_stop=False, widen_committed=widen_committed, fresh_commits=False)
     run = RunState(adapter="text", capabilities=TEXT, num_steps=4, batch_size=1)
     run.info.set(sampler="masked", time_conditioned=False)
     s.diffaccel_run_start(run)
@@ -479,3 +479,88 @@ def test_the_sweep_is_a_registered_command(monkeypatch, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["swd-sweep", "configs/text-default.toml", "--seeds", "x"])
     assert exc.value.code == 2 and "--seeds: invalid int value" in capsys.readouterr().err
+
+
+# ---- fresh commits (masked sampler) and the cost gate --------------------------------------
+
+def test_fresh_commits_compute_every_masked_position_and_refresh_old_context():
+    s = swd(tau=0.01, K=1, R=0, early_stop=False, max_age=2)
+    run = RunState(adapter="text", capabilities=TEXT, num_steps=5, batch_size=1)
+    run.info.set(sampler="masked", time_conditioned=False)
+    s.diffaccel_run_start(run)
+    M = 2  # mask id
+    steps = [[M, M, M, M], [5, M, M, M], [5, M, 6, M], [5, M, 6, M], [5, M, 6, M]]
+    nexts = []
+    for step, tokens in enumerate(steps):
+        run.step = step
+        plan = s.diffaccel_pre_step(run)
+        t = torch.tensor([tokens])
+        s.diffaccel_post_step(run, _step_output([[5, 7, 6, 7]], [[0.9] * 4], tokens=t, masked=t == M,
+                                                computed=None if plan.positions is None else plan.positions))
+        nexts.append(run.state(s).next[0].nonzero().squeeze(1).tolist())
+    # every masked position, plus the one committed at that step; committed 0 (last computed at
+    # step 2) is context refreshed two steps later (max_age 2), committed 2 (step 3) not yet
+    assert nexts[:4] == [[0, 1, 2, 3], [0, 1, 2, 3], [1, 2, 3], [1, 3]]
+    assert nexts[4] == [0, 1, 3]
+
+
+class CommitSpy:
+    """After swd: records each step's computed positions and the tokens after it."""
+
+    name = "spy"
+
+    def __init__(self):
+        self.computed, self.tokens = [], []
+
+    @hookimpl
+    def diffaccel_post_step(self, run, output):
+        B, N = output.tokens.shape
+        self.computed.append(torch.ones(B, N, dtype=torch.bool) if output.computed is None else output.computed.clone())
+        self.tokens.append(output.tokens.clone())
+
+    def stale_commits(self) -> int:
+        """Tokens committed at a step whose prediction that step did not compute."""
+        n = 0
+        for s in range(1, len(self.tokens)):
+            committed = self.tokens[s] != self.tokens[s - 1]
+            n += int((committed & ~self.computed[s]).sum())
+        return n
+
+
+@pytest.mark.parametrize("fresh", [True, False])
+def test_no_token_is_committed_from_a_stale_prediction_with_fresh_commits(masked_pipe, fresh):
+    spy = CommitSpy()
+    out = run_with(masked_pipe, [swd(tau=0.01, K=1, R=0, fresh_commits=fresh), spy], length=32, steps=32, seed=0, batch=2)
+    assert out.report["counters"]["fraction_computed"] < 1.0
+    if fresh:
+        assert spy.stale_commits() == 0
+    else:  # the rule before: a stable masked position keeps its prediction, which is then committed
+        assert spy.stale_commits() > 0
+
+
+class StepClock:
+    """A fake clock for a cost gate: a plain step lasts ``plain`` seconds, a step of the strategy ``strategy``."""
+
+    def __init__(self, gate, plain: float, strategy: float):
+        self.gate, self.plain, self.strategy, self.t = gate, plain, strategy, 0.0
+
+    def __call__(self) -> float:
+        run = self.gate.current
+        if run is not None and run.last_kind is not None:
+            self.t += self.plain if run.last_kind == "plain" else self.strategy
+        return self.t
+
+
+@pytest.mark.parametrize("strategy_s, on", [(0.5, True), (2.0, False)])
+def test_the_cost_gate_keeps_or_drops_swd_as_the_clock_says(masked_pipe, monkeypatch, strategy_s, on):
+    monkeypatch.delenv("DIFFACCEL_COST_GATE", raising=False)
+    s = swd()
+    s.paygate.clock = StepClock(s.paygate, 1.0, strategy_s)
+    kw = dict(length=32, steps=32, seed=0)
+    first = run_with(masked_pipe, [s], **kw).report
+    second = run_with(masked_pipe, [s], **kw).report
+    m = first["strategies"]["swd"]
+    assert m["cost_gate"]["on"] is on and m["summary"].startswith("swd cost gate: " + ("on" if on else "off"))
+    # a verdict off leaves every later step plain: the second run is the baseline's work, exactly
+    assert (second["counters"]["fraction_computed"] == 1.0) is not on
+    assert first["counters"]["fraction_computed"] < 1.0  # the probe steps ran swd either way

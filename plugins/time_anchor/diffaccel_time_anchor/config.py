@@ -9,7 +9,8 @@ from typing import Any
 import attrs
 
 from diffaccel.contract.errors import ConfigValueError
-from diffaccel.contract.validators import in_range, non_negative
+from diffaccel.contract.validators import in_range, non_negative, one_of
+from diffaccel.kit.paygate import MODES
 
 
 def _open_unit(_inst, attribute, value):
@@ -72,6 +73,8 @@ class TimeAnchorConfig:
     """UNet, with min_depth 0: when the outermost depth is anchored, the last up block runs only its last tail_layers layers, on the features that entered them at its last full run and the fresh skip samples (DeepCache's shallow branch); every other block is skipped. 0: it is served whole (the model's output is reused)."""
     extrapolate: bool = False
     """Block stack: serve a skipped block from the first-order extrapolation of what it kept (a DiT block: its residual) through its last two computed steps instead of the last one alone (``diffaccel.kit.extrapolate``); with tail_layers, the features entering the tail likewise (DeepCache's cached deep features, extended along their last two full runs)."""
+    cost_gate: str = attrs.field(default="auto", validator=one_of(MODES))
+    """Text: whether skipping pays on this model and batch. auto: at the first run, 3 plain steps (time-anchor aside) and 4 anchoring steps after its warm-up are timed (real steps), and where its steps are not faster every later step is plain; on: always anchor; off: never. The verdict is kept for the instance's later runs of the same model, batch and length; the run summary says it in one line."""
     sketch: int = attrs.field(default=1024, validator=in_range(16, 65536))
     """UNet: coordinates per row sampled from a block's output for the change test (the reference states the cache holds)."""
 

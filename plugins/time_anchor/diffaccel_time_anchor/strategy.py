@@ -92,6 +92,10 @@ class TimeAnchor:
         for st in states:
             policy.finish(st)
         if not states:
+            if policy is self.tokens:  # the cost gate kept it aside from the start: its verdict still
+                gated = [s for s in _branch_states(run, self, cached=False) if s.gate is not None]
+                if gated:
+                    run.metrics[self.name] = self.tokens.gate_metrics({"hit_rate": 0.0, "hits": 0, "step_positions": 1.0}, gated)
             return
         m = self.metrics(states, run)
         policy.add_metrics(m, states, run)
@@ -124,8 +128,9 @@ class TimeAnchor:
         plot_anchored(reports, self.name, path)
 
 
-def _branch_states(run, strategy) -> list[AnchorState]:
-    """This strategy's states of every guidance branch that ran (without creating any)."""
+def _branch_states(run, strategy, cached: bool = True) -> list[AnchorState]:
+    """This strategy's states of every guidance branch that ran (without creating any); those
+    with a cache only, unless ``cached`` is False."""
     found, branch = [], run.branch
     for b in BRANCHES:
         run.branch = b
@@ -133,7 +138,7 @@ def _branch_states(run, strategy) -> list[AnchorState]:
         if st is not None:
             found.append(st)
     run.branch = branch
-    return [s for s in found if s.cache is not None]
+    return [s for s in found if s.cache is not None or not cached]
 
 
 __all__ = ["BRANCHES", "TimeAnchor", "rel_change"]

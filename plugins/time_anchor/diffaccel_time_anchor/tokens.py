@@ -23,6 +23,7 @@ import torch
 from diffaccel import StepPlan
 from diffaccel.contract.capabilities import MASK_CONFIDENCES
 from diffaccel.contract.errors import ConfigValueError
+from diffaccel.kit.paygate import PayGate, describe
 
 from .cache import LatentCache
 from .state import AnchorState, rel_change
@@ -57,6 +58,8 @@ class TokenState(AnchorState):
     """This step's cache writes."""
     pending_step: int = -1
     """The step they belong to."""
+    gate: Any = None
+    """The run's cost gate (``diffaccel.kit.paygate.GateRun``)."""
 
 
 class TokenPolicy:
@@ -64,6 +67,7 @@ class TokenPolicy:
 
     def __init__(self, config, gate, clusters):
         self.config, self.gate, self.clusters = config, gate, clusters
+        self.paygate = PayGate(mode=config.cost_gate)
 
     def new_state(self) -> TokenState:
         return TokenState()
@@ -73,9 +77,17 @@ class TokenPolicy:
             n, have = (run.info.tokens.length or 0), len(self.clusters["assign"])
             if n > have:
                 raise ConfigValueError("clusters", f"the file assigns {have} positions but the run generates {n}")
+        info = run.info.tokens
+        self._gate_key = (run.info.checkpoint, info.length, info.sampler, run.batch_size, run.num_steps)
+
+    def gate_of(self, st: TokenState) -> Any:
+        """The run's cost gate, made at the branch's first step (a state per guidance branch)."""
+        if st.gate is None:
+            st.gate = self.paygate.start(self._gate_key)
+        return st.gate
 
     def post_step(self, st: TokenState, run, output) -> None:
-        if output.masked is None:
+        if output.masked is None or not self.gate_of(st).active:
             return
         tokens = output.tokens
         if st.tokens is not None:
@@ -88,7 +100,16 @@ class TokenPolicy:
     def finish(self, st: TokenState) -> None:
         self._end_step(st)
 
+    def gate_metrics(self, m: dict[str, Any], states: list[TokenState]) -> dict[str, Any]:
+        """The cost gate's verdict (``cost_gate``) and its line for the run summary (``summary``)."""
+        verdicts = [s.gate.finish() for s in states if s.gate is not None]
+        verdict = verdicts[0] if verdicts else None
+        m["cost_gate"] = None if verdict is None else attrs.asdict(verdict)
+        m["summary"] = describe("time-anchor", self.config.cost_gate, verdict)
+        return m
+
     def add_metrics(self, m: dict[str, Any], states: list[TokenState], run) -> None:
+        self.gate_metrics(m, states)
         planned = sum(s.planned_steps for s in states)
         # share of positions the narrowed steps embedded and ran in some layer (after warm-up)
         m["step_positions"] = round(float(sum(s.planned for s in states)) / planned, 4) if planned else 1.0
@@ -134,7 +155,10 @@ class TokenPolicy:
         anchored at every layer: not embedded, not run, their logits kept)."""
         st.live = None
         self._end_step(st)  # what a step whose last layer another strategy answered left
-        if st.cache is None or run.step < self.config.warmup:
+        gate = self.gate_of(st)
+        # its own steps start once the warm-up is over and one step has written references
+        gate.tick(run.step, lambda first: run.step > max(first, self.config.warmup))
+        if not gate.active or st.cache is None or run.step < self.config.warmup:
             return None
         live = st.cache.live(st.keys, run.step)  # (L, B, N)
         if st.token_moved is not None:
@@ -148,6 +172,8 @@ class TokenPolicy:
         return StepPlan(positions=need)
 
     def layer_output(self, st: TokenState, run, layer, hidden: torch.Tensor) -> torch.Tensor:
+        if not self.gate_of(st).active:
+            return layer.compute(hidden)  # a plain step: none of the bookkeeping
         if st.cache is None:
             self._init(st, run, hidden)
         i, step = layer.index, run.step

@@ -355,3 +355,33 @@ def test_writes_land_when_another_strategy_answers_the_last_layer(pipe):
     # the cache writes and statistics of each step are flushed at the next step's plan
     assert m["peak_entries"] == (L - 1) * N
     assert m["hits"] > 0 and m["hits"] == out.report["counters"]["cache_hits"]
+
+
+class StepClock:
+    """A fake clock for a cost gate: a plain step lasts ``plain`` seconds, a step of the strategy ``strategy``."""
+
+    def __init__(self, gate, plain: float, strategy: float):
+        self.gate, self.plain, self.strategy, self.t = gate, plain, strategy, 0.0
+
+    def __call__(self) -> float:
+        run = self.gate.current
+        if run is not None and run.last_kind is not None:
+            self.t += self.plain if run.last_kind == "plain" else self.strategy
+        return self.t
+
+
+@pytest.mark.parametrize("strategy_s, on", [(0.5, True), (2.0, False)])
+def test_the_cost_gate_keeps_or_drops_time_anchor_as_the_clock_says(pipe, monkeypatch, strategy_s, on):
+    monkeypatch.delenv("DIFFACCEL_COST_GATE", raising=False)
+    ta = anchor(threshold=0.5, warmup=2, max_age=4)
+    ta.tokens.paygate.clock = StepClock(ta.tokens.paygate, 1.0, strategy_s)
+    first = generate(pipe, [ta]).report
+    with BlockSpy(pipe) as spy:
+        second = generate(pipe, [ta])
+    m = first["strategies"]["time-anchor"]
+    assert m["cost_gate"]["on"] is on and m["summary"].startswith("time-anchor cost gate: " + ("on" if on else "off"))
+    plain = all(mask is None for _, mask, _ in spy.calls)  # every layer ran on every position
+    assert plain is not on
+    assert (second.report["counters"]["fraction_computed"] == 1.0) is not on
+    if not on:
+        assert torch.equal(second.tokens, generate(pipe).tokens)  # off: the baseline's steps, the baseline's output
