@@ -19,7 +19,9 @@ MODEL = '[model]\nadapter = "text"\ncheckpoint = "wordnet-masked"\nlength = 16\n
 @pytest.fixture
 def paths(tmp_path):
     (tmp_path / "base.toml").write_text(MODEL)
-    (tmp_path / "swd.toml").write_text(MODEL + '[[strategy]]\nuse = "swd"\n')
+    # the old rule (masked positions frozen when stable), where tau decides how many are computed; with fresh
+    # commits (the default) every masked position is computed whatever tau
+    (tmp_path / "swd.toml").write_text(MODEL + '[[strategy]]\nuse = "swd"\nfresh_commits = false\n')
     return [str(tmp_path / "base.toml"), str(tmp_path / "swd.toml")]
 
 
