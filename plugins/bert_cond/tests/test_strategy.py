@@ -388,7 +388,9 @@ def test_composes_with_swd_and_pinned_positions_are_computed_only_as_neighbours(
             def diffaccel_post_step(self, run, output):
                 spy_computed.append(None if output.computed is None else output.computed.clone())
 
-        strategies = [make(tiny_bert), swd.SWD(swd.SWDConfig(R=R)), TopK(TopKConfig(k_keep=16)), spy, Computed()]
+        # swd's window rule (fresh_commits = false): pinned positions are computed only as neighbours within R
+        window = swd.SWD(swd.SWDConfig(R=R, fresh_commits=False))
+        strategies = [make(tiny_bert), window, TopK(TopKConfig(k_keep=16)), spy, Computed()]
         out = generate(pipe, strategies, seed=seed, steps=24, batch=1)
         m = out.report["strategies"]
         assert m["bert-cond"]["key_term_recall"] == 1.0
