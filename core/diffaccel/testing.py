@@ -34,6 +34,20 @@ def run_with(pipe, strategies: Sequence[Any] = (), **call_kwargs):
         return pipe(**call_kwargs)
 
 
+class StepClock:
+    """A fake clock for a cost gate (``diffaccel.kit.paygate``): a plain step lasts ``plain`` seconds,
+    a step of the strategy ``strategy``; set it as the gate's ``clock`` to force either verdict."""
+
+    def __init__(self, gate, plain: float, strategy: float):
+        self.gate, self.plain, self.strategy, self.t = gate, plain, strategy, 0.0
+
+    def __call__(self) -> float:
+        run = self.gate.current
+        if run is not None and run.last_kind is not None:
+            self.t += self.plain if run.last_kind == "plain" else self.strategy
+        return self.t
+
+
 @pytest.fixture(scope="session")
 def install_distribution(tmp_path_factory):
     """``install(folder)``: ``pip install --target`` of a distribution folder (a test plugin or

@@ -37,14 +37,19 @@ def _grid(rng: np.random.Generator, n: int) -> np.ndarray:
     return rng.permutation(n)[g] + 1
 
 
-def generate(rng: np.random.Generator, n: int = 9) -> Problem:
-    grid = _grid(rng, n)
-    lo, hi = BLANKS[n]
-    blanks = rng.choice(n * n, size=int(rng.integers(lo, hi + 1)), replace=False)
+def _puzzle(rng: np.random.Generator, grid: np.ndarray, blanks: tuple[int, int]) -> Problem:
+    """``grid`` with a number of cells in ``blanks`` (inclusive range) blanked, drawn from ``rng``."""
+    n = grid.shape[0]
+    lo, hi = blanks
+    cells = rng.choice(n * n, size=int(rng.integers(lo, hi + 1)), replace=False)
     puzzle = grid.reshape(-1).copy()
-    puzzle[blanks] = 0
+    puzzle[cells] = 0
     return Problem(prompt="".join(map(str, puzzle)), solution=[[*"".join(map(str, row))] for row in grid],
                    answer="".join(map(str, grid.reshape(-1))))
+
+
+def generate(rng: np.random.Generator, n: int = 9) -> Problem:
+    return _puzzle(rng, _grid(rng, n), BLANKS[n])
 
 
 def search_grid(rng: np.random.Generator, n: int = 9) -> np.ndarray:
@@ -81,13 +86,7 @@ def generate_hard(rng: np.random.Generator, n: int = 9) -> Problem:
     """A puzzle of the hard split: a searched grid with ``HARD_BLANKS`` blanks."""
     if n not in HARD_BLANKS:
         raise ValueError(f"the hard sudoku split is {', '.join(f'{k}x{k}' for k in HARD_BLANKS)} only, not {n}x{n}")
-    grid = search_grid(rng, n)
-    lo, hi = HARD_BLANKS[n]
-    blanks = rng.choice(n * n, size=int(rng.integers(lo, hi + 1)), replace=False)
-    puzzle = grid.reshape(-1).copy()
-    puzzle[blanks] = 0
-    return Problem(prompt="".join(map(str, puzzle)), solution=[[*"".join(map(str, row))] for row in grid],
-                   answer="".join(map(str, grid.reshape(-1))))
+    return _puzzle(rng, search_grid(rng, n), HARD_BLANKS[n])
 
 
 def problem(seed: int, n: int = 9) -> Problem:

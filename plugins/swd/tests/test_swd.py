@@ -16,6 +16,7 @@ from diffaccel.adapters.text.sampling.logits import most_probable
 from diffaccel.adapters.text.sampling.pipeline import TextStepOutput
 from diffaccel.runtime.config import parse_config
 from diffaccel.contract.state import RunState, StepPlan
+from diffaccel.testing import StepClock
 from diffaccel.adapters.text.testing import tiny_text_pipeline
 from diffaccel.testing import run_with
 from diffaccel_swd import SWD, SWDConfig, radius_at, update_stability, widen
@@ -536,19 +537,6 @@ def test_no_token_is_committed_from_a_stale_prediction_with_fresh_commits(masked
         assert spy.stale_commits() == 0
     else:  # the rule before: a stable masked position keeps its prediction, which is then committed
         assert spy.stale_commits() > 0
-
-
-class StepClock:
-    """A fake clock for a cost gate: a plain step lasts ``plain`` seconds, a step of the strategy ``strategy``."""
-
-    def __init__(self, gate, plain: float, strategy: float):
-        self.gate, self.plain, self.strategy, self.t = gate, plain, strategy, 0.0
-
-    def __call__(self) -> float:
-        run = self.gate.current
-        if run is not None and run.last_kind is not None:
-            self.t += self.plain if run.last_kind == "plain" else self.strategy
-        return self.t
 
 
 @pytest.mark.parametrize("strategy_s, on", [(0.5, True), (2.0, False)])

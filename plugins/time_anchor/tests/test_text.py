@@ -10,7 +10,7 @@ import torch
 
 import diffaccel
 from diffaccel.adapters.text.testing import tiny_text_pipeline
-from diffaccel.testing import run_with
+from diffaccel.testing import StepClock, run_with
 from diffaccel_time_anchor import Gate, TimeAnchor, TimeAnchorConfig
 
 L, N, STEPS = 3, 24, 24
@@ -355,19 +355,6 @@ def test_writes_land_when_another_strategy_answers_the_last_layer(pipe):
     # the cache writes and statistics of each step are flushed at the next step's plan
     assert m["peak_entries"] == (L - 1) * N
     assert m["hits"] > 0 and m["hits"] == out.report["counters"]["cache_hits"]
-
-
-class StepClock:
-    """A fake clock for a cost gate: a plain step lasts ``plain`` seconds, a step of the strategy ``strategy``."""
-
-    def __init__(self, gate, plain: float, strategy: float):
-        self.gate, self.plain, self.strategy, self.t = gate, plain, strategy, 0.0
-
-    def __call__(self) -> float:
-        run = self.gate.current
-        if run is not None and run.last_kind is not None:
-            self.t += self.plain if run.last_kind == "plain" else self.strategy
-        return self.t
 
 
 @pytest.mark.parametrize("strategy_s, on", [(0.5, True), (2.0, False)])
