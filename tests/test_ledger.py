@@ -11,7 +11,7 @@ import torch
 
 from diffaccel.adapters.text.tasks import PromptError, ledger, task_spec
 from diffaccel.adapters.text.tasks.common import solution_ids
-from diffaccel.adapters.text.tasks.train import encode, trim
+from diffaccel.adapters.text.tasks.train import TaskTrainConfig, encode, level_cap, lookup_positions, trim
 from diffaccel.cli.entry import main
 
 SPEC = task_spec("ledger")
@@ -98,6 +98,24 @@ def test_trim_cuts_short_batches_and_keeps_full_ones():
     assert cut.shape == (4, longest + 16) and torch.equal(cut, ids[:, : longest + 16]) and torch.equal(cut_gen, gen[:, : longest + 16])
     full = encode(SPEC, tok, [SPEC.problem(s) for s in range(64)])
     assert trim(*full, tok.tok.token_to_id("[EOS]"))[0].shape[1] == SPEC.max_len
+
+
+def test_lookup_positions_are_the_restated_facts_and_the_first_equation():
+    tok = SPEC.tokenizer()
+    problems = [SPEC.problem(s) for s in range(8)]
+    ids, gen = encode(SPEC, tok, problems)
+    marked = lookup_positions(tok, ids, gen)
+    for row, p in enumerate(problems):
+        facts = [line for line in p.solution if line[0].startswith("\u2581")]
+        first_eq = p.solution[len(facts)]
+        assert [tok.tok.id_to_token(int(i)) for i in ids[row][marked[row]]] == [t for line in [*facts, first_eq] for t in line]
+    assert not (marked & ~gen).any()
+
+
+def test_paced_curriculum_follows_the_level_not_the_step():
+    ramp, paced = TaskTrainConfig(task="ledger", curriculum=0.5, steps=100), TaskTrainConfig(task="ledger", pace=0.9)
+    assert level_cap(SPEC, ramp, 0) == 1 and level_cap(SPEC, ramp, 49) == SPEC.levels - 1
+    assert level_cap(SPEC, paced, 10_000, paced=3) == 3 and level_cap(SPEC, paced, 0, paced=99) == SPEC.levels
 
 
 def test_a_model_grown_from_arith_computes_what_arith_did():

@@ -70,6 +70,15 @@ class TaskTrainConfig:
     top_share: float = 0.0
     """Chance that a training problem is drawn at the curriculum's current cap rather than uniformly
     below it (ledger: so the full-size prompt is not one draw in twelve at the end)."""
+    lookup: float = 0.0
+    """ledger: chance that a row's look-up tokens (``lookup_positions``: the restated facts and the
+    first equation, which repeats them) are all masked whatever the row's rate. Otherwise the
+    model learns to copy a fact from the equation beside it, a short-cut absent at sampling time,
+    and the look-up in the prompt never forms."""
+    pace: float = 0.0
+    """Mastery curriculum: the level (ledger: facts / 2) rises by one when the running accuracy
+    on the masked look-up digits of the training batches reaches ``pace`` (0: the step ramp of
+    ``curriculum``). A curriculum by steps moved on before the look-up formed on two facts."""
     bf16: bool = True
     """Forward and backward under bfloat16 autocast (weights and optimiser stay float32): a
     CPU with AMX or AVX512-BF16 runs the matrix products faster."""
@@ -87,6 +96,16 @@ def result_positions(tok, ids: torch.Tensor, gen: torch.Tensor) -> torch.Tensor:
     for k in (1, 2):  # the two digits after "=" and after the final line's "▁"
         out[:, k:] |= after_eq[:, :-k] | after_answer[:, :-k]
     return out & gen
+
+
+def lookup_positions(tok, ids: torch.Tensor, gen: torch.Tensor) -> torch.Tensor:
+    """(B, N) bool: the generation's lines up to and including its first line that begins with a
+    digit (ledger: the restated facts and the first equation, whose operands repeat them)."""
+    digits = torch.tensor([tok.tok.token_to_id(d) for d in "0123456789"])
+    line = torch.cumsum((ids == tok.sep_id) & gen, 1)  # line index within the generation
+    starts = gen & (F.pad(ids == tok.sep_id, (1, 0))[:, :-1] | (gen & ~F.pad(gen, (1, 0))[:, :-1]))
+    first_eq = torch.where(starts & torch.isin(ids, digits), line, torch.full_like(line, 1 << 30)).min(1).values
+    return gen & (line <= first_eq[:, None]) & (ids != tok.sep_id)
 
 
 def encode(spec: TaskSpec, tok, problems) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,23 +134,38 @@ def trim(ids: torch.Tensor, gen: torch.Tensor, eos: int, slack: int = 16) -> tup
 
 
 def masked_loss(model: TextDiffusionLM, ids: torch.Tensor, gen: torch.Tensor, g: torch.Generator,
-                focus: torch.Tensor | None = None, focus_p: float = 0.0) -> torch.Tensor:
+                focus: torch.Tensor | None = None, focus_p: float = 0.0,
+                lookup: torch.Tensor | None = None, lookup_p: float = 0.0,
+                digits: torch.Tensor | None = None) -> tuple[torch.Tensor, float | None]:
+    """The masked cross-entropy, and the accuracy on the masked look-up tokens that are ``digits``
+    (ids; None without ``lookup``)."""
     B = ids.shape[0]
     t = ((torch.arange(B) + torch.rand(B, generator=g)) / B)[torch.randperm(B, generator=g)]  # stratified U(0, 1)
     masked = gen & (torch.rand(ids.shape, generator=g) < t.clamp(min=0.02)[:, None])
     if focus is not None and focus_p > 0:
         masked |= focus & (torch.rand(ids.shape, generator=g) < focus_p)
+    if lookup is not None and lookup_p > 0:
+        masked |= lookup & (torch.rand(B, 1, generator=g) < lookup_p)
     x = torch.where(masked, torch.full_like(ids, model.config.mask_id), ids)
     c = model.condition(None, B)
     h = model.embed(x)
     for block in model.blocks:
         h = block(h, c)
-    return F.cross_entropy(model.logits(h[masked]), ids[masked])  # the head on the masked rows only
+    logits = model.logits(h[masked])  # the head on the masked rows only
+    acc = None
+    if lookup is not None and digits is not None:
+        scored = (lookup & torch.isin(ids, digits))[masked]
+        if scored.any():
+            acc = float((logits[scored].argmax(-1) == ids[masked][scored]).float().mean())
+    return F.cross_entropy(logits, ids[masked]), acc
 
 
-def level_cap(spec: TaskSpec, cfg: TaskTrainConfig, step: int) -> int:
+
+def level_cap(spec: TaskSpec, cfg: TaskTrainConfig, step: int, paced: int = 1) -> int:
     if spec.levels <= 1:
         return 1
+    if cfg.pace:
+        return min(spec.levels, paced)
     ramp = max(1, int(cfg.curriculum * cfg.steps))
     return min(spec.levels, 1 + step * spec.levels // ramp)
 
@@ -195,7 +229,7 @@ def train_task(cfg: TaskTrainConfig) -> Path:
         for group in opt.param_groups:
             group["lr"] = cfg.lr * min(1.0, (step + 1) / warmup) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress(step))))
     sampler, g = Sampler(spec, cfg.seed, cfg.top_share), torch.Generator().manual_seed(cfg.seed)
-    history = {"loss": [], "eval": []}  # eval: (step, minutes, acc, second metric)
+    history = {"loss": [], "eval": [], "level": 1}  # eval: (step, minutes, acc, second metric)
     start = 0
     ckpt = out / "ckpt.pt"
     if ckpt.is_file():
@@ -205,18 +239,28 @@ def train_task(cfg: TaskTrainConfig) -> Path:
         sampler.rng.bit_generator.state, sampler.drawn, sampler.rejected = st["rng"], st["drawn"], st["rejected"]
         g.set_state(st["torch_rng"])
         start, history, before = st["step"], st["history"], st["minutes"]
+        history.setdefault("level", 1)  # a checkpoint from before the paced curriculum starts it at 1
         print(f"resumed {ckpt} at step {start}")
     problems = [spec.heldout(i) for i in range(cfg.eval_n)]
+    digits = torch.tensor([tok.tok.token_to_id(d) for d in "0123456789"])
+    mastery = 0.0  # running accuracy on the masked look-up digits (the paced curriculum's gauge)
     began = time.time()
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=f"train {spec.key}", unit="step")
     for step in bar:
         model.train()
-        ids, gen = encode(spec, tok, [sampler.draw(level_cap(spec, cfg, step)) for _ in range(cfg.batch)])
+        ids, gen = encode(spec, tok, [sampler.draw(level_cap(spec, cfg, step, history["level"])) for _ in range(cfg.batch)])
         if cfg.trim:
             ids, gen = trim(ids, gen, eos_id(tok))
         focus = result_positions(tok, ids, gen) if cfg.focus else None
+        lookup = lookup_positions(tok, ids, gen) if cfg.lookup or cfg.pace else None
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-            loss = masked_loss(model, ids, gen, g, focus, cfg.focus)
+            loss, lookup_acc = masked_loss(model, ids, gen, g, focus, cfg.focus, lookup, cfg.lookup, digits)
+        if lookup_acc is not None:
+            mastery = 0.98 * mastery + 0.02 * lookup_acc
+            if cfg.pace and mastery >= cfg.pace and history["level"] < spec.levels:
+                history["level"] += 1  # the next level starts from a fresh gauge
+                mastery = 0.0
+                print(f"\nstep {step}: look-up digits {lookup_acc:.2f}, level {history['level']}", flush=True)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -232,7 +276,7 @@ def train_task(cfg: TaskTrainConfig) -> Path:
             _write_json(out, cfg, spec, sampler, history, done, minutes())
             bar.set_postfix(loss=f"{np.mean(history['loss'][-50:]):.3f}", acc=f"{history['eval'][-1][2]:.2f}")
         elif done % 10 == 0:
-            bar.set_postfix(loss=f"{np.mean(history['loss'][-50:]):.3f}")
+            bar.set_postfix(loss=f"{np.mean(history['loss'][-50:]):.3f}", lookup=f"{mastery:.2f}", level=history["level"])
         if stop:
             break
     return out
