@@ -109,6 +109,9 @@ def test_lookup_positions_are_the_restated_facts_and_the_first_equation():
         facts = [line for line in p.solution if line[0].startswith("\u2581")]
         first_eq = p.solution[len(facts)]
         assert [tok.tok.id_to_token(int(i)) for i in ids[row][marked[row]]] == [t for line in [*facts, first_eq] for t in line]
+    facts = lookup_positions(tok, ids, gen, facts_only=True)
+    assert torch.equal(facts & marked, facts) and [tok.tok.id_to_token(int(i)) for i in ids[0][facts[0]]] == [
+        t for line in problems[0].solution if line[0].startswith("\u2581") for t in line]
     assert not (marked & ~gen).any()
 
 

@@ -98,14 +98,16 @@ def result_positions(tok, ids: torch.Tensor, gen: torch.Tensor) -> torch.Tensor:
     return out & gen
 
 
-def lookup_positions(tok, ids: torch.Tensor, gen: torch.Tensor) -> torch.Tensor:
+def lookup_positions(tok, ids: torch.Tensor, gen: torch.Tensor, facts_only: bool = False) -> torch.Tensor:
     """(B, N) bool: the generation's lines up to and including its first line that begins with a
-    digit (ledger: the restated facts and the first equation, whose operands repeat them)."""
+    digit (ledger: the restated facts and the first equation, whose operands repeat them);
+    ``facts_only``: the lines before it (the restated facts: the look-up alone, no arithmetic)."""
     digits = torch.tensor([tok.tok.token_to_id(d) for d in "0123456789"])
     line = torch.cumsum((ids == tok.sep_id) & gen, 1)  # line index within the generation
     starts = gen & (F.pad(ids == tok.sep_id, (1, 0))[:, :-1] | (gen & ~F.pad(gen, (1, 0))[:, :-1]))
     first_eq = torch.where(starts & torch.isin(ids, digits), line, torch.full_like(line, 1 << 30)).min(1).values
-    return gen & (line <= first_eq[:, None]) & (ids != tok.sep_id)
+    last = first_eq[:, None] - 1 if facts_only else first_eq[:, None]
+    return gen & (line <= last) & (ids != tok.sep_id)
 
 
 def encode(spec: TaskSpec, tok, problems) -> tuple[torch.Tensor, torch.Tensor]:
@@ -136,9 +138,9 @@ def trim(ids: torch.Tensor, gen: torch.Tensor, eos: int, slack: int = 16) -> tup
 def masked_loss(model: TextDiffusionLM, ids: torch.Tensor, gen: torch.Tensor, g: torch.Generator,
                 focus: torch.Tensor | None = None, focus_p: float = 0.0,
                 lookup: torch.Tensor | None = None, lookup_p: float = 0.0,
-                digits: torch.Tensor | None = None) -> tuple[torch.Tensor, float | None]:
-    """The masked cross-entropy, and the accuracy on the masked look-up tokens that are ``digits``
-    (ids; None without ``lookup``)."""
+                gauge: torch.Tensor | None = None) -> tuple[torch.Tensor, float | None]:
+    """The masked cross-entropy, and the accuracy on the masked positions of ``gauge`` (B, N)
+    (None without it, or when none of them is masked)."""
     B = ids.shape[0]
     t = ((torch.arange(B) + torch.rand(B, generator=g)) / B)[torch.randperm(B, generator=g)]  # stratified U(0, 1)
     masked = gen & (torch.rand(ids.shape, generator=g) < t.clamp(min=0.02)[:, None])
@@ -153,8 +155,8 @@ def masked_loss(model: TextDiffusionLM, ids: torch.Tensor, gen: torch.Tensor, g:
         h = block(h, c)
     logits = model.logits(h[masked])  # the head on the masked rows only
     acc = None
-    if lookup is not None and digits is not None:
-        scored = (lookup & torch.isin(ids, digits))[masked]
+    if gauge is not None:
+        scored = gauge[masked]
         if scored.any():
             acc = float((logits[scored].argmax(-1) == ids[masked][scored]).float().mean())
     return F.cross_entropy(logits, ids[masked]), acc
@@ -252,9 +254,11 @@ def train_task(cfg: TaskTrainConfig) -> Path:
         if cfg.trim:
             ids, gen = trim(ids, gen, eos_id(tok))
         focus = result_positions(tok, ids, gen) if cfg.focus else None
-        lookup = lookup_positions(tok, ids, gen) if cfg.lookup or cfg.pace else None
+        lookup = lookup_positions(tok, ids, gen) if cfg.lookup else None
+        # the pace's gauge: the restated facts' digits (the look-up alone, no arithmetic)
+        gauge = lookup_positions(tok, ids, gen, facts_only=True) & torch.isin(ids, digits) if cfg.pace else None
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-            loss, lookup_acc = masked_loss(model, ids, gen, g, focus, cfg.focus, lookup, cfg.lookup, digits)
+            loss, lookup_acc = masked_loss(model, ids, gen, g, focus, cfg.focus, lookup, cfg.lookup, gauge)
         if lookup_acc is not None:
             mastery = 0.98 * mastery + 0.02 * lookup_acc
             if cfg.pace and mastery >= cfg.pace and history["level"] < spec.levels:
