@@ -73,14 +73,15 @@ class LatentCache:
         return 0 if self.values is None else self.values.numel() * self.values.element_size()
 
     # -- serving -----------------------------------------------------------------------------
-    def live(self, keys: torch.Tensor, step: int) -> torch.Tensor:
+    def live(self, keys: torch.Tensor, step: int, max_age: torch.Tensor | None = None) -> torch.Tensor:
         """Bool mask over ``keys`` (any shape, -1 = not cacheable): an anchored entry written at
         most ``max_age`` steps ago exists, so the state may be served. Stale anchored entries are
-        counted (``stale``): their states must be recomputed. Served entries become most recent."""
+        counted (``stale``): their states must be recomputed. Served entries become most recent.
+        ``max_age``: a per-key bound broadcast against ``keys`` (default: the cache's)."""
         valid = keys >= 0
         k = keys.clamp(min=0)
         held = valid & (self.row_of[k] >= 0) & self.anchored[k]
-        fresh = (step - self.version[k]) <= self.max_age
+        fresh = (step - self.version[k]) <= (self.max_age if max_age is None else max_age)
         live = held & fresh
         self.stale += (held & ~fresh).sum()
         self.clock += 1

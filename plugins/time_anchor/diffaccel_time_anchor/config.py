@@ -57,6 +57,8 @@ class TimeAnchorConfig:
     """Store cached reference states in float16 (half the bytes)."""
     neighbors: int = attrs.field(default=2, validator=non_negative)
     """Text: positions within this distance of a position whose input token changed are recomputed at every layer in that step (a committed token changes its neighbours most)."""
+    prompt_interval: int = attrs.field(default=0, validator=non_negative)
+    """Text, masked sampler: the prompt apart from the response (dLLM-Cache's split). A prompt position's state is anchored whenever it is computed (no change test) and served for this many steps, then the whole prompt is refreshed; the response keeps the change test and ``max_age``. A long prompt is then computed once every prompt_interval steps. 0: one rule for every position."""
     narrow_step: bool = True
     """Text, masked sampler: narrow the whole step to the positions some layer must compute (``pre_step``'s plan). false: leave the step's positions to the strategies before it in the config (e.g. swd's window) and only leave anchored states out within them; the core ORs plans, so a plan of its own would add every position whose entry expired."""
     stride: int = attrs.field(default=1, validator=_positive_int)

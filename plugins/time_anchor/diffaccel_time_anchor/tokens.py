@@ -60,6 +60,10 @@ class TokenState(AnchorState):
     """The step they belong to."""
     gate: Any = None
     """The run's cost gate (``diffaccel.kit.paygate.GateRun``)."""
+    prompt: torch.Tensor | None = None
+    """With ``prompt_interval``: (B, N) the prompt's positions (the sampler's fixed ones)."""
+    ages: torch.Tensor | None = None
+    """With ``prompt_interval``: (B, N) how long each position's entry is served."""
 
 
 class TokenPolicy:
@@ -90,6 +94,9 @@ class TokenPolicy:
         if output.masked is None or not self.gate_of(st).active:
             return
         tokens = output.tokens
+        if self.config.prompt_interval and st.prompt is None and output.fixed is not None:
+            st.prompt = output.fixed.clone()
+            st.ages = torch.where(st.prompt, self.config.prompt_interval, self.config.max_age)
         if st.tokens is not None:
             st.token_moved = self._widen(tokens != st.tokens)
         else:  # the first input was [MASK] wherever the sequence is not fixed
@@ -160,7 +167,7 @@ class TokenPolicy:
         gate.tick(run.step, lambda first: run.step > max(first, self.config.warmup))
         if not gate.active or st.cache is None or run.step < self.config.warmup:
             return None
-        live = st.cache.live(st.keys, run.step)  # (L, B, N)
+        live = st.cache.live(st.keys, run.step, st.ages)  # (L, B, N)
         if st.token_moved is not None:
             live &= ~st.token_moved
         st.live = live
@@ -256,11 +263,14 @@ class TokenPolicy:
         st.dirty = dirty if st.input_moved is None else dirty | st.input_moved
         if self.clusters is None:
             # one position per key: the per-position test is the key's test
+            held = ~moved
+            if st.prompt is not None:  # the prompt is anchored whenever computed: its refresh is by age alone
+                held |= st.prompt.reshape(-1) if flat is None else st.prompt.reshape(-1).index_select(0, flat)
             if st.all_valid:
-                u, v, anchored = keys, new, ~moved
+                u, v, anchored = keys, new, held
             else:
                 valid = keys >= 0
-                u, v, anchored = keys[valid], new[valid], ~moved[valid]
+                u, v, anchored = keys[valid], new[valid], held[valid]
             if st.gate_open is not None:
                 anchored = st.gate_open[i, step].expand(u.numel())
             st.pending.append((u, anchored, v))

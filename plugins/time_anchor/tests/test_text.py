@@ -372,3 +372,24 @@ def test_the_cost_gate_keeps_or_drops_time_anchor_as_the_clock_says(pipe, monkey
     assert (second.report["counters"]["fraction_computed"] == 1.0) is not on
     if not on:
         assert torch.equal(second.tokens, generate(pipe).tokens)  # off: the baseline's steps, the baseline's output
+
+
+def test_prompt_apart_is_refreshed_on_its_interval(pipe):
+    """prompt_interval: prompt states are served between refreshes whatever they do (4 steps, then
+    the whole prompt is computed); with one rule and a change test no state passes, the prompt runs
+    at almost every step."""
+    prompt = "the cat sat on"
+    cfg = dict(threshold=1e-6, warmup=2, max_age=1, neighbors=0)
+    with BlockSpy(pipe) as blocks:
+        out = generate(pipe, [anchor(prompt_interval=4, **cfg)], prompt=prompt)
+    n = out.prompt_lengths[0]
+    comp = blocks.computed(N)  # ``length`` is the whole sequence: the prompt, then the generation
+    first = next(s for s in range(blocks.steps) if not comp[s].all())  # the first step that skips
+    runs_prompt = [s for s in range(blocks.steps) if comp[s, :, :n].any()]
+    assert runs_prompt[:first] == list(range(first))
+    refreshes = [s for s in runs_prompt if s >= first - 1]
+    assert len(refreshes) >= 3 and all(b - a == 5 for a, b in zip(refreshes, refreshes[1:]))
+    assert all(comp[s, :, :n].all() for s in refreshes)  # a refresh computes the whole prompt
+    with BlockSpy(pipe) as plain:
+        generate(pipe, [anchor(**cfg)], prompt=prompt)
+    assert sum(bool(plain.computed(N)[s, :, :n].any()) for s in range(plain.steps)) > len(runs_prompt) + 8
