@@ -193,7 +193,10 @@ class TokenPolicy:
             if st.dirty is not None:
                 live &= ~st.dirty
             st.served.append((i, live))
-            if bool(live.any()):
+            # served within the step's positions: outside them nothing runs anyway (the prompt
+            # between its refreshes), and a layer that serves none of them runs the step's set
+            inside = live if step_sel is None else live & step_sel.mask()
+            if bool(inside.any()):
                 computed = layer.select(~live if step_sel is None else step_sel.mask() & ~live)
                 out = layer.compute(hidden, positions=computed)
             else:  # nothing to serve: the plain path, exactly the default's
