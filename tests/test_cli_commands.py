@@ -190,7 +190,7 @@ def test_core_commands_are_registered_as_plugins_are():
     assert tuple(c.name for c in commands) == CORE
     assert all(c.source == "" and c.group is None and c.examples.strip() for c in commands)
     checked = {c.name for c in commands if c.precheck is not None}
-    assert checked == {"generate", "bench", "overhead", "partial", "check", "tune", "scale-bench", "fluency"}
+    assert checked == {"generate", "bench", "overhead", "partial", "check", "tune", "scale-bench", "fluency", "serve-loadtest"}
     assert [c.subcommands for c in commands if c.subcommands] == ["MODEL"]
 
 

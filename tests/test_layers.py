@@ -81,3 +81,11 @@ def test_an_adapter_importing_the_run_machinery_breaks_its_contract(staged):
     report = _broken(layers.lint_imports(staged))
     assert "adapters use only the public API" in report
     assert "diffaccel.adapters.text.sampling.masked -> diffaccel.runtime.registry" in report
+
+
+def test_an_adapter_importing_the_models_distribution_breaks_a_contract(staged):
+    # issue 58: the runtime finds diffaccel-models through its entry points only, never by import
+    reference = staged / "diffaccel" / "adapters" / "text" / "loading" / "reference.py"
+    reference.write_text(reference.read_text() + "\n\ndef _late():\n    import diffaccel_models  # noqa\n")
+    report = _broken(layers.lint_imports(staged))
+    assert "import no models distribution" in report and "diffaccel.adapters.text.loading.reference" in report

@@ -1,4 +1,4 @@
-"""The load test (``python -m diffaccel.serve.loadtest``): a small real run against the shipped
+"""The load test (``diffaccel serve-loadtest``): a small real run against the shipped
 text model, and its checks on made-up figures (a lost or mixed row, a 5xx, RSS growth fail it)."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from diffaccel.serve.loadtest import finish, markdown, markers
 
@@ -21,7 +22,7 @@ def test_a_small_load_run_passes_its_checks(tmp_path):
     BEGIN, END = markers("text")
     doc.write_text(f"# Serving\n\nprose kept\n\n{BEGIN}\nold figures\n{END}\n\nmore prose\n")
     out = tmp_path / "load.json"
-    cmd = [sys.executable, "-m", "diffaccel.serve.loadtest", str(config), "--requests", "12", "--clients", "4",
+    cmd = [str(Path(sys.executable).parent / "diffaccel"), "serve-loadtest", str(config), "--requests", "12", "--clients", "4",
            "--max-batch", "4", "--batch-window-ms", "50", "--offline", "3", "--no-single", "--time-limit", "240",
            "--json", str(out), "--markdown", str(doc)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -58,7 +59,7 @@ def test_the_checks_fail_on_a_mixed_row_a_5xx_or_memory_growth():
     assert not mixed["checks"]["passed"] and mixed["checks"]["batched_equals_single"] == 1
     assert not finish(a, _report(rows, rows, status_5xx=1), [], "text")["checks"]["passed"]
     assert not finish(a, _report(rows, rows, growth=150.0), [], "text")["checks"]["passed"]
-    md = markdown(good, "python -m diffaccel.serve.loadtest x.toml")
+    md = markdown(good, "diffaccel serve-loadtest x.toml")
     assert "Batching raises throughput 3.00x over one request at a time" in md and "shared" in md
 
 
@@ -67,7 +68,7 @@ def test_a_small_fault_run_answers_every_request_and_leaves_the_outputs_unchange
     config = tmp_path / "blocks.toml"
     config.write_text(CONFIG.replace("steps = 16\n", "steps = 8\nblock_size = 8\n"))
     out = tmp_path / "faults.json"
-    cmd = [sys.executable, "-m", "diffaccel.serve.loadtest", str(config), "--faults", "--requests", "40", "--clients", "4",
+    cmd = [str(Path(sys.executable).parent / "diffaccel"), "serve-loadtest", str(config), "--faults", "--requests", "40", "--clients", "4",
            "--fault-clients", "4", "--max-batch", "4", "--batch-window-ms", "50", "--offline", "2",
            "--request-timeout", "30", "--time-limit", "400", "--json", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -96,3 +97,13 @@ def test_a_fault_answered_with_another_status_or_none_is_counted_unexpected():
     assert got["oversized"] == {"sent": 2, "statuses": {"413": 1, "400": 1}, "max_s": 0.2, "unexpected": 1}
     assert got["stalled_body"]["unexpected"] == 1 and got["stalled_body"]["statuses"] == {"TimeoutError": 1}
     assert got["disconnect_waiting"]["unexpected"] == 0 and got["disconnect_waiting"]["statuses"] == {"closed": 1}
+
+
+def test_counts_out_of_range_are_one_line_and_exit_2(tmp_path, capsys):
+    from diffaccel.cli.entry import main
+
+    config = tmp_path / "text.toml"
+    config.write_text(CONFIG)
+    assert main(["serve-loadtest", str(config), "--clients", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--clients: must be 1 or more, got 0" in err and "Traceback" not in err

@@ -4,7 +4,7 @@ The model and the config's strategies load once; requests that arrive within ``-
 are generated together, up to ``--max-batch`` rows, each row with its own seed and strategy state
 (``engine``), behind a bounded queue (``batcher``), on FastAPI and uvicorn (``app``), behind API
 keys (``auth``) and per-request limits (``limits``). Needs the ``serve`` extra: ``pip install
-diffaccel[serve]``. The load test is ``python -m diffaccel.serve.loadtest`` (``--faults``: with
+diffaccel[serve]``. The load test is ``diffaccel serve-loadtest`` (``--faults``: with
 misbehaving clients, ``faults``).
 """
 

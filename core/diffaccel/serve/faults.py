@@ -1,4 +1,4 @@
-"""The load test with faults: ``python -m diffaccel.serve.loadtest CONFIG --faults`` (docs/serve.md).
+"""The load test with faults: ``diffaccel serve-loadtest CONFIG --faults`` (docs/serve.md).
 
 One batching server on 127.0.0.1 (``--max-batch``, ``--batch-window-ms``), started with a random
 API key (``DIFFACCEL_API_KEY``), the load test's ``--request-timeout`` and small body, ``n`` and

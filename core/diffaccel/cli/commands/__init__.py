@@ -50,7 +50,7 @@ ENTRY_GROUP = "diffaccel.commands"
 GROUPS = ("train",)
 """Core commands whose subcommands come from adapters: ``diffaccel train MODEL`` (``group="train"``)."""
 
-CORE = ("generate", "bench", "overhead", "partial", "plugins", "check", "train", "scale-bench", "tune", "serve", "fluency")
+CORE = ("generate", "bench", "overhead", "partial", "plugins", "check", "train", "scale-bench", "tune", "serve", "serve-loadtest", "fluency")
 """The core's commands, in ``diffaccel --help`` order; each is the module of this package named as
 it (``-`` as ``_``). Parsing one imports no plugin or adapter, except ``train`` (its models come
 from adapters)."""
