@@ -14,7 +14,8 @@ def plot_anchored(reports: list[dict[str, Any]], name: str, path: str | Path) ->
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = [r["strategies"][name] for r in reports if name in r.get("strategies", {})]
+    # a run the cost gate kept plain has its verdict but no per-step record: nothing to draw
+    runs = [m for r in reports if "anchored_by_step" in (m := r.get("strategies", {}).get(name, {}))]
     if not runs:
         return
     grid = np.mean([np.asarray(m["anchored_by_step"], dtype=float) for m in runs], axis=0)  # (layers, steps)

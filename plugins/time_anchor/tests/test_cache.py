@@ -123,3 +123,16 @@ def test_clear_drops_everything():
     put(c, [0, 1, 2], 0)
     c.clear()
     assert c.n_entries == 0 and c.values is None and not c.live(torch.arange(3), 1).any()
+
+
+def test_bench_plot_skips_runs_the_cost_gate_kept_plain(tmp_path):
+    """A run whose cost gate kept time-anchor aside reports its verdict, no per-step record: the
+    plot is drawn from the others, or not at all (it once failed the whole bench with a KeyError)."""
+    from diffaccel_time_anchor.plot import plot_anchored
+
+    plain = {"strategies": {"time-anchor": {"hit_rate": 0.0, "hits": 0, "step_positions": 1.0, "cost_gate": {}}}}
+    plot_anchored([plain, plain], "time-anchor", tmp_path / "none.png")
+    assert not (tmp_path / "none.png").exists()
+    ran = {"strategies": {"time-anchor": {"anchored_by_step": [[0.0, 0.5], [0.2, 0.7]], "layers": ["block.0", "block.1"]}}}
+    plot_anchored([plain, ran], "time-anchor", tmp_path / "one.png")
+    assert (tmp_path / "one.png").stat().st_size > 1000
