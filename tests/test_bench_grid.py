@@ -94,3 +94,20 @@ def test_bench_reports_intervals_beside_each_ratio(paths):
         assert lo <= swd.quality[k] / base[k] <= hi, k
     quick = run_bench(paths[1:], BenchOptions(seeds=1, progress=False, noise_floor=False, judge=None))
     assert quick.entries[1].speedup_ci is None and not quick.entries[1].has("quality_ci")
+
+
+def test_a_failing_plot_is_a_warning_naming_the_strategy_and_the_figures_stay(paths, tmp_path, monkeypatch):
+    import diffaccel_swd.strategy as swd_strategy
+
+    from diffaccel import hookimpl
+    from diffaccel.runtime.registry import PluginWarning
+
+    @hookimpl
+    def broken(self, reports, path):
+        raise KeyError("anchored_by_step")
+
+    monkeypatch.setattr(swd_strategy.SWD, "diffaccel_bench_plot", broken, raising=False)
+    with pytest.warns(PluginWarning, match="strategy 'swd': its bench plot failed .KeyError"):
+        result = run_bench(paths, BenchOptions(seeds=1, progress=False, noise_floor=False, judge=None, timed=False,
+                                               plot_dir=str(tmp_path / "plots")))
+    assert [e.name for e in result.entries][-1] == "swd" and result.entries[-1].quality

@@ -21,6 +21,7 @@ quiet machine. Its entries have ``speedup`` None.
 from __future__ import annotations
 
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ import attrs
 from ..contract.errors import ConfigError
 from ..kit.stats import ratio_ci
 from ..runtime.memory import process_peak_rss_mb
-from ..runtime.registry import Registry, call_own
+from ..runtime.registry import PluginWarning, Registry, call_own
 from ..runtime.runs import Run
 from .options import BenchOptions, options_from
 from .plan import (BenchPlan, _peer_entries, entry_name, load_bench_configs, plan_configs, plan_entries,  # noqa: F401
@@ -120,9 +121,19 @@ def build_result(plan: BenchPlan, timed: Timed, references: list[Any] | None, o:
         result.entries.append(entry)
         if o.plot_dir:
             for s in strategies:
-                Path(o.plot_dir).mkdir(parents=True, exist_ok=True)
-                call_own(s, "diffaccel_bench_plot", reports=reports, path=Path(o.plot_dir) / f"{name}-{s.name}.png")
+                _plot(s, reports, Path(o.plot_dir) / f"{name}-{s.name}.png")
     return result
+
+
+def _plot(strategy: Any, reports: list[dict[str, Any]], path: Path) -> None:
+    """A strategy's bench plot: a plot that fails is one warning naming the strategy; the bench's
+    figures, measured already, are kept (a plot once took a whole bench down with a KeyError)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        call_own(strategy, "diffaccel_bench_plot", reports=reports, path=path)
+    except Exception as exc:  # noqa: BLE001 - any plugin error: the figures matter more than its plot
+        warnings.warn(PluginWarning(f"strategy '{strategy.name}': its bench plot failed ({type(exc).__name__}: {exc}); "
+                                    f"no {path.name}, the figures are unaffected"), stacklevel=2)
 
 
 def write_json(path: str | Path, result: BenchResult) -> None:
