@@ -64,6 +64,8 @@ class TokenState(AnchorState):
     """With ``prompt_interval``: (B, N) the prompt's positions (the sampler's fixed ones)."""
     ages: torch.Tensor | None = None
     """With ``prompt_interval``: (B, N) how long each position's entry is served."""
+    last_refresh: int = -1
+    """With ``response_test = false``: the step that last computed the prompt."""
 
 
 class TokenPolicy:
@@ -165,6 +167,8 @@ class TokenPolicy:
         gate = self.gate_of(st)
         # its own steps start once the warm-up is over and one step has written references
         gate.tick(run.step, lambda first: run.step > max(first, self.config.warmup))
+        if not self.config.response_test and gate.active and run.step >= self.config.warmup:
+            return self._prompt_plan(st, run)
         if not gate.active or st.cache is None or run.step < self.config.warmup:
             return None
         live = st.cache.live(st.keys, run.step, st.ages)  # (L, B, N)
@@ -178,9 +182,35 @@ class TokenPolicy:
         st.planned_steps += 1
         return StepPlan(positions=need)
 
+    def _prompt_plan(self, st: TokenState, run):
+        """``response_test = false``: every ``prompt_interval + 1``-th step runs whole (the
+        prompt's keys and values renewed in the adapter's cache); the others run the response."""
+        if st.prompt is None or MASK_CONFIDENCES not in run.capabilities:
+            return None
+        st.planned_steps += 1
+        if st.last_refresh < 0 and run.step > 0:
+            st.last_refresh = run.step - 1  # the step before ran whole: a warm-up step or a plain one of the cost gate
+        if st.last_refresh < 0 or run.step - st.last_refresh > self.config.prompt_interval:
+            st.last_refresh = run.step
+            st.planned += 1.0
+            return None
+        need = ~st.prompt
+        st.planned += need.float().mean()
+        st.hits += st.prompt.sum() * run.info.n_layers
+        st.lookups += st.prompt.numel() * run.info.n_layers
+        return StepPlan(positions=need)
+
+    def prompt_metrics(self, states: list[TokenState]) -> dict[str, Any]:
+        """The metrics of ``response_test = false`` runs: served share, positions planned, the gate."""
+        hits, lookups = sum(int(s.hits) for s in states), sum(int(s.lookups) for s in states)
+        planned = sum(s.planned_steps for s in states)
+        m = {"hit_rate": hits / lookups if lookups else 0.0, "hits": hits,
+             "step_positions": round(float(sum(s.planned for s in states)) / planned, 4) if planned else 1.0}
+        return self.gate_metrics(m, states)
+
     def layer_output(self, st: TokenState, run, layer, hidden: torch.Tensor) -> torch.Tensor:
-        if not self.gate_of(st).active:
-            return layer.compute(hidden)  # a plain step: none of the bookkeeping
+        if not self.gate_of(st).active or not self.config.response_test:
+            return layer.compute(hidden)  # a plain step, or the step's plan alone: none of the bookkeeping
         if st.cache is None:
             self._init(st, run, hidden)
         i, step = layer.index, run.step

@@ -10,6 +10,7 @@ import torch
 
 import diffaccel
 from diffaccel.adapters.text.testing import tiny_text_pipeline
+from diffaccel import ConfigValueError
 from diffaccel.testing import StepClock, run_with
 from diffaccel_time_anchor import Gate, TimeAnchor, TimeAnchorConfig
 
@@ -393,3 +394,26 @@ def test_prompt_apart_is_refreshed_on_its_interval(pipe):
     with BlockSpy(pipe) as plain:
         generate(pipe, [anchor(**cfg)], prompt=prompt)
     assert sum(bool(plain.computed(N)[s, :, :n].any()) for s in range(plain.steps)) > len(runs_prompt) + 8
+
+
+def test_without_the_response_test_the_plan_alone_serves_the_prompt(pipe):
+    """response_test = false: no layer runs any bookkeeping; every step computes the whole response
+    at every layer, the prompt every 5th step (prompt_interval 4); nothing is cached by time-anchor."""
+    prompt = "the cat sat on"
+    strategy = anchor(warmup=2, prompt_interval=4, response_test=False, neighbors=0)
+    with BlockSpy(pipe) as blocks:
+        out = generate(pipe, [strategy], prompt=prompt)
+    n = out.prompt_lengths[0]
+    comp = blocks.computed(N)
+    assert comp[:, :, n:].all()  # the response: every step, every layer
+    runs_prompt = [s for s in range(blocks.steps) if comp[s, :, :n].any()]
+    first = next(s for s in range(blocks.steps) if not comp[s].all())
+    refreshes = [s for s in runs_prompt if s >= first - 1]
+    assert len(refreshes) >= 3 and all(b - a == 5 for a, b in zip(refreshes, refreshes[1:]))
+    m = out.report["strategies"]["time-anchor"]
+    assert m["hits"] > 0 and 0 < m["step_positions"] < 1 and "anchored_by_step" not in m
+
+
+def test_response_test_off_needs_a_prompt_interval():
+    with pytest.raises(ConfigValueError, match="key 'response_test': false needs prompt_interval above 0"):
+        TimeAnchorConfig(response_test=False)
