@@ -36,12 +36,14 @@ def diffaccel_register(register):
 def diffaccel_tunables(strategy):
     """What ``diffaccel tune`` may set: the anchoring threshold, the full warm-up and how long an
     anchored entry is served (text and block stacks alike), and the prompt's refresh interval
-    (text; 0 keeps one rule for prompt and response). The warm-up reaches 12 steps: on the
+    (text; 0 keeps one rule for prompt and response) and whether the response is tested at all
+    (false: the prompt alone is served, no per-layer bookkeeping). The warm-up reaches 12 steps: on the
     digits UNet the first fifth of 50 DDIM steps, where the layout forms, is worth computing."""
     if strategy != "time-anchor":
         return None
     return [Tunable(key="threshold", low=0.001, high=0.3, log=True), Tunable(key="warmup", low=0, high=12, integer=True),
-            Tunable(key="max_age", low=1, high=10, integer=True), Tunable(key="prompt_interval", low=0, high=32, integer=True)]
+            Tunable(key="max_age", low=1, high=10, integer=True), Tunable(key="prompt_interval", low=0, high=32, integer=True),
+            Tunable(key="response_test", choices=(True, False))]
 
 
 @hookimpl

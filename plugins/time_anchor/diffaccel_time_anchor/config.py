@@ -60,7 +60,7 @@ class TimeAnchorConfig:
     prompt_interval: int = attrs.field(default=0, validator=non_negative)
     """Text, masked sampler: the prompt apart from the response (dLLM-Cache's split). A prompt position's state is anchored whenever it is computed (no change test) and served for this many steps, then the whole prompt is refreshed; the response keeps the change test and ``max_age``. A long prompt is then computed once every prompt_interval steps. 0: one rule for every position."""
     response_test: bool = True
-    """Text, with prompt_interval: false leaves the response out of the cache, its positions computed at every step, so that no layer runs any bookkeeping: the step's plan is the response between the prompt's refreshes, and the adapter keeps the prompt's keys and values from its last full step (the cheapest form where the response is short, and exact for it)."""
+    """Text, with prompt_interval: false leaves the response out of the cache, its positions computed at every step, so that no layer runs any bookkeeping: the step's plan is the response between the prompt's refreshes, and the adapter keeps the prompt's keys and values from its last full step (the cheapest form where the response is short, and exact for it). With prompt_interval 0 every step runs whole (a point tune may try)."""
     narrow_step: bool = True
     """Text, masked sampler: narrow the whole step to the positions some layer must compute (``pre_step``'s plan). false: leave the step's positions to the strategies before it in the config (e.g. swd's window) and only leave anchored states out within them; the core ORs plans, so a plan of its own would add every position whose entry expired."""
     stride: int = attrs.field(default=1, validator=_positive_int)
@@ -85,8 +85,6 @@ class TimeAnchorConfig:
     def __attrs_post_init__(self):
         if self.tail_layers and self.min_depth != 0:
             raise ConfigValueError("tail_layers", f"needs min_depth = 0 (the outermost depth is the one with a tail), got min_depth {self.min_depth}")
-        if not self.response_test and not self.prompt_interval:
-            raise ConfigValueError("response_test", "false needs prompt_interval above 0 (with neither, nothing is ever served)")
         if self.stride > 1 and self.clusters is not None:
             raise ConfigValueError("stride", "cannot be combined with clusters (keys are either every n-th position or clusters)")
 

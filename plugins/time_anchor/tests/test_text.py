@@ -414,6 +414,9 @@ def test_without_the_response_test_the_plan_alone_serves_the_prompt(pipe):
     assert m["hits"] > 0 and 0 < m["step_positions"] < 1 and "anchored_by_step" not in m
 
 
-def test_response_test_off_needs_a_prompt_interval():
-    with pytest.raises(ConfigValueError, match="key 'response_test': false needs prompt_interval above 0"):
-        TimeAnchorConfig(response_test=False)
+def test_response_test_off_without_a_prompt_interval_computes_every_step(pipe):
+    """A point tune may try (each key is searched alone): nothing is served, the output is the baseline's."""
+    with BlockSpy(pipe) as blocks:
+        out = generate(pipe, [anchor(warmup=1, response_test=False)], prompt="the cat sat on")
+    assert blocks.computed(N).all()
+    assert torch.equal(out.tokens, generate(pipe, prompt="the cat sat on").tokens)
