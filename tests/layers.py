@@ -1,10 +1,11 @@
-"""Run import-linter (``lint-imports``) over diffaccel, its adapters and the plugin packages.
+"""Run import-linter (``lint-imports``) over diffaccel, its adapters, the plugin packages and the models
+distribution (``diffaccel_models``).
 
 The contracts live in pyproject.toml (``[tool.importlinter]``). ``diffaccel.adapters`` is a
 subpackage of ``diffaccel`` only through setuptools' package-dir mapping (core/diffaccel and
 adapters/ are separate folders), and grimp, import-linter's graph builder, reads a package from
 one folder. So the packages are copied into one tree as they are installed (diffaccel/,
-diffaccel/adapters/, diffaccel_<plugin>/) and the linter runs over that copy.
+diffaccel/adapters/, diffaccel_<plugin>/, diffaccel_models/) and the linter runs over that copy.
 
 ``python tests/layers.py`` (``make layers``) prints the linter's report and exits with its status;
 tests/test_layers.py runs the same in CI.
@@ -26,7 +27,7 @@ def stage(dest: Path) -> Path:
     skip = shutil.ignore_patterns("__pycache__", "*.pyc", "assets", "figures", "*.safetensors")
     shutil.copytree(ROOT / "core" / "diffaccel", dest / "diffaccel", ignore=skip)
     shutil.copytree(ROOT / "adapters", dest / "diffaccel" / "adapters", ignore=skip)
-    for pkg in sorted(ROOT.glob("plugins/*/diffaccel_*")):
+    for pkg in sorted(ROOT.glob("plugins/*/diffaccel_*")) + [ROOT / "models" / "diffaccel_models"]:
         shutil.copytree(pkg, dest / pkg.name, ignore=skip)
     return dest
 

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# every checkpoint shipped in the repository (adapters/*/assets), so every shipped config on them
+# every checkpoint shipped in the repository (diffaccel-models: models/diffaccel_models/assets), so every shipped config on them
 SHIPPED = ("wordnet-masked", "wordnet-masked-cond", "default", "wordnet-continuous", "digits", "dit-digits")
 SECTION = "## Checkpoints and soak"
 WARMUP = 50

@@ -63,8 +63,8 @@ def test_dit_digits_training_defaults_are_the_configs():
 
     import attrs
 
-    from diffaccel.adapters.diffusers.dit import commands
-    from diffaccel.adapters.diffusers.dit.digits import TrainDiTConfig
+    from diffaccel_models.dit import commands
+    from diffaccel_models.dit.digits import TrainDiTConfig
 
     p = argparse.ArgumentParser()
     commands._train_arguments(p)

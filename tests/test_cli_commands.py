@@ -166,12 +166,17 @@ def test_a_name_taken_by_the_core_or_another_plugin_is_refused():
     assert [(c.group, c.name) for c in commands.added] == [(None, "text")]
 
 
-def test_train_models_come_from_the_adapters(monkeypatch):
+def test_train_models_come_from_the_models_distribution(monkeypatch):
+    """Issue 58: the recipes and their commands are diffaccel-models', declared in its metadata; the
+    adapters (the runtime) register none."""
+    from diffaccel.cli.commands import declared
+
     monkeypatch.setenv("DIFFACCEL_PLUGINS", "")
     found, problems = collect(CORE)
-    train = {c.name: c.source for c in found if c.group == "train"}
-    assert problems == []
-    assert train["text"].startswith("adapter 'text'") and train["digits"].startswith("adapter 'unet'")
+    assert problems == [] and not [c for c in found if c.group == "train"]
+    train = {d.name: d.source for d in declared(CORE)[0] if d.group == "train"}
+    assert {"text", "task", "digits", "dit-digits", "smollm2-dlm"} <= set(train)
+    assert all(source.startswith("diffaccel-models ") for source in train.values()), train
 
 
 def test_train_without_a_model_is_a_usage_error(monkeypatch, capsys):

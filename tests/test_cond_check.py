@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diffaccel.adapters.text.training.cond_check import check, sequences
+from diffaccel_models.text.training.cond_check import check, sequences
 from diffaccel.adapters.text.sampling.model import TextDiffusionConfig, TextDiffusionLM
 from diffaccel.adapters.text.sampling.tokenizer import TextTokenizer, train_tokenizer
 

@@ -265,7 +265,7 @@ def test_bad_size_is_one_line_config_error():
 def test_digits_dit_training_writes_a_loadable_pipeline(tmp_path):
     """Two steps of the shared digits training loop on the DiT: a TextDiTPipeline folder that the
     adapter loads, with train.json; adaLN-Zero makes the untrained transformer output zero."""
-    from diffaccel.adapters.diffusers.dit.digits import TrainDiTConfig, adaln_zero, new_pipeline, train
+    from diffaccel_models.dit.digits import TrainDiTConfig, adaln_zero, new_pipeline, train
 
     fresh = new_pipeline(0).transformer
     adaln_zero(fresh)
@@ -310,7 +310,7 @@ def test_pooled_text_pixart_reads_the_prompt_through_adaln(tmp_path):
     """PooledTextPixArtTransformer2DModel: with every cross-attention's output projection zeroed the
     prompt still changes the prediction (through the timestep embedding), stock PixArt's does not;
     save_pretrained / from_pretrained in a TextDiTPipeline give the same outputs."""
-    from diffaccel.adapters.diffusers.dit.digits import new_pipeline
+    from diffaccel_models.dit.digits import new_pipeline
     from diffaccel.adapters.diffusers.dit.pipeline import TextDiTPipeline
 
     x, t = torch.randn(2, 1, 32, 32), torch.tensor([10, 900])

@@ -30,7 +30,7 @@ def entry_point_groups() -> set[str]:
     from diffaccel.adapters.text.loading.loader import KINDS_GROUP
 
     groups = {KINDS_GROUP}
-    for path in [ROOT / "pyproject.toml", *ROOT.glob("plugins/*/pyproject.toml")]:
+    for path in [ROOT / "pyproject.toml", ROOT / "models" / "pyproject.toml", *ROOT.glob("plugins/*/pyproject.toml")]:
         groups |= set(tomllib.loads(path.read_text())["project"].get("entry-points", {}))
     return groups
 

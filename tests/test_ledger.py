@@ -11,7 +11,7 @@ import torch
 
 from diffaccel.adapters.text.tasks import PromptError, ledger, task_spec
 from diffaccel.adapters.text.tasks.common import solution_ids
-from diffaccel.adapters.text.tasks.train import TaskTrainConfig, encode, level_cap, lookup_positions, trim
+from diffaccel_models.text.tasks.train import TaskTrainConfig, encode, level_cap, lookup_positions, trim
 from diffaccel.cli.entry import main
 
 SPEC = task_spec("ledger")
@@ -125,7 +125,7 @@ def test_a_model_grown_from_arith_computes_what_arith_did():
     from diffaccel.adapters.text.loading.reference import shipped_path
     from diffaccel.adapters.text.sampling.model import TextDiffusionConfig, TextDiffusionLM
     from diffaccel.adapters.text.sampling.tokenizer import TextTokenizer
-    from diffaccel.adapters.text.tasks.grow import grow_from
+    from diffaccel_models.text.tasks.grow import grow_from
 
     src_dir = shipped_path("arith")
     src, src_tok = TextDiffusionLM.load(src_dir), TextTokenizer.from_file(src_dir / "tokenizer.json")

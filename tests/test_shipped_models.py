@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from diffaccel.adapters.text.families.dispatch import load_pipeline
-from diffaccel.adapters.text.loading.reference import ASSETS
+from diffaccel_models import ASSETS
 from diffaccel.cli.entry import main
 
 

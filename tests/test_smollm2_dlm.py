@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from diffaccel.adapters.text.training import adapt
+from diffaccel_models.text.training import adapt
 from diffaccel.adapters.text.families import smollm2_dlm as dlm
 from diffaccel.adapters.text.families.dispatch import load_pipeline
 from diffaccel.contract.errors import ModelLoadError
@@ -304,7 +304,7 @@ class _Pipe:
 
 
 def test_samples_imitate_the_lengths_full_and_half_steps():
-    from diffaccel.adapters.text.training import dlm_eval
+    from diffaccel_models.text.training import dlm_eval
 
     pipe = _Pipe(lambda n, s: [f"w{s}"] * n)
     texts = dlm_eval.sample_like(pipe, [5, 3, 5, 8], seed=100, steps_of=lambda n: n)
@@ -317,7 +317,7 @@ def test_samples_imitate_the_lengths_full_and_half_steps():
 
 
 def test_verdict_follows_the_issue_bounds(monkeypatch):
-    from diffaccel.adapters.text.training import dlm_eval
+    from diffaccel_models.text.training import dlm_eval
     from diffaccel.adapters.text.evaluation.judge import Scores
 
     class Judge:  # perplexity e^(nats per token): a line's "nats" is its count of 'x' words
@@ -357,7 +357,7 @@ def test_confidence_reads_the_shifted_head():
     once the shift is applied; read unshifted it would be right almost nowhere."""
     from types import SimpleNamespace
 
-    from diffaccel.adapters.text.training import dlm_eval
+    from diffaccel_models.text.training import dlm_eval
 
     lines = [("3 4 5 6 7 8", 6), ("9 8 7 6 5 4 3 2", 8)]
     truth = {}

@@ -12,7 +12,7 @@ import torch
 
 from diffaccel.adapters.text.tasks import PromptError, arith, is_held_out, sudoku, task_spec
 from diffaccel.adapters.text.tasks.common import HELD_OUT_EVERY, solution_ids
-from diffaccel.adapters.text.tasks.train import Sampler, TaskTrainConfig, encode, masked_loss, train_task
+from diffaccel_models.text.tasks.train import Sampler, TaskTrainConfig, encode, masked_loss, train_task
 from diffaccel.tuning.budget import parse
 from diffaccel.cli.entry import main
 
@@ -233,7 +233,7 @@ def test_rows_take_their_own_seeds_problem_or_the_users():
 
 
 def test_focus_marks_the_result_digits_only():
-    from diffaccel.adapters.text.tasks.train import result_positions
+    from diffaccel_models.text.tasks.train import result_positions
 
     spec = task_spec("arith")
     tok = spec.tokenizer()

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from diffaccel.adapters.text.families.dispatch import load_pipeline
-from diffaccel.adapters.text.training.train import TrainConfig, pack, token_weights, train
+from diffaccel_models.text.training.train import TrainConfig, pack, token_weights, train
 
 LINES = [f"word{i % 7}: a small thing that does {i % 5} things" for i in range(300)]
 
@@ -58,7 +58,7 @@ def test_digits_training_writes_a_pipeline_and_can_continue_from_it(tmp_path):
     import torch
 
     from diffaccel.adapters.diffusers.unet.adapter import load_checkpoint
-    from diffaccel.adapters.diffusers.unet.digits import TrainDigitsConfig, new_pipeline, train_digits
+    from diffaccel_models.unet.digits import TrainDigitsConfig, new_pipeline, train_digits
 
     first = train_digits(TrainDigitsConfig(out=str(tmp_path / "a"), steps=2, max_minutes=0, threads=1, eval_per_class=0, batch=4))
     assert (first / "train.json").exists() and (first / "unet" / "diffusion_pytorch_model.safetensors").exists()
@@ -107,7 +107,7 @@ def test_line_weights_weigh_the_conditioned_line_and_its_key_terms():
     import numpy as np
 
     from diffaccel.adapters.text.sampling.tokenizer import TextTokenizer, train_tokenizer
-    from diffaccel.adapters.text.training.train import line_weights
+    from diffaccel_models.text.training.train import line_weights
 
     tok = TextTokenizer(train_tokenizer(LINES, 80))
     ids = tok.encode_lines(["word3: a small thing", "word1: a thing"])
@@ -128,7 +128,7 @@ def test_diffusion_loss_masks_and_weighs_the_given_positions():
     import torch
 
     from diffaccel.adapters.text.sampling.model import TextDiffusionConfig, TextDiffusionLM
-    from diffaccel.adapters.text.training.train import diffusion_loss
+    from diffaccel_models.text.training.train import diffusion_loss
 
     torch.manual_seed(0)
     model = TextDiffusionLM(TextDiffusionConfig(vocab_size=16, dim=16, n_layers=1, n_heads=2, max_len=8))

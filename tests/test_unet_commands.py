@@ -123,7 +123,7 @@ def test_quality_reports_psnr_ssim_and_conditioning_accuracy(digits):
     q = UNetAdapter.quality([base], [base])
     assert q["psnr"] == float("inf") and q["ssim"] == pytest.approx(1.0)
     # cond_acc is the classifier's agreement with the prompts' labels, computed on these images
-    from diffaccel.adapters.diffusers.unet.digits import classify
+    from diffaccel_models.unet.digits import classify
 
     assert q["cond_acc"] == pytest.approx(class_accuracy(classify(base.images), [1, 2])["overall"])
 
@@ -234,7 +234,7 @@ def test_bench_runs_the_peer_interleaved(tmp_path):
 def test_shipped_digits_model_is_small_safetensors_and_generates(tmp_path):
     from PIL import Image
 
-    from diffaccel.adapters.diffusers.unet.adapter import ASSETS
+    from diffaccel_models import ASSETS
 
     files = list((ASSETS / "digits").rglob("*"))
     weights = [f for f in files if f.suffix == ".safetensors"]

@@ -1,5 +1,5 @@
-"""The digits task that the UNet digits model (``unet/digits.py``) and the digits DiT
-(``dit/digits.py``) share: data, prompts, text encoder and noise schedule, the classifier and the
+"""The digits task that the UNet digits model (``diffaccel_models.unet.digits``, in diffaccel-models) and the digits DiT
+(``diffaccel_models.dit.digits``) share: data, prompts, text encoder and noise schedule, the classifier and the
 conditioning accuracy, the training loop and the ``eval`` command. Only the denoiser differs.
 
 * Data: scikit-learn's ``load_digits()`` (1797 grey 8x8 digits, values 0-16), upsampled

@@ -1,7 +1,8 @@
 """What the two diffusers adapters (``unet`` and ``dit``) share: loading a pipeline for a
 ``[model] checkpoint`` string, and one generation (``run``).
 
-A checkpoint string is, in this order: a shipped model (a folder under the adapter's assets), a
+A checkpoint string is, in this order: a shipped model (by name, found in the ``diffaccel.checkpoints``
+registry that diffaccel-models fills: ``diffaccel.kit.checkpoints``), a
 synthetic model built offline from seeded random weights, a local folder saved by
 ``save_pretrained`` (the adapter's own pipeline class when its model_index.json names it, else the
 adapter's fallback class), or a hub id (the fallback class). Every local file goes through the
@@ -23,6 +24,7 @@ import torch
 from diffaccel.adapterkit import torch_dtype
 from diffaccel.contract.errors import ConfigError, ModelLoadError
 from diffaccel.contract.state import RunState
+from diffaccel.kit.checkpoints import shipped_checkpoint
 
 from ..checkpoints import check_component_files, check_module_finite, precheck_folder, quiet_loading
 from .hooks import session_of
@@ -39,10 +41,8 @@ def first_line(exc: BaseException) -> str:
 class PipelineSource:
     """Where one diffusers adapter finds the pipeline a checkpoint string names."""
 
-    assets: Path
-    """The adapter's folder of shipped models."""
     shipped: Mapping[str, str]
-    """Shipped model name -> its folder under ``assets``."""
+    """Shipped model name -> its name in the ``diffaccel.checkpoints`` registry (diffaccel-models)."""
     retrain: str
     """How to rebuild a missing shipped model (said in the error line)."""
     synthetic: Collection[str]
@@ -75,10 +75,10 @@ def check_pipeline(pipe, checkpoint: str, shipped: Collection[str] = ()) -> None
 
 def _load(source: PipelineSource, checkpoint: str, allow_pickle: bool):
     if checkpoint in source.shipped:
-        path = source.assets / source.shipped[checkpoint]
+        path = shipped_checkpoint(source.shipped[checkpoint])  # one ConfigError line when diffaccel-models is missing
         if not (path / "model_index.json").is_file():
-            raise ModelLoadError(f"shipped model '{checkpoint}' is missing at {path}; reinstall diffaccel or retrain it "
-                                 f"with {source.retrain}")
+            raise ModelLoadError(f"shipped model '{checkpoint}' is missing at {path}; reinstall diffaccel-models or retrain "
+                                 f"it with {source.retrain}")
         return source.own_class.from_pretrained(str(path))
     if checkpoint in source.synthetic:
         return source.build(checkpoint)

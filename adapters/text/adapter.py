@@ -14,7 +14,6 @@ from diffaccel.contract.capabilities import MASK_CONFIDENCES, PINNED_TOKENS, TOK
 from diffaccel.contract.errors import ConfigError, ConfigValueError, DiffaccelError
 from diffaccel.contract.validators import in_range, one_of, positive
 
-from . import commands
 from .evaluation import judge, measure, metrics
 from .tasks import mode as task_mode
 from .families.diffusion_gemma.pipeline import BLOCK, BLOCK_CAPABILITIES, DiffusionGemmaPipeline, GemmaLayer
@@ -91,7 +90,6 @@ class TextAdapter:
     Options = TextOptions
     capabilities = frozenset({TOKEN_POSITIONS, MASK_CONFIDENCES, TOKEN_LOGITS, PINNED_TOKENS})
     """``mask-confidences`` only on runs of the masked sampler (``run.capabilities`` says)."""
-    diffaccel_register_commands = staticmethod(commands.diffaccel_register_commands)  # diffaccel train text
     PEERS: dict[str, type] = {"steps": StepsPeer}
     VARIANT_OPTIONS = ("block_size", "prefix_cache")
     """``[model]`` keys in which a bench's configs may differ from the first's (beside ``steps``):

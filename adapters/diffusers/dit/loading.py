@@ -6,14 +6,12 @@ eval load checkpoints without importing the adapter."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from ..pipelines import PipelineSource, load_pipeline
 from .pipeline import TextDiTPipeline
 from .synthetic import SYNTHETIC, build
 
-ASSETS = Path(__file__).parent / "assets"
 SHIPPED = {"dit-digits": "dit-digits"}
+"""Shipped model name -> its checkpoint in the ``diffaccel.checkpoints`` registry (diffaccel-models)."""
 
 def _from_pretrained(name: str, **kwargs):
     # deferred, as in unet/loading.py: the generic pipeline loader pulls in every pipeline's
@@ -24,7 +22,7 @@ def _from_pretrained(name: str, **kwargs):
 
 
 SOURCE = PipelineSource(
-    assets=ASSETS, shipped=SHIPPED, retrain="'diffaccel train dit-digits --out DIR' and copy DIR there",
+    shipped=SHIPPED, retrain="'diffaccel train dit-digits --out DIR' and copy DIR there",
     synthetic=SYNTHETIC, build=build, own_class=TextDiTPipeline, fallback=_from_pretrained)
 """What ``load_checkpoint`` reads: the digits DiT, the synthetic DiTs, a ``TextDiTPipeline``
 folder, else any diffusers pipeline (``DiffusionPipeline``)."""

@@ -29,14 +29,15 @@ from diffusers import DiffusionPipeline, UNet2DConditionModel
 from PIL import Image
 
 from diffaccel.contract.errors import DiffaccelError, ModelLoadError
+from diffaccel.kit.checkpoints import shipped_checkpoint
 
 from .. import peers as diffusers_peers
 from ...checkpoints import quiet_loading
 from ..pipelines import ImageOutput, PipelineSource, check_pipeline, load_for_config, load_pipeline, run_pipeline
 from ..pipelines import first_line as _first_line
 from ..digits import class_accuracy, classify
-from . import commands, hooks
-from .loading import ASSETS, SHIPPED, SOURCE, load_checkpoint  # noqa: F401 - ASSETS, load_checkpoint: importable from here as before
+from . import hooks
+from .loading import SHIPPED, SOURCE, load_checkpoint  # noqa: F401 - load_checkpoint: importable from here as before
 from .metrics import psnr_per_image, ssim_per_image
 from .options import SCHEDULERS, DeepCachePeer, StepsPeer, UNetOptions, UNetSpec  # noqa: F401 - importable from here as before
 from .synthetic import SYNTHETIC, build
@@ -60,7 +61,6 @@ class UNetAdapter:
     name = "unet"
     Options = UNetSpec.Options
     capabilities = hooks.CAPABILITIES
-    diffaccel_register_commands = staticmethod(commands.diffaccel_register_commands)  # diffaccel train digits
     PEERS = {"deepcache": DeepCachePeer, "steps": StepsPeer}
     layer_types = (hooks.UNetBlock,)
     output_suffix = UNetSpec.output_suffix
@@ -102,7 +102,7 @@ class UNetAdapter:
         spec, on the meta device (no memory, no weights read). A hub id loads as ``generate``
         loads it (its own refusals included: offline and not cached, the same line)."""
         checkpoint = config.model.checkpoint
-        folder = ASSETS / SHIPPED[checkpoint] if checkpoint in SHIPPED else Path(checkpoint).expanduser()
+        folder = shipped_checkpoint(SHIPPED[checkpoint]) if checkpoint in SHIPPED else Path(checkpoint).expanduser()
         if checkpoint in SYNTHETIC:  # built from its spec on the meta device: shapes only
             with quiet_loading(), torch.device("meta"):
                 return UNetAdapter.info(build(checkpoint))

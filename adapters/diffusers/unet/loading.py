@@ -6,14 +6,13 @@ and eval load checkpoints without importing the adapter."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from ..pipelines import PipelineSource, load_pipeline
 from .pipeline import DigitsPipeline
 from .synthetic import SYNTHETIC, build
 
-ASSETS = Path(__file__).parent / "assets"
 SHIPPED = {"digits": "digits", "default": "digits"}
+"""Shipped model name (as a config gives it) -> its checkpoint in the ``diffaccel.checkpoints``
+registry (diffaccel-models ships it: ``diffaccel.kit.checkpoints``)."""
 
 
 def _from_pretrained(name: str, **kwargs):
@@ -25,7 +24,7 @@ def _from_pretrained(name: str, **kwargs):
 
 
 SOURCE = PipelineSource(
-    assets=ASSETS, shipped=SHIPPED, retrain="'diffaccel train digits --out DIR' and copy DIR/pipeline there",
+    shipped=SHIPPED, retrain="'diffaccel train digits --out DIR' and copy DIR/pipeline there",
     synthetic=SYNTHETIC, build=build, own_class=DigitsPipeline, fallback=_from_pretrained)
 """What ``load_checkpoint`` reads: the digits model, the synthetic Stable Diffusion pipelines, a
 ``DigitsPipeline`` folder, else ``StableDiffusionPipeline``."""

@@ -101,7 +101,7 @@ def _source():
 
     from ..pipelines import PipelineSource
 
-    return PipelineSource(assets=Path(__file__).parent, shipped={}, retrain="", synthetic=(SYNTHETIC,),
+    return PipelineSource(shipped={}, retrain="", synthetic=(SYNTHETIC,),
                           build=lambda _name: build_synthetic(), own_class=DDPMPipeline,
                           fallback=DiffusionPipeline.from_pretrained)
 

@@ -1,6 +1,6 @@
 """SmolLM2-135M adapted into a masked diffusion LM: a low-rank delta on top of the GGUF base.
 
-The recipe (``adapters/text/training/adapt.py``) turns the autoregressive SmolLM2-135M-Instruct into a
+The recipe (``models/diffaccel_models/text/training/adapt.py``) turns the autoregressive SmolLM2-135M-Instruct into a
 masked diffusion LM the way Dream and DiffuLLaMA adapt theirs: attention made bidirectional, the
 autoregressive head kept (position p's logits are read from position p - 1: ``logit_shift = 1``),
 a mask token the text never uses (``<empty_output>``, with its own learned input embedding), a

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from diffaccel.contract.errors import ModelLoadError
+from diffaccel.kit.checkpoints import shipped_checkpoint
 
 from ...checkpoints import check_vocab, folder_weights, match_state, read_tensors
 from ..sampling.denoisers import ReferenceDenoiser
@@ -15,14 +16,17 @@ from .loader import Loaded, ModelFacts, Source, first_line
 from ..sampling.model import TextDiffusionConfig, TextDiffusionLM
 from ..sampling.tokenizer import TextTokenizer
 
-ASSETS = Path(__file__).parents[1] / "assets"
 SHIPPED = {"wordnet-masked": "wordnet-masked", "default": "wordnet-masked", "wordnet-continuous": "wordnet-continuous",
            "wordnet-masked-cond": "wordnet-masked-cond", "arith": "arith", "sudoku": "sudoku",
            "sudoku9": "sudoku9"}
+"""Shipped model name (as a config gives it) -> its checkpoint in the ``diffaccel.checkpoints``
+registry, which diffaccel-models fills (``diffaccel.kit.checkpoints``)."""
 
 
 def shipped_path(name: str) -> Path:
-    return ASSETS / SHIPPED[name]
+    """The folder of the shipped model ``name``; one ``ConfigError`` line naming it and
+    diffaccel-models when that distribution is not installed."""
+    return shipped_checkpoint(SHIPPED[name])
 
 
 def read_config(path: Path) -> TextDiffusionConfig:
@@ -60,7 +64,7 @@ def load_reference(path: Path, name: str, allow_pickle: bool = False) -> Loaded:
 
 
 class ShippedLoader:
-    """The reference models shipped in ``adapters/text/assets``, by name."""
+    """The shipped reference models (diffaccel-models), by name."""
 
     names = tuple(SHIPPED)
 
@@ -70,7 +74,7 @@ class ShippedLoader:
     def _path(self, source: Source, needed: str) -> Path:
         path = shipped_path(source.checkpoint)
         if not (path / needed).is_file():
-            raise ModelLoadError(f"shipped model '{source.checkpoint}' is missing at {path}; reinstall diffaccel or retrain it (see README)")
+            raise ModelLoadError(f"shipped model '{source.checkpoint}' is missing at {path}; reinstall diffaccel-models or retrain it (see README)")
         return path
 
     def load(self, source: Source) -> Loaded:

@@ -27,9 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..evaluation import metrics
-from ..families import smollm2_dlm as dlm
-from ..families.dispatch import load_pipeline
+from diffaccel.adapters.text.evaluation import metrics
+from diffaccel.adapters.text.families import smollm2_dlm as dlm
+from diffaccel.adapters.text.families.dispatch import load_pipeline
 
 #: the fixed shuffle of the held-out lines that sample i imitates
 SHUFFLE_SEED = 38
@@ -70,7 +70,7 @@ def sample_like(pipe, lengths: list[int], seed: int, steps_of, temperature: floa
 
 
 def quality(judge, texts: list[str]) -> dict[str, float]:
-    from ..evaluation.judge import judge_lines
+    from diffaccel.adapters.text.evaluation.judge import judge_lines
 
     lines = judge_lines(texts)
     return {"gen_ppl": judge.score(lines).perplexity() if lines else math.inf,
@@ -84,7 +84,7 @@ def confidence(pipe, targets: list[tuple[str, int]], seed: int, rate: float = 0.
     applied): how sure the model is where the sampler has to choose."""
     import torch
 
-    from ..sampling.model import KVCache
+    from diffaccel.adapters.text.sampling.model import KVCache
 
     den, tok = pipe.denoiser, pipe.tokenizer
     start = tok.encode(dlm.START_TOKEN)
@@ -172,7 +172,7 @@ def run(args) -> int:
     import torch
 
     torch.set_num_threads(args.threads)  # set by command-line entry points only, never by library code
-    from ..evaluation.judge import load_judge
+    from diffaccel.adapters.text.evaluation.judge import load_judge
 
     pipe = load(args.checkpoint)
     judge = load_judge(args.judge)

@@ -21,10 +21,10 @@ import torch.nn.functional as F
 
 from diffaccel.kit.conditions import load
 
-from ..loading.corpus import source_lines
-from ..loading.reference import SHIPPED, shipped_path
-from ..sampling.model import TextDiffusionLM
-from ..sampling.tokenizer import TextTokenizer
+from diffaccel.adapters.text.loading.corpus import source_lines
+from diffaccel.adapters.text.loading.reference import SHIPPED, shipped_path
+from diffaccel.adapters.text.sampling.model import TextDiffusionLM
+from diffaccel.adapters.text.sampling.tokenizer import TextTokenizer
 from .train import term_mask
 
 

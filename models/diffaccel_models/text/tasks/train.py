@@ -28,10 +28,10 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..sampling.model import TextDiffusionConfig, TextDiffusionLM
-from . import TaskSpec, task_spec
-from .common import HELD_OUT_EVERY, eos_id, is_held_out, solution_ids
-from .evaluate import solve
+from diffaccel.adapters.text.sampling.model import TextDiffusionConfig, TextDiffusionLM
+from diffaccel.adapters.text.tasks import TaskSpec, task_spec
+from diffaccel.adapters.text.tasks.common import HELD_OUT_EVERY, eos_id, is_held_out, solution_ids
+from diffaccel.adapters.text.tasks.evaluate import solve
 from .grow import grow_from
 
 

@@ -22,11 +22,11 @@ import torch
 from diffusers import DDIMScheduler, UNet2DConditionModel
 from transformers import CLIPTextConfig, CLIPTextModel
 
-from ..digits import (  # noqa: F401 - the shared digits task, importable from here as before
+from diffaccel.adapters.diffusers.digits import (  # noqa: F401 - the shared digits task, importable from here as before
     SCHEDULER_CONFIG, TEXT_CONFIG, classifier, classify, conditioning_accuracy, load_data, to_8x8)
-from ..digits import add_eval_arguments, run_eval, train_loop
-from .loading import load_checkpoint
-from .pipeline import DigitsPipeline, char_tokenizer, char_vocab
+from diffaccel.adapters.diffusers.digits import add_eval_arguments, run_eval, train_loop
+from diffaccel.adapters.diffusers.unet.loading import load_checkpoint
+from diffaccel.adapters.diffusers.unet.pipeline import DigitsPipeline, char_tokenizer, char_vocab
 
 UNET_CONFIG = dict(
     sample_size=32, in_channels=1, out_channels=1, block_out_channels=(32, 64, 72), layers_per_block=1,

@@ -17,7 +17,7 @@ ADAPT_EXAMPLES = """
 
 EXPORT_EXAMPLES = """
     examples:
-      diffaccel smollm2-dlm-export /work/runs-smollm2/run1 adapters/text/assets/smollm2-dlm
+      diffaccel smollm2-dlm-export /work/runs-smollm2/run1 models/diffaccel_models/assets/smollm2-dlm
     Writes a smollm2-dlm run's state.pt as a delta folder (fp16 safetensors), what the loader reads."""
 
 EVAL_EXAMPLES = """

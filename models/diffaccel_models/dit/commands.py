@@ -48,7 +48,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _accuracy_arguments(e: argparse.ArgumentParser) -> None:
-    from ..digits import add_eval_arguments
+    from diffaccel.adapters.diffusers.digits import add_eval_arguments
 
     add_eval_arguments(e, "dit-digits", "TextDiTPipeline")
 

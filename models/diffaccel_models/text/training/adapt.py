@@ -1,7 +1,7 @@
 """Adapt SmolLM2-135M into a masked diffusion LM (the recipe of ``smollm2-dlm``).
 
     diffaccel train smollm2-dlm --out /work/runs-smollm2/run1 --threads 1
-    diffaccel smollm2-dlm-export /work/runs-smollm2/run1 adapters/text/assets/smollm2-dlm
+    diffaccel smollm2-dlm-export /work/runs-smollm2/run1 models/diffaccel_models/assets/smollm2-dlm
 
 What it trains (``smollm2_dlm.py`` describes the model): a LoRA delta (peft) on every attention
 and MLP projection of the 30 layers, plus the mask token's input embedding; the base weights
@@ -36,7 +36,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..families import smollm2_dlm as dlm
+from diffaccel.adapters.text.families import smollm2_dlm as dlm
 
 
 @attrs.frozen(kw_only=True)
@@ -215,7 +215,7 @@ def train(cfg: AdaptConfig, lines: list[str] | None = None) -> Path:
     mask_id = dlm.token_id(tok, dlm.MASK_TOKEN, folder)
     start_id = dlm.token_id(tok, dlm.START_TOKEN, folder)
     if lines is None:
-        from ..loading.corpus import read_wordnet
+        from diffaccel.adapters.text.loading.corpus import read_wordnet
 
         lines, _ = read_wordnet()
     rows = encode_rows(tok, lines, start_id, cfg.max_tokens)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from ..sampling.model import TextDiffusionLM
+from diffaccel.adapters.text.sampling.model import TextDiffusionLM
 
 
 def _vocab(folder: Path) -> dict[str, int]:

@@ -29,13 +29,13 @@ import torch
 from diffusers import DDIMScheduler, PixArtTransformer2DModel
 from transformers import CLIPTextConfig, CLIPTextModel
 
-from ..digits import SCHEDULER_CONFIG, TEXT_CONFIG, add_eval_arguments, run_eval, train_loop
-from ..unet.loading import load_checkpoint as load_unet
-from ..unet.pipeline import char_tokenizer, char_vocab
-from .loading import load_checkpoint
-from .nets.pooled_pixart import PooledTextPixArtTransformer2DModel
-from .pipeline import TextDiTPipeline
-from ..digits import conditioning_accuracy  # noqa: F401 - importable from here as before
+from diffaccel.adapters.diffusers.digits import SCHEDULER_CONFIG, TEXT_CONFIG, add_eval_arguments, run_eval, train_loop
+from diffaccel.adapters.diffusers.unet.loading import load_checkpoint as load_unet
+from diffaccel.adapters.diffusers.unet.pipeline import char_tokenizer, char_vocab
+from diffaccel.adapters.diffusers.dit.loading import load_checkpoint
+from diffaccel.adapters.diffusers.dit.nets.pooled_pixart import PooledTextPixArtTransformer2DModel
+from diffaccel.adapters.diffusers.dit.pipeline import TextDiTPipeline
+from diffaccel.adapters.diffusers.digits import conditioning_accuracy  # noqa: F401 - importable from here as before
 
 DIT_CONFIG = dict(
     sample_size=32, in_channels=1, out_channels=1, patch_size=4, num_layers=10, num_attention_heads=3,

@@ -25,10 +25,10 @@ from tqdm.auto import tqdm
 
 from diffaccel.kit.conditions import load as load_conditions
 
-from ..loading.corpus import read_wordnet, write_lines
-from ..sampling.model import TextDiffusionConfig, TextDiffusionLM, mask_rate
-from ..loading.reference import shipped_path
-from ..sampling.tokenizer import TextTokenizer, train_tokenizer
+from diffaccel.adapters.text.loading.corpus import read_wordnet, write_lines
+from diffaccel.adapters.text.sampling.model import TextDiffusionConfig, TextDiffusionLM, mask_rate
+from diffaccel.adapters.text.loading.reference import shipped_path
+from diffaccel.adapters.text.sampling.tokenizer import TextTokenizer, train_tokenizer
 from .curves import plot_curves
 
 

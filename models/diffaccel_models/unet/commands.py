@@ -49,7 +49,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _accuracy_arguments(e: argparse.ArgumentParser) -> None:
-    from ..digits import add_eval_arguments
+    from diffaccel.adapters.diffusers.digits import add_eval_arguments
 
     add_eval_arguments(e, "digits", "DigitsPipeline")
     e.add_argument("--classifier-check", action="store_true", help="also print the classifier's 5-fold accuracy on load_digits")

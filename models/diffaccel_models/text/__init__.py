@@ -1,0 +1,1 @@
+"""The text models' recipes: the WordNet LMs (``training``), the task models (``tasks``), their commands."""
