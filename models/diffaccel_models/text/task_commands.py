@@ -8,7 +8,7 @@ EXAMPLES = """
     examples:
       OMP_NUM_THREADS=1 diffaccel train task --task arith --out runs/arith --steps 4000
       OMP_NUM_THREADS=1 diffaccel train task --task sudoku --grid 6 --out runs/sudoku6
-      diffaccel train task --task ledger --out runs/ledger --init adapters/text/assets/arith --init-layers 0,1,4,5 \
+      diffaccel train task --task ledger --out runs/ledger --init models/diffaccel_models/assets/arith --init-layers 0,1,4,5 \
         --dim 128 --layers 6 --heads 4 --batch 32 --lr 1e-3 --curriculum 0.25 --top-share 0.5 --focus 0.5 --trim --no-bf16
     Resumes from OUT/ckpt.pt when it exists; the best held-out model so far is OUT/model.safetensors."""
 
