@@ -11,7 +11,7 @@ import torch
 
 from diffaccel.adapters.text.tasks import PromptError, ledger, task_spec
 from diffaccel.adapters.text.tasks.common import solution_ids
-from diffaccel_models.text.tasks.train import TaskTrainConfig, encode, level_cap, lookup_positions, trim
+from diffaccel_models.text.tasks.train import TaskTrainConfig, _pace, encode, level_cap, lookup_positions, trim
 from diffaccel.cli.entry import main
 
 SPEC = task_spec("ledger")
@@ -119,6 +119,15 @@ def test_paced_curriculum_follows_the_level_not_the_step():
     ramp, paced = TaskTrainConfig(task="ledger", curriculum=0.5, steps=100), TaskTrainConfig(task="ledger", pace=0.9)
     assert [level_cap(SPEC, ramp, s) for s in (0, 25, 50)] == [1, 7, SPEC.levels]
     assert level_cap(SPEC, paced, 10_000, paced=3) == 3 and level_cap(SPEC, paced, 0, paced=99) == SPEC.levels
+
+
+def test_the_pace_moves_one_level_when_the_gauge_reaches_the_bound():
+    cfg, history = TaskTrainConfig(task="ledger", pace=0.85), {"level": 1}
+    assert _pace(cfg, SPEC, history, 0.5, None, 0) == 0.5 and history["level"] == 1  # no look-up digit masked
+    assert _pace(cfg, SPEC, history, 0.5, 1.0, 1) == 0.5 * 0.98 + 0.02 and history["level"] == 1
+    assert _pace(cfg, SPEC, history, 0.86, 1.0, 2) == 0.0 and history["level"] == 2  # a fresh gauge
+    history["level"] = SPEC.levels
+    assert _pace(cfg, SPEC, history, 0.9, 1.0, 3) > 0.85 and history["level"] == SPEC.levels  # the top stays
 
 
 def test_a_model_grown_from_arith_computes_what_arith_did():

@@ -190,6 +190,19 @@ class Sampler:
             self.rejected += 1
 
 
+def _pace(cfg: TaskTrainConfig, spec: TaskSpec, history: dict, mastery: float, acc: float | None, step: int) -> float:
+    """The paced curriculum's gauge (a running mean of the batches' look-up accuracy) after this
+    batch; at ``cfg.pace`` the level rises by one and the gauge starts again from zero."""
+    if acc is None:
+        return mastery
+    mastery = 0.98 * mastery + 0.02 * acc
+    if cfg.pace and mastery >= cfg.pace and history["level"] < spec.levels:
+        history["level"] += 1
+        print(f"\nstep {step}: look-up digits {acc:.2f}, level {history['level']}", flush=True)
+        return 0.0
+    return mastery
+
+
 def _state(model, opt, sampler, g, step, history, minutes) -> dict:
     return {"model": model.state_dict(), "opt": opt.state_dict(), "rng": sampler.rng.bit_generator.state,
             "drawn": sampler.drawn, "rejected": sampler.rejected, "torch_rng": g.get_state(), "step": step,
@@ -259,12 +272,7 @@ def train_task(cfg: TaskTrainConfig) -> Path:
         gauge = lookup_positions(tok, ids, gen, facts_only=True) & torch.isin(ids, digits) if cfg.pace else None
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
             loss, lookup_acc = masked_loss(model, ids, gen, g, focus, cfg.focus, lookup, cfg.lookup, gauge)
-        if lookup_acc is not None:
-            mastery = 0.98 * mastery + 0.02 * lookup_acc
-            if cfg.pace and mastery >= cfg.pace and history["level"] < spec.levels:
-                history["level"] += 1  # the next level starts from a fresh gauge
-                mastery = 0.0
-                print(f"\nstep {step}: look-up digits {lookup_acc:.2f}, level {history['level']}", flush=True)
+        mastery = _pace(cfg, spec, history, mastery, lookup_acc, step)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
