@@ -88,20 +88,17 @@ class TimeAnchor:
     @hookimpl
     def diffaccel_finalize(self, run, final):
         policy = self.policy(run.capabilities)
-        if policy is self.tokens and not self.config.response_test:  # no cache: the plan was all
-            ran = [s for s in _branch_states(run, self, cached=False) if s.gate is not None]
-            if ran:
-                run.metrics[self.name] = self.tokens.prompt_metrics(ran)
-                run.tally.cache_hits(run.metrics[self.name]["hits"])
-            return
         states = _branch_states(run, self)
         for st in states:
             policy.finish(st)
         if not states:
-            if policy is self.tokens:  # the cost gate kept it aside from the start: its verdict still
-                gated = [s for s in _branch_states(run, self, cached=False) if s.gate is not None]
-                if gated:
-                    run.metrics[self.name] = self.tokens.gate_metrics({"hit_rate": 0.0, "hits": 0, "step_positions": 1.0}, gated)
+            # no cache: the cost gate kept it aside from the start, or response_test = false
+            # (the step's plan was all it did): the served share and the gate's verdict still
+            if policy is self.tokens:
+                ran = [s for s in _branch_states(run, self, cached=False) if s.gate is not None]
+                if ran:
+                    run.metrics[self.name] = self.tokens.plan_metrics(ran)
+                    run.tally.cache_hits(run.metrics[self.name]["hits"])
             return
         m = self.metrics(states, run)
         policy.add_metrics(m, states, run)

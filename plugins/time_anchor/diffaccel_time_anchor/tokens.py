@@ -200,8 +200,10 @@ class TokenPolicy:
         st.lookups += st.prompt.numel() * run.info.n_layers
         return StepPlan(positions=need)
 
-    def prompt_metrics(self, states: list[TokenState]) -> dict[str, Any]:
-        """The metrics of ``response_test = false`` runs: served share, positions planned, the gate."""
+    def plan_metrics(self, states: list[TokenState]) -> dict[str, Any]:
+        """The metrics of runs without a cache (``response_test = false``, or the cost gate kept
+        time-anchor aside: nothing served, every position planned): served share, positions
+        planned, the gate's verdict."""
         hits, lookups = sum(int(s.hits) for s in states), sum(int(s.lookups) for s in states)
         planned = sum(s.planned_steps for s in states)
         m = {"hit_rate": hits / lookups if lookups else 0.0, "hits": hits,
