@@ -41,24 +41,24 @@ def test_parse_states_the_generators_problems_and_solves_them():
         assert ledger.parse(p.prompt) == p
         assert ledger.score(p, _lines(p)) == {"acc": 1.0, "facts_acc": 1.0}
     p = ledger.parse(f"{FACTS} Ann takes all the apples of Tom. She buys 5 more. She sells 6. How many apples does Ann have now?")
-    assert _lines(p) == ["Ann=34", "Tom=12", "34+12=46", "46+05=51", "51-06=45", "#### 45"] and p.answer == "45"
+    assert _lines(p) == ["Ann has 34", "Tom has 12", "34+12=46", "46+05=51", "51-06=45", "#### 45"] and p.answer == "45"
 
 
 def test_the_answer_follows_the_fact_wherever_it_stands():
     q = "Mia sells 4. She doubles them. She buys 3 more. How many pens does Mia have now?"
     base = ledger.parse(f"{FACTS} {q}")
-    assert _lines(base)[:2] == ["Mia=20", "20-04=16"] and base.answer == "35"
+    assert _lines(base)[:2] == ["Mia has 20", "20-04=16"] and base.answer == "35"
     moved = ledger.parse(f"Mia has 20 pens. Ann has 34 apples. Tom has 12 apples. {q}")
     assert moved.answer == base.answer and moved.solution == base.solution
     changed = ledger.parse(FACTS.replace("Mia has 20", "Mia has 30") + " " + q)
-    assert changed.answer == "55" and _lines(changed)[0] == "Mia=30"
+    assert changed.answer == "55" and _lines(changed)[0] == "Mia has 30"
 
 
 def test_scores_the_answer_and_the_copied_facts():
     p = ledger.parse(f"{FACTS} Ann takes all the apples of Tom. She buys 5 more. She sells 1. How many apples does Ann have now?")
     good = _lines(p)
     assert ledger.score(p, good) == {"acc": 1.0, "facts_acc": 1.0}
-    wrong_fact = ["Ann=34", "Tom=13", "34+13=47", "47+05=52", "52-01=51", "#### 51"]
+    wrong_fact = ["Ann has 34", "Tom has 13", "34+13=47", "47+05=52", "52-01=51", "#### 51"]
     assert ledger.score(p, wrong_fact) == {"acc": 0.0, "facts_acc": 0.5}
     assert ledger.score(p, good[:-1])["acc"] == 0.0 and ledger.score(p, [])["acc"] == 0.0
 
@@ -72,8 +72,8 @@ def test_scores_the_answer_and_the_copied_facts():
     (f"{FACTS} Ann buys 5 more. She doubles them. She sells 3. How many pens does Ann have now?", "the facts give Ann apples"),
     ("Ann has 34 apples. Ann has 3 apples. Ann buys 5 more. She doubles them. She sells 3. How many apples does Ann have now?",
      "states Ann's count twice"),
-    (" ".join(f"{n} has 10 pens." for n in list(ledger.NAMES)[:25]) + " Tom buys 5 more. He doubles them. He sells 3. "
-     "How many pens does Tom have now?", "states 25 facts"),
+    (" ".join(f"{n} has 10 pens." for n in list(ledger.NAMES)[:21]) + " Tom buys 5 more. He doubles them. He sells 3. "
+     "How many pens does Tom have now?", "states 21 facts"),
 ])
 def test_refuses_prompts_outside_the_task(prompt, fragment):
     with pytest.raises(PromptError, match="expected a ledger problem") as exc:
@@ -117,7 +117,7 @@ def test_lookup_positions_are_the_restated_facts_and_the_first_equation():
 
 def test_paced_curriculum_follows_the_level_not_the_step():
     ramp, paced = TaskTrainConfig(task="ledger", curriculum=0.5, steps=100), TaskTrainConfig(task="ledger", pace=0.9)
-    assert [level_cap(SPEC, ramp, s) for s in (0, 25, 50)] == [1, 7, SPEC.levels]
+    assert [level_cap(SPEC, ramp, s) for s in (0, 25, 50)] == [1, 1 + SPEC.levels // 2, SPEC.levels]
     assert level_cap(SPEC, paced, 10_000, paced=3) == 3 and level_cap(SPEC, paced, 0, paced=99) == SPEC.levels
 
 

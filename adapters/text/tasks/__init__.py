@@ -43,7 +43,7 @@ class TaskSpec:
     """Scores of the generated lines: ``acc`` first, then the second metric."""
     metrics: tuple[str, str]
     levels: int = 1
-    """Curriculum levels (arith: 1 to 4 operations; ledger: 2 to 24 facts)."""
+    """Curriculum levels (arith: 1 to 4 operations; ledger: 2 to 20 facts)."""
     grid: int = 0
 
     def tokenizer(self):

@@ -8,15 +8,18 @@ on their count, or about two (``Ann takes all the apples of Tom.``, then two ope
     ... Ann has 34 apples. ... Tom has 12 apples. ... Ann takes all the apples of Tom.
     She buys 5 more. She keeps half of them. How many apples does Ann have now?
 
-The generation is the worked solution: first the facts it uses, restated (``Ann=34``, a copy that
-small models learn before the arithmetic), then one equation per operation as ``arith`` writes
-them (two-digit numbers), then ``#### <answer>``:
+The generation is the worked solution: first the facts it uses, restated in the prompt's own
+words (``Ann has 34``: the three tokens before the count are the prompt's, so the copy is an exact
+induction pattern, which small models learn early; the form ``Ann=34`` never formed the look-up,
+docs/task-models.md), then one equation per operation as ``arith`` writes them (two-digit
+numbers), then ``#### <answer>``:
 
-    Ann=34 / Tom=12 / 34+12=46 / 46+05=51 ... / #### 26
+    Ann has 34 / Tom has 12 / 34+12=46 / 46+05=51 ... / #### 26
 
-Every problem has three operations, so solutions are 36 or 41 tokens and the canvas after the
+Every problem has three operations, so solutions are 37 or 43 tokens and the canvas after the
 prompt is at most a few [EOS] longer: fewer steps than tokens must commit needed tokens together.
-The prompt (189 to 198 tokens) is over four times the generation. Every result stays in 1..99.
+The prompt (161 to 170 tokens, 20 facts) is over three times the generation. Every result stays
+in 1..99.
 
 Scores: ``acc`` (the final answer is right) and ``facts_acc`` (share of the restated facts the
 generation copies exactly: the lookup alone).
@@ -33,7 +36,7 @@ from .common import Problem, PromptError, seed_rng
 
 NAME = "ledger"
 #: facts per problem (the test distribution; training grows to it from 2)
-FACTS = 24
+FACTS = 20
 #: three operations per problem (the combine of two people's counts is the first of them)
 OPS = 3
 NAMES = {**{n: "He" for n in ("Tom", "Sam", "Ben", "Leo", "Max", "Dan", "Jim", "Ray", "Tim", "Joe", "Ned", "Bob", "Ian",
@@ -41,10 +44,10 @@ NAMES = {**{n: "He" for n in ("Tom", "Sam", "Ben", "Leo", "Max", "Dan", "Jim", "
          **{n: "She" for n in ("Ann", "Mia", "Eva", "Zoe", "Amy", "Ivy", "Joy", "Kim", "Liz", "Meg", "Pam", "Sue", "Tia",
                                 "Una", "Val", "Bea", "Dot", "Fay", "Gil", "Kay")}}
 COUNT = (10, 49)
-#: the longest prompt (24 facts of 7 tokens; the two-person question with two-digit operands) and the
+#: the longest prompt (20 facts of 7 tokens; the two-person question with two-digit operands) and the
 #: shortest (the one-person question with one-digit operands and the shortest sentences)
 PROMPT_LEN, MIN_PROMPT_LEN = FACTS * 7 + 30, FACTS * 7 + 21
-GEN_LEN = 41
+GEN_LEN = 43
 WORDS = sorted({*(f"\u2581{w}" for w in [*NAMES, "He", "She", *ITEMS, "has", "more", "How", "many", "does", "have", "now",
                                          "of", "them", "a", "takes", "all", "the"]),
                 *(f"\u2581{w}" for phrase in [*ADD, *SUB, *MUL.values(), *DIV.values()] for w in phrase.split()),
@@ -57,7 +60,7 @@ def _facts(rng: np.random.Generator, n: int) -> list[tuple[str, int, str]]:
 
 
 def _solution(used: list[tuple[str, int]], steps: list[tuple[str, int, int]]) -> tuple[list[list[str]], int]:
-    lines = [[f"\u2581{name}", "=", *f"{count:02d}"] for name, count in used]
+    lines = [[f"\u2581{name}", "\u2581has", "\u2581", *f"{count:02d}"] for name, count in used]
     cur = used[0][1]
     for op, n, res in steps:
         lines.append([*f"{cur:02d}", SYMBOL[op], *f"{n:02d}", "=", *f"{res:02d}"])
@@ -189,6 +192,6 @@ def score(problem: Problem, lines: list[str]) -> dict[str, float]:
     got = [line.strip() for line in lines if line.strip()]
     final = re.fullmatch(r"####\s*(\d+)", got[-1]) if got else None
     acc = float(final is not None and int(final.group(1)) == int(problem.answer) and len(got) == len(ref))
-    facts = [r for r in ref if "=" in r and not r[0].isdigit()]
+    facts = [r for r in ref if " has " in r]
     hits = sum(1 for i, f in enumerate(facts) if i < len(got) and got[i] == f)
     return {"acc": acc, "facts_acc": hits / len(facts)}

@@ -31,7 +31,7 @@ def _arguments(t: argparse.ArgumentParser) -> None:
     t.add_argument("--eval-every", type=int, default=500, help="steps between held-out evaluations (default 500)")
     t.add_argument("--eval-n", type=int, default=100, help="held-out problems per evaluation (default 100)")
     t.add_argument("--curriculum", type=float, default=0.2,
-                   help="share of steps over which the curriculum's cap grows (arith: operations 1 -> 4; ledger: facts 2 -> 24)")
+                   help="share of steps over which the curriculum's cap grows (arith: operations 1 -> 4; ledger: facts 2 -> 20)")
     t.add_argument("--trim", action="store_true", help="cut each batch 16 positions after its longest problem (a curriculum's short ones)")
     t.add_argument("--top-share", type=float, default=0.0,
                    help="chance a problem is drawn at the curriculum's current cap, not uniformly below it (default 0)")
