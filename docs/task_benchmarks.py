@@ -64,13 +64,16 @@ class Task:
         return f"configs/{self.name}-fast.toml"
 
     def configs(self) -> list[str]:
-        fast = [self.fast] if (ROOT / self.fast).is_file() else []
+        # the tuned stack and, beside it, the tuned parallel alone (issue 56), where they exist
+        fast = [c for c in (self.fast, f"configs/{self.name}-parallel-fast.toml") if (ROOT / c).is_file()]
         return [self.base, *self.strategies, *fast, self.steps]
 
 
 def _strategy_configs(task: str) -> tuple[str, ...]:
-    return tuple(f"configs/{task}-{s}.toml" for s in ("swd", "time-anchor", "swd-time-anchor", "parallel", "parallel-factor",
-                                                              "parallel-entropy", "parallel-swd-time-anchor", "topk"))
+    # each cache alone and with parallel (issue 56), parallel's rules, top-k
+    return tuple(f"configs/{task}-{s}.toml" for s in ("swd", "time-anchor", "prompt-cache", "swd-time-anchor", "parallel",
+                                                      "parallel-swd", "parallel-prompt-cache", "parallel-swd-time-anchor",
+                                                      "parallel-factor", "parallel-entropy", "topk"))
 
 
 TASKS = {
@@ -261,6 +264,10 @@ def _speed(e: dict | None) -> str:
     return f"{e['speedup']:.2f}x" + (f" [{ci[0]:.2f}-{ci[1]:.2f}]" if ci else "")
 
 
+def _computed(e: dict | None) -> str:
+    return "-" if e is None or e.get("fraction_computed") is None else f"{e['fraction_computed']:.0%}"
+
+
 def fastest_within(result: dict | None, budget: float = BUDGET) -> tuple[str, dict] | None:
     """The fastest entry (strategies or peer) whose acc is within ``budget`` of the baseline's."""
     es = entries(result)
@@ -333,8 +340,8 @@ def task_section(task: Task, out: Path = ROOT / OUT) -> list[str]:
     e1, e8 = entries(r1), entries(r8)
     names = list(e1) or list(e8)
     q = entries(r1 or r8)
-    lines += [] if not names else [f"| entry | steps run (mean) | speedup, batch 1 | speedup, batch 8 | acc | {task.second} | commits per step |",
-              "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [] if not names else [f"| entry | steps run (mean) | speedup, batch 1 | speedup, batch 8 | acc | {task.second} | commits per step | "
+                                   "computed, batch 1 / 8 |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for n in names:
         e = q[n]
         s = e.get("run_summary") or {}
@@ -342,9 +349,11 @@ def task_section(task: Task, out: Path = ROOT / OUT) -> list[str]:
         acc = f"**{e['quality']['acc']:.3f}**" if n == "baseline" else f"{e['quality']['acc']:.3f}"
         lines.append(f"| {n} | {s.get('steps_run', float('nan')):.1f} | {_speed(e1.get(n))} | {_speed(e8.get(n))} | "
                      f"{acc}{_ci(qc.get('acc'))} | {e['quality'][task.second]:.3f}{_ci(qc.get(task.second))} | "
-                     f"{s.get('commits_per_step') or float('nan'):.2f} |")
+                     f"{s.get('commits_per_step') or float('nan'):.2f} | {_computed(e1.get(n))} / {_computed(e8.get(n))} |")
     lines += [] if not names else ["", f"acc and {task.second} are those of the {'batch 1' if r1 else 'batch 8'} bench (rows are independent, so the "
-              "batch changes no output); [lo-hi]: 95% paired bootstrap intervals over the problems.", ""]
+              "batch changes no output); [lo-hi]: 95% paired bootstrap intervals over the problems; computed: the share of "
+              "the positions of the steps run that the layers computed (a cache that saves work but not time shows it; "
+              "a cost gate that kept a cache aside shows 100%).", ""]
     for b, res in ((1, r1), (8, r8)):
         best = fastest_within(res)
         if res is not None:
