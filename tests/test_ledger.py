@@ -121,6 +121,17 @@ def test_paced_curriculum_follows_the_level_not_the_step():
     assert level_cap(SPEC, paced, 10_000, paced=3) == 3 and level_cap(SPEC, paced, 0, paced=99) == SPEC.levels
 
 
+def test_a_carried_run_starts_at_its_level(tmp_path):
+    from diffaccel_models.text.tasks.train import train_task
+
+    cfg = TaskTrainConfig(task="ledger", out=str(tmp_path / "m"), steps=2, batch=2, dim=32, layers=1, heads=2, eval_every=2,
+                          eval_n=1, bf16=False, pace=0.99, start_level=4, trim=True)
+    train_task(cfg)
+    assert torch.load(tmp_path / "m" / "ckpt.pt", weights_only=False)["history"]["level"] == 4
+    with pytest.raises(ValueError, match="start_level"):
+        TaskTrainConfig(task="ledger", start_level=0)
+
+
 def test_the_pace_moves_one_level_when_the_gauge_reaches_the_bound():
     cfg, history = TaskTrainConfig(task="ledger", pace=0.85), {"level": 1}
     assert _pace(cfg, SPEC, history, 0.5, None, 0) == 0.5 and history["level"] == 1  # no look-up digit masked

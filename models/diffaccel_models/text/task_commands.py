@@ -41,6 +41,8 @@ def _arguments(t: argparse.ArgumentParser) -> None:
                    help="ledger: chance a row's restated facts and first equation are all masked (no copy from beside them)")
     t.add_argument("--pace", type=float, default=0.0, help="mastery curriculum: the next level when the running "
                    "accuracy on masked look-up digits reaches this (0: the --curriculum step ramp)")
+    t.add_argument("--start-level", type=int, default=1, help="the paced curriculum's first level (with --init of a model "
+                   "that passed levels in an earlier run)")
     t.add_argument("--init", metavar="FOLDER", help="start from this model folder's weights (not its optimiser); "
                    "another task's model is carried over by token, position and block")
     t.add_argument("--init-layers", metavar="I,J,...", help="with --init of fewer blocks: the new model's blocks that take "
@@ -58,7 +60,8 @@ def _train(args: argparse.Namespace) -> int:
     cfg = TaskTrainConfig(task=args.task, grid=args.grid, out=args.out, steps=args.steps, batch=args.batch, lr=args.lr,
                           dim=args.dim, layers=args.layers, heads=args.heads, eval_every=args.eval_every, eval_n=args.eval_n,
                           curriculum=args.curriculum, max_minutes=args.max_minutes, bf16=not args.no_bf16,
-                          focus=args.focus, lookup=args.lookup, pace=args.pace, init=args.init, top_share=args.top_share, trim=args.trim,
+                          focus=args.focus, lookup=args.lookup, pace=args.pace, start_level=args.start_level, init=args.init,
+                          top_share=args.top_share, trim=args.trim,
                           init_layers=tuple(int(i) for i in args.init_layers.split(",")) if args.init_layers else None,
                           threads=args.threads, seed=args.seed)
     torch.set_num_threads(cfg.threads)  # command-line entry points only, never library code

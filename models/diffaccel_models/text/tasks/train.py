@@ -79,6 +79,9 @@ class TaskTrainConfig:
     """Mastery curriculum: the level (ledger: facts / 2) rises by one when the running accuracy
     on the masked look-up digits of the training batches reaches ``pace`` (0: the step ramp of
     ``curriculum``). A curriculum by steps moved on before the look-up formed on two facts."""
+    start_level: int = attrs.field(default=1, validator=attrs.validators.ge(1))
+    """The paced curriculum's first level: with ``init`` of a model that passed levels in an earlier
+    run (a session's run carried to the next as weights alone), the level it had reached."""
     bf16: bool = True
     """Forward and backward under bfloat16 autocast (weights and optimiser stay float32): a
     CPU with AMX or AVX512-BF16 runs the matrix products faster."""
@@ -244,7 +247,7 @@ def train_task(cfg: TaskTrainConfig) -> Path:
         for group in opt.param_groups:
             group["lr"] = cfg.lr * min(1.0, (step + 1) / warmup) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress(step))))
     sampler, g = Sampler(spec, cfg.seed, cfg.top_share), torch.Generator().manual_seed(cfg.seed)
-    history = {"loss": [], "eval": [], "level": 1}  # eval: (step, minutes, acc, second metric)
+    history = {"loss": [], "eval": [], "level": cfg.start_level}  # eval: (step, minutes, acc, second metric)
     start = 0
     ckpt = out / "ckpt.pt"
     if ckpt.is_file():
