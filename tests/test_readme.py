@@ -272,6 +272,11 @@ def test_an_image_strategy_off_either_end_of_the_solver_line_is_said_in_the_tabl
     assert _cell(table, "time-anchor", bench.DIT, bench).endswith("; slower than any steps setting")
     assert _cell(table, "dct-anchor", bench.DIT, bench).endswith("; faster than any steps setting")
     assert _cell(table, "cache on a solver", bench.DIT, bench).endswith("; slower than the baseline")
+    # a speedup whose interval holds 1x (a cost gate that kept full steps) is the baseline's speed, not slower
+    entries[-1]["speedup_ci"] = [0.7, 1.02]
+    (tmp_path / "dit-digits-solvers-b10" / "bench.json").write_text(json.dumps({"entries": entries}))
+    table = bench.headline_table(tmp_path)
+    assert _cell(table, "cache on a solver", bench.DIT, bench).endswith("; the baseline's speed")
 
 
 def test_a_text_strategy_is_read_against_its_steps_line_in_its_own_quality(tmp_path):
