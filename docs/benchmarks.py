@@ -270,6 +270,9 @@ def steps_verdict(result: dict | None, name: str) -> str:
     e = next((e for e in (result or {}).get("entries", []) if e["name"] == name), None)
     if e is None or e.get("speedup") is None:
         return ""
+    ci = e.get("speedup_ci")
+    if ci and ci[0] <= 1.0 <= ci[1]:
+        return "the baseline's speed"
     x, below, read, ends = e["speedup"], [], False, []
     for key, higher in LINE_KEYS:
         lines = list(steps_lines(result, key).values())
@@ -282,9 +285,6 @@ def steps_verdict(result: dict | None, name: str) -> str:
             margin = (e["quality"][key] - (max(ys) if higher else min(ys))) * (1 if higher else -1)
             if round(margin, 1 if key == "psnr" else 2) < 0:
                 below.append(key)
-    ci = e.get("speedup_ci")
-    if ci and ci[0] <= 1.0 <= ci[1]:
-        return "the baseline's speed"
     if x < 1:
         return "slower than the baseline"
     if not ends:
