@@ -167,3 +167,12 @@ def test_digits_items_are_pngs(tmp_path, capsys):
     assert [r["image"] for r in recs] == ["00000.png", "00001.png"]
     assert Image.open(out / "00000.png").size == (32, 32)
     assert (out / "00000.png").read_bytes() != (out / "00001.png").read_bytes()
+
+
+def test_config_prompt_longer_than_length_is_one_line(tmp_path, capsys):
+    """A [model] prompt that leaves no position to generate is refused before any step runs."""
+    cfg = _write(tmp_path / "c.toml", TEXT + 'prompts = ["' + "word " * 40 + '"]\n')
+    code, err = _cli(capsys, cfg, "--out", tmp_path / "o.txt")
+    assert code == 2 and "key 'prompts'" in err and "fills all 16 positions" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not (tmp_path / "o.txt").exists()

@@ -138,6 +138,7 @@ class TextAdapter:
             TextAdapter._check_block(pipe, config, where)
         else:
             check_options(config, pipe.kind, pipe.denoiser.max_len, pipe.denoiser.time_conditioned)
+            TextAdapter._check_prompts(pipe, config, where)
             if opts.task:
                 try:
                     task_mode.check_model(task_mode.spec_of(opts), pipe.denoiser.max_len, config.model.checkpoint)
@@ -165,6 +166,18 @@ class TextAdapter:
         if problem:
             key, _, message = problem.partition(": ")
             raise ConfigError(f"{where}: key '{key}': {message}")
+
+    @staticmethod
+    def _check_prompts(pipe: TextDiffusionPipeline, config, where: str) -> None:
+        """The config's own prompts must leave positions to generate (``length`` counts the prompt's
+        positions too), checked with the tokenizer before any step runs."""
+        o = config.options
+        if not o.prompts or o.task:
+            return
+        longest = max(len(pipe.tokenizer.encode(p)) for p in o.prompts)
+        if longest >= o.length:
+            raise ConfigError(f"{where}: key 'prompts': a prompt is {longest} tokens and fills all {o.length} positions "
+                              f"of 'length'; allowed: prompts under {o.length} tokens, or a length of at least {longest + 1}")
 
     @staticmethod
     def run(pipe: TextDiffusionPipeline, config, seed: int, progress: bool = True, **extra) -> TextOutput:
