@@ -8,6 +8,8 @@
 # make docs-site : the docs site (MkDocs, API reference from the docstrings) into site/, offline, strict
 # make docs   : regenerate docs/writing-a-plugin.md and docs/writing-an-adapter.md (tests check they are up to date)
 # make benchmarks [NOTE="..."] : rerun the headline benches, regenerate docs/benchmarks.md (a few minutes, one thread)
+# make benchmarks-real-shape [NOTE="..."] : the text caches on two random models of a real shape, batch 1 and 8,
+#               docs/real-shape-benchmarks.md (about half an hour)
 # make benchmarks-tasks [TASK=arith] [NOTE="..."] : rerun the task models' benches (256 held-out problems per entry,
 #               batch 1 and 8, parallel's threshold sweep), regenerate docs/task-benchmarks.md and its plots (about an hour)
 PY ?= python3
@@ -16,7 +18,7 @@ BIN := $(VENV)/bin
 PLUGIN_DIRS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml))
 export HF_HUB_OFFLINE := 1
 
-.PHONY: gpu-check setup demo test test-core layers test-plugin soak docs docs-site benchmarks benchmarks-tasks bench-overhead bench-partial fluency train-text train-text-cond clean
+.PHONY: gpu-check setup demo test test-core layers test-plugin soak docs docs-site benchmarks benchmarks-tasks benchmarks-real-shape bench-overhead bench-partial fluency train-text train-text-cond clean
 
 $(VENV)/.installed: pyproject.toml models/pyproject.toml $(addsuffix /pyproject.toml,$(PLUGIN_DIRS))
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -88,6 +90,9 @@ benchmarks: setup
 # TASK=arith reruns one task (new weights) and recombines the page with the other's folders
 benchmarks-tasks: setup
 	flock /tmp/diffaccel-bench.lock env OMP_NUM_THREADS=1 DIFFACCEL_MACHINE_NOTE="$(NOTE)" $(BIN)/python docs/task_benchmarks.py $(if $(TASK),--task $(TASK))
+
+benchmarks-real-shape: setup
+	flock /tmp/diffaccel-bench.lock env OMP_NUM_THREADS=1 DIFFACCEL_MACHINE_NOTE="$(NOTE)" $(BIN)/python docs/real_shape_benchmarks.py
 
 bench-overhead: setup
 	$(BIN)/diffaccel overhead configs/text-default.toml

@@ -51,6 +51,8 @@ def shrink(cfg):
         model = attrs.evolve(m, steps=16, batch=2)
         # blocks must still divide the length: a task model's is its task's, the others 32 in blocks of 8
         options = attrs.evolve(o, length=32) if not o.block_size else o if o.task else attrs.evolve(o, length=32, block_size=8)
+        if o.prompts and not o.task:  # a long prompt would fill the 32 positions: its first words keep the prompt path
+            options = attrs.evolve(options, prompts=[" ".join(p.split()[:8]) for p in o.prompts])
     elif m.checkpoint.startswith("synthetic"):
         model = attrs.evolve(m, steps=6, batch=1)
         options = attrs.evolve(o, size=32) if hasattr(o, "size") else o  # unet2d: the model's own size
