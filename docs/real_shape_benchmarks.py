@@ -74,6 +74,20 @@ def _gate(e: dict) -> str:
     return "; ".join(f"{v} ({n} runs)" for v, n in lines.items()) or "-"
 
 
+def reading(entries: list[dict]) -> str:
+    """One generated line: which caches ran (their gate on) and how they stand against the steps line."""
+    on = [e for e in entries if any(": on" in v for v in (e.get("cost_gate") or {}))]
+    off = [e["name"] for e in entries if (e.get("cost_gate") or {}) and e not in on]
+    steps = [e for e in entries if e["name"].startswith("steps-")]
+    ran = ", ".join(f"`{e['name']}` {_speed(e)} computing {_computed(e)}" for e in on) or "none"
+    line = f"Caches whose gate kept them on: {ran}."
+    if off:
+        line += f" Gate off (full steps, nothing to skip that pays): {', '.join(f'`{n}`' for n in off)}."
+    if steps:
+        line += f" The fewer-steps line: `{steps[0]['name']}` {_speed(steps[0])} (its quality cannot be judged on random weights)."
+    return line
+
+
 def section(model: str, out: Path) -> list[str]:
     title, base = MODELS[model]
     lines = [f"## {title}", "", f"Baseline: `{base}`.", ""]
@@ -88,7 +102,7 @@ def section(model: str, out: Path) -> list[str]:
                   f"{res['wall_s'] / 60:.1f} min; {_machine(name, out)}. Report: [{name}](benchmarks/{name}/index.md)", "",
                   "| entry | speedup [95% interval] | computed | cost gate |", "| --- | ---: | ---: | --- |"]
         lines += [f"| {e['name']} | {_speed(e)} | {_computed(e)} | {_gate(e)} |" for e in res["entries"]]
-        lines.append("")
+        lines += ["", reading(res["entries"]), ""]
     return lines
 
 

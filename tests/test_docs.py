@@ -152,6 +152,44 @@ def test_task_figures_follow_the_bench_json(tmp_path):
     assert name == "sudoku-parallel[tau=0.99]"
 
 
+# ---- the real-shape benchmarks page (docs/real_shape_benchmarks.py) -------------------------------
+
+def _real_shape():
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("docs_real_shape", GUIDE.parent / "real_shape_benchmarks.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_real_shape_page_is_the_one_generated_from_the_benches():
+    rs = _real_shape()
+    assert rs.PAGE.read_text() == rs.page(), "run `python docs/real_shape_benchmarks.py --combine-only`"
+    for name, args in rs.BENCHES.items():  # both batches, the baseline first
+        assert int(args[args.index("--batch") + 1]) == int(name[-1]) and args[0] in {b for _, b in rs.MODELS.values()}
+
+
+def test_real_shape_gates_are_kept_from_the_run_reports(tmp_path):
+    import json
+
+    rs = _real_shape()
+    gate = lambda on: {"swd": {"summary": f"swd cost gate: {'on' if on else 'off, full steps'} (a step with it 3 ms ...)"}}  # noqa: E731
+    entries = [{"name": "baseline", "speedup": 1.0, "reports": [{"steps_run": 16, "strategies": {}}]},
+               {"name": "long-swd", "speedup": 2.4, "fraction_computed": 0.31,
+                "reports": [{"steps_run": 16, "strategies": gate(True)}, {"steps_run": 16, "strategies": gate(False)}]},
+               {"name": "steps-8", "speedup": 2.0, "reports": [{"steps_run": 8, "strategies": {}}]}]
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"entries": entries}))
+    rs.keep_gates(path)
+    got = json.loads(path.read_text())["entries"]
+    assert got[1]["cost_gate"] == {"swd cost gate: on": 1, "swd cost gate: off, full steps": 1} and got[0]["cost_gate"] == {}
+    line = rs.reading(got)
+    assert "`long-swd` 2.40x computing 31%" in line and "`steps-8` 2.00x" in line
+
+
 # ---- the architecture page's lifecycle and dispatch: generated from the hook rules -----------------
 
 ARCHITECTURE = GUIDE.with_name("architecture.md")
