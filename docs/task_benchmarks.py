@@ -83,6 +83,10 @@ TASKS = {
                     "the tuned config): solved rate and cells_acc, as for 6x6"),
     "arith": Task("arith", "steps_acc", _strategy_configs("arith"), "miniature GSM8K, 2 to 4 operations: final answer exact, and "
                   "steps_acc (equations written as the reference writes them)"),
+    "ledger": Task("ledger", "facts_acc", tuple(f"configs/ledger-{s}.toml" for s in (
+        "swd", "time-anchor", "prompt-cache", "parallel", "parallel-swd", "parallel-prompt-cache")),
+        "long context (issue 55): 20 facts, then a question on one or two of them with three operations: final answer "
+        "exact, and facts_acc (the facts the solution restates, copied right: the look-up alone)"),
 }
 
 
