@@ -11,9 +11,10 @@ from diffaccel.cli.entry import main
 def test_shipped_weights_are_small_safetensors():
     files = sorted(ASSETS.glob("*/model.safetensors"))
     assert {f.parent.name for f in files} == {"wordnet-masked", "wordnet-continuous", "wordnet-masked-cond", "arith", "sudoku",
-                                                 "sudoku9"}
-    assert sum(f.stat().st_size for f in files) <= 32 * 2**20  # 30 MiB before the 9x9 sudoku model (2.3 MiB)
-    assert all(f.stat().st_size <= 10 * 2**20 for f in files if f.parent.name in ("arith", "sudoku", "sudoku9"))
+                                                 "sudoku9", "ledger"}
+    # 30 MiB before the 9x9 sudoku model (2.3 MiB), 32 before the ledger model (3.5 MiB)
+    assert sum(f.stat().st_size for f in files) <= 36 * 2**20
+    assert all(f.stat().st_size <= 10 * 2**20 for f in files if f.parent.name in ("arith", "sudoku", "sudoku9", "ledger"))
     assert not list(ASSETS.rglob("*.bin")) and not list(ASSETS.rglob("*.pt"))
 
 

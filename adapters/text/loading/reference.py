@@ -18,7 +18,7 @@ from ..sampling.tokenizer import TextTokenizer
 
 SHIPPED = {"wordnet-masked": "wordnet-masked", "default": "wordnet-masked", "wordnet-continuous": "wordnet-continuous",
            "wordnet-masked-cond": "wordnet-masked-cond", "arith": "arith", "sudoku": "sudoku",
-           "sudoku9": "sudoku9"}
+           "sudoku9": "sudoku9", "ledger": "ledger"}
 """Shipped model name (as a config gives it) -> its checkpoint in the ``diffaccel.checkpoints``
 registry, which diffaccel-models fills (``diffaccel.kit.checkpoints``)."""
 
