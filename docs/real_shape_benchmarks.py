@@ -25,11 +25,10 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from task_benchmarks import OUT, ROOT, _computed, _machine, _speed, command, load, output_args, summarise_runs  # noqa: E402
+from task_benchmarks import OUT, ROOT, _computed, _machine, _speed, load, run_bench  # noqa: E402
 
 PAGE = ROOT / "docs" / "real-shape-benchmarks.md"
 GEMMA = "runs/diffusion-gemma-mid"
@@ -131,14 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     if any("gemma" in n for n in names) and not (ROOT / GEMMA).is_dir():
         subprocess.run([diffaccel, "diffusion-gemma-build", "--size", "mid", "--out", GEMMA], cwd=ROOT, check=True, env=env)
     for name in names:
-        cmd = BENCHES[name]
-        print(f"== {name}: {command(name, cmd)}", flush=True)
-        t0 = time.perf_counter()
-        (ROOT / OUT / name).mkdir(parents=True, exist_ok=True)
-        subprocess.run([diffaccel, "bench", *cmd, *output_args(name, cmd), "--no-progress"], cwd=ROOT, check=True, env=env)
-        keep_gates(ROOT / OUT / name / "bench.json")
-        summarise_runs(ROOT / OUT / name / "bench.json", command(name, cmd))
-        print(f"== {name}: {time.perf_counter() - t0:.0f} s", flush=True)
+        run_bench(name, BENCHES[name], diffaccel, env, before_summary=keep_gates)
     PAGE.write_text(page())
     print(f"wrote {PAGE.relative_to(ROOT)}")
     return 0

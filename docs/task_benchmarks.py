@@ -134,6 +134,19 @@ def summarise_runs(path: Path, cmd: str | None = None) -> None:
     path.write_text(json.dumps(result, indent=1, default=float))
 
 
+def run_bench(name: str, args: list[str], diffaccel: str, env: dict[str, str], before_summary=None) -> None:
+    """Run one bench into docs/benchmarks/NAME, then summarise its run reports (``before_summary(path)``
+    first reads what it needs from them)."""
+    print(f"== {name}: {command(name, args)}", flush=True)
+    t0 = time.perf_counter()
+    (ROOT / OUT / name).mkdir(parents=True, exist_ok=True)
+    subprocess.run([diffaccel, "bench", *args, *output_args(name, args), "--no-progress"], cwd=ROOT, check=True, env=env)
+    if before_summary is not None:
+        before_summary(ROOT / OUT / name / "bench.json")
+    summarise_runs(ROOT / OUT / name / "bench.json", command(name, args))
+    print(f"== {name}: {time.perf_counter() - t0:.0f} s", flush=True)
+
+
 def samples(task: Task, configs: list[str], diffaccel: str, env: dict[str, str]) -> dict[str, dict[str, str]]:
     """Config -> seed -> its solution text (``diffaccel generate --seed S``: held-out problem S)."""
     out: dict[str, dict[str, str]] = {}
@@ -433,12 +446,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, cmd in benches(task).items():
             if args.only and name not in args.only:
                 continue
-            print(f"== {name}: {command(name, cmd)}", flush=True)
-            t0 = time.perf_counter()
-            (ROOT / OUT / name).mkdir(parents=True, exist_ok=True)
-            subprocess.run([diffaccel, "bench", *cmd, *output_args(name, cmd), "--no-progress"], cwd=ROOT, check=True, env=env)
-            summarise_runs(ROOT / OUT / name / "bench.json", command(name, cmd))
-            print(f"== {name}: {time.perf_counter() - t0:.0f} s", flush=True)
+            run_bench(name, cmd, diffaccel, env)
         if not args.only or f"{task.name}-samples" in args.only:
             configs = [task.base] + ([task.fast] if (ROOT / task.fast).is_file() else [f"configs/{task.name}-parallel.toml"])
             (ROOT / OUT / f"{task.name}-samples.json").write_text(json.dumps(samples(task, configs, diffaccel, env), indent=1))

@@ -20,7 +20,7 @@ from .families.diffusion_gemma.pipeline import BLOCK, BLOCK_CAPABILITIES, Diffus
 from .families.diffusion_gemma.loading import precheck
 from .families.facts import check_options
 from .families.dispatch import load_pipeline, text_facts
-from .sampling.pipeline import SAMPLERS, TextDiffusionPipeline, TextLayer, TextOutput, run_capabilities
+from .sampling.pipeline import SAMPLERS, TextDiffusionPipeline, check_prompt_room, TextLayer, TextOutput, run_capabilities
 
 #: Standard deviation of the logit perturbation whose effect is the agreement noise floor.
 NOISE_FLOOR_STD = 1e-4
@@ -174,10 +174,10 @@ class TextAdapter:
         o = config.options
         if not o.prompts or o.task:
             return
-        longest = max(len(pipe.tokenizer.encode(p)) for p in o.prompts)
-        if longest >= o.length:
-            raise ConfigError(f"{where}: key 'prompts': a prompt is {longest} tokens and fills all {o.length} positions "
-                              f"of 'length'; allowed: prompts under {o.length} tokens, or a length of at least {longest + 1}")
+        try:
+            check_prompt_room([pipe.tokenizer.encode(p) for p in o.prompts], o.length)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: key 'prompts': {exc}") from None
 
     @staticmethod
     def run(pipe: TextDiffusionPipeline, config, seed: int, progress: bool = True, **extra) -> TextOutput:

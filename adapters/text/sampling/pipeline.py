@@ -68,6 +68,16 @@ def check_prefix_cache(den, sampler: str, block_size: int | None, length: int) -
                          "would change with the time step)")
 
 
+def check_prompt_room(prompt_ids: list[list[int]], length: int) -> None:
+    """``ValueError`` (its ``key``: ``length``) when a prompt fills every position of ``length``, which
+    counts the prompt's positions: at a run's start, and at load for a config's own prompts."""
+    longest = max((len(p) for p in prompt_ids), default=0)
+    if longest >= length:
+        exc = ValueError(f"a prompt fills all {length} positions (it is {longest} tokens); use a length of at least {longest + 1}")
+        exc.key = "length"  # type: ignore[attr-defined]  # the option to change: serve names its field (max_tokens)
+        raise exc
+
+
 def _shift_hidden(h: torch.Tensor) -> torch.Tensor:
     """(B, N, D) hidden states as the logits of a shifted-head model (Dream) read them: position
     p from p - 1, position 0 from itself."""
@@ -331,11 +341,7 @@ class TextDiffusionPipeline:
         filling every position is refused."""
         prompts = [prompt] * batch if prompt is None or isinstance(prompt, str) else list(prompt)
         prompt_ids = [self.tokenizer.encode(p) if p else [] for p in prompts]
-        longest = max((len(p) for p in prompt_ids), default=0)
-        if longest >= length:
-            exc = ValueError(f"a prompt fills all {length} positions (it is {longest} tokens); use a length of at least {longest + 1}")
-            exc.key = "length"  # type: ignore[attr-defined]  # the option to change: serve names its field (max_tokens)
-            raise exc
+        check_prompt_room(prompt_ids, length)
         return prompt_ids
 
     def _text_run(self, sampler: str, steps: int, seeds: list[int], temperature: float, length: int,
